@@ -1,0 +1,33 @@
+"""multihead: a shared trunk, several heads, one loss and one optimizer per head.
+
+Each head's optimizer is built on exactly the trunk's variables plus that
+head's own, and per-head training is visible in TensorBoard.
+"""
+
+import os as _os
+
+# TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides real output.
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from multihead.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
+from multihead.model import MultiHeadModel  # noqa: E402
+from multihead.monitor import Monitor  # noqa: E402
+from multihead.objectives import Objective  # noqa: E402
+from multihead.partition import Partition  # noqa: E402
+from multihead.trainer import History, StepResult, Trainer  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "History",
+    "Monitor",
+    "MultiHeadModel",
+    "MultiTaskData",
+    "Objective",
+    "Partition",
+    "StepResult",
+    "Trainer",
+    "__version__",
+    "as_dataset",
+    "mmoe_synthetic",
+]

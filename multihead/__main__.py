@@ -1,0 +1,5 @@
+import sys
+
+from multihead.cli import main
+
+sys.exit(main())

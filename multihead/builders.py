@@ -1,0 +1,155 @@
+"""Config -> library objects. The only module that knows both the config and the core.
+
+Layers, losses and optimizers are Keras' own serialization format, so any Keras
+layer or optimizer works without a registry: `{"class_name": "Dense", "config":
+{"units": 64}}` (the `module` key may be left out for built-in layers), plus the
+shorthand `{"mlp": {"units": [64, 64], "activation": "relu"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import keras
+
+from multihead.config import ConfigError, ExperimentConfig, suggest
+from multihead.data import MultiTaskData, mmoe_synthetic
+from multihead.model import MultiHeadModel
+from multihead.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
+
+_MLP_KEYS = ("units", "activation", "output_activation", "dropout", "kernel_regularizer")
+
+
+def _public_names(module: Any) -> list[str]:
+    return [n for n in dir(module) if not n.startswith("_")]
+
+
+def _mlp(spec: Any, path: str) -> keras.Sequential:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{path}: expected a mapping with 'units', got {spec!r}")
+    for key in spec:
+        if key not in _MLP_KEYS:
+            raise ConfigError(f"{path}.{key}: unknown key{suggest(str(key), _MLP_KEYS)}")
+    units = spec.get("units")
+    if (not isinstance(units, list) or not units
+            or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in units)):
+        raise ConfigError(f"{path}.units: expected a non-empty list of positive integers, got {units!r}")
+    activation = spec.get("activation", "relu")
+    output_activation = spec.get("output_activation", activation)
+    dropout = spec.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ConfigError(f"{path}.dropout: expected a number in [0, 1), got {dropout!r}")
+    layers: list[keras.layers.Layer] = []
+    try:
+        for i, n in enumerate(units):
+            last = i == len(units) - 1
+            layers.append(keras.layers.Dense(
+                n, activation=output_activation if last else activation,
+                kernel_regularizer=spec.get("kernel_regularizer"),
+            ))
+            if dropout and not last:
+                layers.append(keras.layers.Dropout(dropout))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path}: {str(err).splitlines()[0]}") from None
+    return keras.Sequential(layers)
+
+
+def build_layer(spec: Any, path: str) -> keras.layers.Layer:
+    """A Keras layer from a config spec: a Keras serialization dict, a list of specs
+    (a `keras.Sequential`), or `{"mlp": {...}}`.
+
+    Raises:
+        ConfigError: naming `path`, for unknown classes, bad arguments or shapes of spec.
+    """
+    if isinstance(spec, list):
+        if not spec:
+            raise ConfigError(f"{path}: the list of layers is empty")
+        return keras.Sequential([build_layer(s, f"{path}[{i}]") for i, s in enumerate(spec)])
+    if isinstance(spec, Mapping) and set(spec) == {"mlp"}:
+        return _mlp(spec["mlp"], f"{path}.mlp")
+    if not isinstance(spec, Mapping) or "class_name" not in spec:
+        raise ConfigError(
+            f"{path}: expected a Keras layer {{class_name: ..., config: {{...}}}}, a list of them, "
+            f"or {{mlp: {{units: [...]}}}}, got {spec!r}"
+        )
+    spec = dict(spec)
+    name = spec["class_name"]
+    if "module" not in spec:
+        if not isinstance(name, str) or not isinstance(getattr(keras.layers, name, None), type):
+            raise ConfigError(
+                f"{path}.class_name: unknown Keras layer {name!r}"
+                f"{suggest(str(name), _public_names(keras.layers))}"
+            )
+        spec["module"] = "keras.layers"
+    spec.setdefault("config", {})
+    try:
+        return keras.layers.deserialize(spec)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"{path}: cannot build {name!r}: {str(err).splitlines()[0]}") from None
+
+
+def build_model(config: ExperimentConfig, input_shape: tuple[int | None, ...]) -> MultiHeadModel:
+    """The model of `config.model`, built for inputs of `input_shape`."""
+    trunk = build_layer(config.model.trunk, "model.trunk")
+    heads = {
+        name: build_layer(head.layers, f"model.heads.{name}.layers")
+        for name, head in config.model.heads.items()
+    }
+    try:
+        model = MultiHeadModel(trunk, heads)
+        model.build(input_shape)
+        model.partition  # noqa: B018 - validates the trunk/head partition now
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model: {str(err).splitlines()[0]}") from None
+    return model
+
+
+def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
+    """Head name -> `Objective`, with every loss, optimizer and metric resolved once to
+    catch unknown names here rather than in the middle of a run."""
+    objectives = {}
+    for name, head in config.model.heads.items():
+        path = f"model.heads.{name}"
+        for key, resolve in [("loss", resolve_loss), ("optimizer", resolve_optimizer)]:
+            try:
+                resolve(getattr(head, key), name)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{path}.{key}: {err}") from None
+        for i, metric in enumerate(head.metrics):
+            try:
+                resolve_metric(metric, name)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{path}.metrics[{i}]: {err}") from None
+        objectives[name] = Objective(
+            loss=head.loss, optimizer=head.optimizer, weight=head.weight, every=head.every,
+            trains_trunk=head.trains_trunk, metrics=list(head.metrics),
+        )
+    return objectives
+
+
+def build_data(config: ExperimentConfig) -> MultiTaskData:
+    """The synthetic data of `config.data`, one task per head unless `data.tasks` says otherwise."""
+    data = config.data
+    heads = list(config.model.heads)
+    tasks = data.tasks if data.tasks is not None else heads
+    for task in tasks:
+        if task not in heads:
+            raise ConfigError(
+                f"data.tasks: the data has task {task!r} but model.heads has no head {task!r} "
+                f"(heads: {heads})"
+            )
+    for head in heads:
+        if head not in tasks:
+            raise ConfigError(f"model.heads.{head}: the data has no task {head!r} (tasks: {tasks})")
+    classification = data.classification
+    if classification is None:
+        classification = tasks[:1] if data.kind == "mixed" else []
+    try:
+        return mmoe_synthetic(
+            tasks=tasks, correlation=data.correlation, train_size=data.train_size,
+            eval_size=data.eval_size, input_dim=data.input_dim, num_sinusoids=data.num_sinusoids,
+            scale=data.scale, noise_std=data.noise_std, classification=classification,
+            seed=config.seed if data.seed is None else data.seed,
+        )
+    except ValueError as err:
+        raise ConfigError(f"data: {err}") from None

@@ -1,0 +1,141 @@
+"""The `multihead` command: `train`, `validate`.
+
+Exit codes: 0 success, 2 bad input (config, overrides, paths) with a one-line
+error on stderr and nothing written, 1 an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Sequence
+
+import yaml
+
+from multihead import __version__
+from multihead.config import ConfigError, ExperimentConfig, load_config, to_dict
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input given on the command line (exit code 2)."""
+
+
+def _write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _default_run_dir(config_path: str) -> str:
+    stem = os.path.splitext(os.path.basename(config_path))[0]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join("runs", f"{stem}-{stamp}")
+    candidate, n = base, 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def _load(args: argparse.Namespace) -> ExperimentConfig:
+    return load_config(args.config, args.set or [])
+
+
+def _print_table(metrics: dict[str, Any], stream: Any) -> None:
+    rows = [("head", "eval loss", "constant baseline", "ratio")]
+    for head, values in metrics["eval"].items():
+        base = metrics.get("baseline", {}).get(head, {}).get("loss")
+        ratio = f"{values['loss'] / base:.3f}" if base else "-"
+        rows.append((head, f"{values['loss']:.4g}", f"{base:.4g}" if base else "-", ratio))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from multihead import tasks
+
+    config = _load(args)
+    tasks.prepare(config)
+    heads = ", ".join(config.model.heads)
+    print(f"{args.config}: ok (task {config.task}, heads {heads}, {config.train.steps} steps)")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from multihead import tasks
+
+    config = _load(args)
+    runner = tasks.prepare(config)  # builds and validates everything before writing
+    run_dir = args.run_dir or _default_run_dir(args.config)
+    if os.path.exists(run_dir) and os.listdir(run_dir):
+        raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
+    created = not os.path.exists(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        _write_atomic(os.path.join(run_dir, "config.yaml"),
+                      yaml.safe_dump(to_dict(config), sort_keys=False))
+        if not args.quiet:
+            print(f"run directory: {run_dir}", file=sys.stderr)
+        metrics = runner.run(run_dir, verbose=not args.quiet)
+    except BaseException:
+        if created and not os.path.exists(os.path.join(run_dir, "checkpoints")):
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping was written
+        raise
+    _write_atomic(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
+    if "eval" in metrics:
+        _print_table(metrics, sys.stdout)
+    print(f"wrote {run_dir} (tensorboard --logdir {run_dir})")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multihead",
+        description="Train multi-head networks (shared trunk, one loss and optimizer per head).",
+    )
+    parser.add_argument("--version", action="version", version=f"multihead {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.steps=500 (repeatable)")
+
+    train = sub.add_parser("train", help="train from an experiment config and write a run directory")
+    with_config(train)
+    train.add_argument("--run-dir", help="where to write the run (default runs/<config>-<time>)")
+    train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.set_defaults(func=cmd_train)
+
+    validate = sub.add_parser("validate", help="check a config and build its model, without training")
+    with_config(validate)
+    validate.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, UsageError) as err:
+        print(f"multihead: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""Experiment configs: YAML -> validated, typed config objects.
+
+Nothing in the core imports this module: `multihead.builders` turns a config
+into library objects, and everything a config can do, Python can do directly.
+Errors name the file and the key path (`model.heads.y1.every`), show the bad
+value and, for unknown keys, suggest the closest known one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from typing import Any, Mapping, Sequence, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or of the wrong type; the message says where."""
+
+
+def suggest(name: str, candidates: Sequence[str]) -> str:
+    """` (did you mean 'x'?)` for the closest candidate, or an empty string."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# -- YAML ------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that also reads `3e-4` as a float (YAML 1.1 needs `3.0e-4`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parses YAML safely (no Python objects can be constructed)."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: invalid YAML: {str(err).splitlines()[0]}") from None
+
+
+# -- schema ----------------------------------------------------------------------------
+
+
+def _field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None,
+           minimum: float | None = None, doc: str = "") -> Any:
+    meta = {"choices": choices, "minimum": minimum, "doc": doc}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        value = default
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """`data:` the embedded MMoE-style synthetic multi-task data (no download)."""
+
+    kind: str = _field("mmoe", choices=("mmoe", "mixed"),
+                       doc="mmoe: all regression; mixed: first task binary classification")
+    tasks: Union[list[str], None] = _field(None, doc="task names; default: the model's heads")
+    correlation: float = _field(0.5, doc="cosine similarity of the task weight vectors")
+    train_size: int = _field(20000, minimum=1)
+    eval_size: int = _field(2000, minimum=1)
+    input_dim: int = _field(100, minimum=1)
+    num_sinusoids: int = _field(10, minimum=0)
+    scale: float = _field(1.0)
+    noise_std: float = _field(0.1, minimum=0)
+    classification: Union[list[str], None] = _field(None, doc="tasks binarised (mixed variant)")
+    seed: Union[int, None] = _field(None, doc="data seed; default: the top-level seed")
+
+
+@dataclasses.dataclass
+class HeadConfig:
+    """`model.heads.<name>:` one head, its loss and its optimizer."""
+
+    layers: Any = _field({"class_name": "Dense", "config": {"units": 1}},
+                         doc="Keras layer dict, list of them, or {mlp: {...}}")
+    loss: Any = _field("mse", doc="Keras loss name or serialization dict")
+    optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
+    weight: float = _field(1.0, minimum=0)
+    every: int = _field(1, minimum=1)
+    trains_trunk: bool = _field(True)
+    metrics: list[Any] = _field([], doc="Keras metric names or dicts, reported by evaluation")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """`model:` the shared trunk and the heads."""
+
+    trunk: Any = _field(doc="Keras layer dict, list of them, or {mlp: {...}}")
+    heads: dict[str, HeadConfig] = _field(doc="head name -> head config")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """`train:` how long and how."""
+
+    steps: int = _field(1000, minimum=1)
+    batch_size: int = _field(128, minimum=1)
+    schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
+    eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
+    jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
+
+
+@dataclasses.dataclass
+class LogConfig:
+    """`log:` TensorBoard cadence."""
+
+    every: int = _field(100, minimum=1, doc="scalars every this many steps")
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    """`checkpoint:` what the run saves."""
+
+    every: int = _field(0, minimum=0, doc="periodic checkpoints; 0: only the final one")
+    keep: int = _field(3, minimum=1)
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """A whole experiment file."""
+
+    model: ModelConfig = _field()
+    seed: int = _field(0)
+    task: str = _field("supervised", choices=("supervised",))
+    data: DataConfig = _field(DataConfig())
+    train: TrainConfig = _field(TrainConfig())
+    log: LogConfig = _field(LogConfig())
+    checkpoint: CheckpointConfig = _field(CheckpointConfig())
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    """Checks `value` against type hint `tp`, returning the typed value."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [o for o in typing.get_args(tp) if o is not type(None)]
+        if value is None and len(options) < len(typing.get_args(tp)):
+            return None
+        error: ConfigError | None = None
+        for option in options:
+            try:
+                return _convert(option, value, path)
+            except ConfigError as err:
+                error = error or err
+        assert error is not None
+        raise error
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {_describe(value)}")
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {_describe(value)}")
+        _, item = typing.get_args(tp)
+        return {str(k): _convert(item, v, _join(path, k)) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {_describe(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {_describe(value)}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {_describe(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            where = _join(path, key)
+            raise ConfigError(f"{where}: unknown key{suggest(str(key), list(fields))}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, field in fields.items():
+        where = _join(path, name)
+        if name not in raw:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: required key is missing")
+            continue
+        value = _convert(hints[name], raw[name], where)
+        choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
+        if choices is not None and value not in choices:
+            raise ConfigError(
+                f"{where}: must be one of {list(choices)}, got {value!r}{suggest(str(value), choices)}"
+            )
+        if minimum is not None and value is not None and value < minimum:
+            raise ConfigError(f"{where}: must be >= {minimum}, got {value!r}")
+        values[name] = value
+    return cls(**values)
+
+
+def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
+    """Validates a parsed config; errors are prefixed with `source`."""
+    try:
+        config = _build(ExperimentConfig, raw, "")
+        if not config.model.heads:
+            raise ConfigError("model.heads: at least one head is required")
+        return config
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def to_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """The config as plain data (what `multihead train` writes as the resolved config)."""
+    return dataclasses.asdict(config)
+
+
+# -- files and overrides ---------------------------------------------------------------
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Applies one `a.b.c=value` override in place; the value is parsed as YAML."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+    parts = key.strip().split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"--set {assignment!r}: {where} is {child!r}, not a mapping")
+        node = child
+    node[parts[-1]] = parse_yaml(text, source=f"--set {assignment!r}")
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Reads, overrides and validates an experiment file.
+
+    Args:
+        path: the YAML file.
+        overrides: `a.b.c=value` strings applied in order before validation.
+
+    Raises:
+        ConfigError: one line naming the file, the key path and what is wrong.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise ConfigError(f"{source}: cannot read the config ({err.strerror})") from None
+    raw = parse_yaml(text, source)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the config must be a mapping at the top level")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return from_dict(raw, source)

@@ -1,0 +1,182 @@
+"""Embedded data (no download) and the conversion of user data into batches.
+
+The synthetic multi-task generator follows Ma et al., "Modeling Task
+Relationships in Multi-task Learning with Multi-gate Mixture-of-Experts"
+(KDD 2018), section "Synthetic Data Generation":
+
+1. orthogonal unit vectors u_1, ..., u_K in R^d;
+2. task weight vectors w_k = c * sum_j L[k, j] u_j, where L is the Cholesky
+   factor of the K x K matrix with 1 on the diagonal and the correlation p off
+   it, so that cos(w_j, w_k) = p for every pair. For K = 2 this is exactly the
+   paper's w_1 = c u_1, w_2 = c (p u_1 + sqrt(1 - p^2) u_2);
+3. inputs x ~ N(0, I_d);
+4. labels y_k = w_k^T x + sum_{i=1..m} sin(alpha_i w_k^T x + beta_i) + eps_k,
+   with alpha_i, beta_i ~ N(0, 1) shared by all tasks and eps_k ~ N(0, noise_std^2).
+
+The paper's settings are d = 100, c = 1, m = 10 and eps ~ N(0, 0.01) (noise_std 0.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+REGRESSION = "regression"
+CLASSIFICATION = "classification"
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiTaskData:
+    """A train/eval split of a multi-task data set.
+
+    Attributes:
+        x_train, x_eval: inputs, float32 `(n, input_dim)`.
+        y_train, y_eval: task name -> labels, float32 `(n, 1)`.
+        kinds: task name -> `"regression"` or `"classification"` (labels 0/1).
+        task_correlation: the cosine similarity of the tasks' weight vectors.
+    """
+
+    x_train: np.ndarray
+    y_train: dict[str, np.ndarray]
+    x_eval: np.ndarray
+    y_eval: dict[str, np.ndarray]
+    kinds: dict[str, str]
+    task_correlation: float
+
+    @property
+    def train(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        return self.x_train, self.y_train
+
+    @property
+    def eval(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        return self.x_eval, self.y_eval
+
+
+def _task_weights(num_tasks: int, input_dim: int, correlation: float, scale: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    gram = np.full((num_tasks, num_tasks), correlation) + (1.0 - correlation) * np.eye(num_tasks)
+    try:
+        factor = np.linalg.cholesky(gram)
+    except np.linalg.LinAlgError:  # correlation 1: singular but positive semi-definite
+        vals, vecs = np.linalg.eigh(gram)
+        factor = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    basis, _ = np.linalg.qr(rng.standard_normal((input_dim, num_tasks)))
+    return scale * factor @ basis.T  # (K, d), row k is w_k
+
+
+def mmoe_synthetic(
+    tasks: int | Sequence[str] = 2,
+    correlation: float = 0.5,
+    train_size: int = 8000,
+    eval_size: int = 2000,
+    input_dim: int = 100,
+    num_sinusoids: int = 10,
+    scale: float = 1.0,
+    noise_std: float = 0.1,
+    classification: Sequence[str] = (),
+    seed: int = 0,
+) -> MultiTaskData:
+    """Generates the MMoE synthetic multi-task regression data (see module docstring).
+
+    Args:
+        tasks: number of tasks (named `y1`, `y2`, ...) or their names.
+        correlation: cosine similarity p of every pair of task weight vectors,
+            in (-1/(K-1), 1].
+        train_size, eval_size: number of examples in each split.
+        input_dim: input dimension d (at least the number of tasks).
+        num_sinusoids: m, the number of sinusoids in each label.
+        scale: c, the norm of every task weight vector.
+        noise_std: standard deviation of the label noise.
+        classification: task names whose label is binarised at the training
+            median (the mixed classification + regression variant).
+        seed: seed of the generator; equal seeds give equal data.
+
+    Returns:
+        The train and eval splits.
+
+    Example:
+        >>> data = mmoe_synthetic(tasks=["a", "b"], correlation=0.9, train_size=64, eval_size=8)
+        >>> data.x_train.shape, data.y_train["a"].shape
+        ((64, 100), (64, 1))
+    """
+    names = [f"y{i + 1}" for i in range(tasks)] if isinstance(tasks, int) else list(tasks)
+    k = len(names)
+    if k < 1 or len(set(names)) != k:
+        raise ValueError(f"tasks must be a positive count or distinct names, got {tasks!r}")
+    lower = -1.0 / (k - 1) if k > 1 else -1.0
+    if not lower < correlation <= 1.0:
+        raise ValueError(f"correlation must be in ({lower:.4g}, 1] for {k} tasks, got {correlation}")
+    if input_dim < k:
+        raise ValueError(f"input_dim ({input_dim}) must be at least the number of tasks ({k})")
+    for name, size in [("train_size", train_size), ("eval_size", eval_size)]:
+        if size < 1:
+            raise ValueError(f"{name} must be >= 1, got {size}")
+    unknown = [c for c in classification if c not in names]
+    if unknown:
+        raise ValueError(f"classification names task {unknown[0]!r}, but the tasks are {names}")
+
+    rng = np.random.default_rng(seed)
+    weights = _task_weights(k, input_dim, correlation, scale, rng)
+    alpha = rng.standard_normal(num_sinusoids)
+    beta = rng.standard_normal(num_sinusoids)
+    x = rng.standard_normal((train_size + eval_size, input_dim))
+    linear = x @ weights.T  # (n, K)
+    waves = np.sin(linear[:, :, None] * alpha + beta).sum(axis=-1)
+    labels = linear + waves + noise_std * rng.standard_normal(linear.shape)
+
+    kinds = {n: CLASSIFICATION if n in classification else REGRESSION for n in names}
+    ys = {}
+    for i, name in enumerate(names):
+        y = labels[:, i : i + 1]
+        if kinds[name] == CLASSIFICATION:
+            y = (y > np.median(y[:train_size])).astype(np.float64)
+        ys[name] = y.astype(np.float32)
+    x = x.astype(np.float32)
+    return MultiTaskData(
+        x_train=x[:train_size],
+        y_train={n: y[:train_size] for n, y in ys.items()},
+        x_eval=x[train_size:],
+        y_eval={n: y[train_size:] for n, y in ys.items()},
+        kinds=kinds,
+        task_correlation=float(correlation),
+    )
+
+
+def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
+               seed: int | None = 0) -> tf.data.Dataset:
+    """Turns training data into a batched `tf.data.Dataset` of `(inputs, targets)`.
+
+    Args:
+        data: a batched `tf.data.Dataset` (returned as is), or a tuple
+            `(inputs, targets)` of arrays where `targets` is a dict
+            head -> labels.
+        batch_size: batch size for array data (required for it).
+        shuffle: reshuffle array data every epoch.
+        seed: shuffle seed, so runs are reproducible.
+    """
+    if isinstance(data, tf.data.Dataset):
+        return data
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        raise TypeError(
+            "data must be a tf.data.Dataset or a tuple (inputs, targets) of arrays, "
+            f"got {type(data).__name__}"
+        )
+    if batch_size is None or batch_size < 1:
+        raise ValueError(f"array data needs batch_size >= 1, got {batch_size!r}")
+    inputs, targets = data
+    lengths = {len(a) for a in tf.nest.flatten((inputs, targets))}
+    if len(lengths) != 1:
+        raise ValueError(f"inputs and targets have different numbers of examples: {sorted(lengths)}")
+    n = lengths.pop()
+    ds = tf.data.Dataset.from_tensor_slices((inputs, targets))
+    if shuffle:
+        ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def num_examples(targets: Mapping[str, Any]) -> int:
+    """Number of examples in a targets dict."""
+    return len(next(iter(targets.values())))

@@ -1,0 +1,149 @@
+"""`MultiHeadModel`: a shared trunk feeding named heads."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping
+
+import keras
+import tensorflow as tf
+
+from multihead.partition import Partition, partition_variables
+
+_HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
+
+
+def _zeros_like_shape(shape: Any) -> Any:
+    """Zero tensors for an input shape (unknown dimensions become 1), nested."""
+    if isinstance(shape, Mapping):
+        return {k: _zeros_like_shape(v) for k, v in shape.items()}
+    if isinstance(shape, (list, tuple)) and shape and isinstance(shape[0], (list, tuple, dict)):
+        return type(shape)(_zeros_like_shape(s) for s in shape)
+    return tf.zeros([1 if d is None else int(d) for d in shape])
+
+
+class MultiHeadModel(keras.Model):
+    """A shared trunk feeding several named heads.
+
+    Calling the model returns `{head_name: output}`. Each head sees the trunk's
+    output. The trainable variables are partitioned, by object identity, into the
+    trunk's and each head's; `var_list(name)` is what head `name`'s optimizer is
+    built on.
+
+    Example:
+        >>> import keras, multihead as mh
+        >>> model = mh.MultiHeadModel(
+        ...     trunk=keras.Sequential([keras.layers.Dense(8, activation="relu")]),
+        ...     heads={"y1": keras.layers.Dense(1), "y2": keras.layers.Dense(1)},
+        ... )
+        >>> model.build((None, 4))
+        >>> [v.shape for v in model.var_list("y1")]
+        [(4, 8), (8,), (8, 1), (1,)]
+
+    Args:
+        trunk: any Keras layer or model; its output is every head's input.
+        heads: head name -> Keras layer or model. Names start with a letter and
+            contain letters, digits, `_` or `-` (they become TensorBoard tags and
+            checkpoint keys).
+        name: Keras name of the model.
+    """
+
+    def __init__(
+        self,
+        trunk: keras.layers.Layer,
+        heads: Mapping[str, keras.layers.Layer],
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        if not isinstance(trunk, keras.layers.Layer):
+            raise TypeError(f"trunk must be a Keras layer or model, got {type(trunk).__name__}")
+        if not isinstance(heads, Mapping) or not heads:
+            raise ValueError("heads must be a non-empty dict of name -> Keras layer")
+        for head_name, head in heads.items():
+            if not isinstance(head_name, str) or not _HEAD_NAME.match(head_name):
+                raise ValueError(
+                    f"head name {head_name!r} is not allowed: use a letter followed by "
+                    "letters, digits, '_' or '-'"
+                )
+            if not isinstance(head, keras.layers.Layer):
+                raise TypeError(
+                    f"head {head_name!r} must be a Keras layer or model, got {type(head).__name__}"
+                )
+            if head is trunk:
+                raise ValueError(f"head {head_name!r} is the trunk object itself")
+        self.trunk = trunk
+        self.heads = dict(heads)
+        self._head_names = tuple(heads)
+        self._partition: Partition | None = None
+
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        """Head names, in the order they were given."""
+        return self._head_names
+
+    def build(self, input_shape: Any) -> None:
+        """Creates all variables by running the trunk and heads once on zeros of `input_shape`."""
+        feats = self.trunk(_zeros_like_shape(input_shape))
+        for name in self._head_names:
+            self.heads[name](feats)
+
+    def features(self, inputs: Any, training: bool | None = None) -> Any:
+        """The trunk's output for `inputs`."""
+        return self.trunk(inputs, training=training)
+
+    def head_output(self, head: str, features: Any, training: bool | None = None) -> Any:
+        """Head `head`'s output for trunk output `features`."""
+        return self.heads[head](features, training=training)
+
+    def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
+        feats = self.features(inputs, training=training)
+        return {name: self.head_output(name, feats, training=training) for name in self._head_names}
+
+    @property
+    def partition(self) -> Partition:
+        """The validated trunk/head partition of the trainable variables."""
+        if self._partition is None:
+            if not self.built or not self.trunk.built:
+                raise ValueError(
+                    "the model has no variables yet: call model.build(input_shape) "
+                    "or call the model on a batch first"
+                )
+            self._partition = partition_variables(
+                trunk=self.trunk.trainable_variables,
+                heads={n: self.heads[n].trainable_variables for n in self._head_names},
+                all_trainable=self.trainable_variables,
+            )
+        return self._partition
+
+    @property
+    def trunk_variables(self) -> list[keras.Variable]:
+        """Trainable variables of the trunk."""
+        return list(self.partition.trunk)
+
+    def head_variables(self, head: str) -> list[keras.Variable]:
+        """Trainable variables of head `head`."""
+        self._check_head(head)
+        return list(self.partition.heads[head])
+
+    def var_list(self, head: str, trains_trunk: bool = True) -> list[keras.Variable]:
+        """Trunk + head `head` variables (head only if `trains_trunk=False`)."""
+        self._check_head(head)
+        return self.partition.var_list(head, trains_trunk)
+
+    def _check_head(self, head: str) -> None:
+        if head not in self.heads:
+            raise KeyError(f"the model has no head {head!r}; its heads are {list(self._head_names)}")
+
+    def part_layers(self) -> dict[str, keras.layers.Layer]:
+        """`{"trunk": trunk, "heads/<name>": head}`, the model's parts by stable key."""
+        parts = {"trunk": self.trunk}
+        parts.update({f"heads/{n}": self.heads[n] for n in self._head_names})
+        return parts
+
+    def check_heads(self, names: Iterable[str], what: str) -> None:
+        """Raises a clear error if any of `names` is not a head of this model."""
+        unknown = [n for n in names if n not in self.heads]
+        if unknown:
+            raise ValueError(
+                f"{what} names head {unknown[0]!r}, but the model's heads are {list(self._head_names)}"
+            )

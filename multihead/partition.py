@@ -1,0 +1,84 @@
+"""Partition of a model's trainable variables into the trunk and the heads.
+
+The partition is computed once, from the layers that own the variables, and
+compared by object identity (never by name): Keras auto-names variables, so two
+different variables may share a name and a rebuilt network renames them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import keras
+
+TRUNK = "trunk"
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """Trainable variables of a multi-head model, split by owner.
+
+    Attributes:
+        trunk: the trunk's trainable variables, in Keras' tracking order.
+        heads: head name -> that head's trainable variables, in tracking order.
+    """
+
+    trunk: tuple[keras.Variable, ...]
+    heads: Mapping[str, tuple[keras.Variable, ...]]
+
+    def var_list(self, head: str, trains_trunk: bool = True) -> list[keras.Variable]:
+        """The variables head `head`'s optimizer is built on: trunk + head (or head only)."""
+        if head not in self.heads:
+            raise KeyError(f"no head named {head!r}; heads are {sorted(self.heads)}")
+        trunk = list(self.trunk) if trains_trunk else []
+        return trunk + list(self.heads[head])
+
+
+def _label(var: keras.Variable) -> str:
+    return getattr(var, "path", None) or getattr(var, "name", "?")
+
+
+def partition_variables(
+    trunk: Sequence[keras.Variable],
+    heads: Mapping[str, Sequence[keras.Variable]],
+    all_trainable: Sequence[keras.Variable],
+) -> Partition:
+    """Validates and returns the partition of `all_trainable` into trunk and heads.
+
+    Every variable of `all_trainable` must be owned by exactly one part.
+
+    Args:
+        trunk: variables owned by the trunk.
+        heads: head name -> variables owned by that head.
+        all_trainable: every trainable variable of the model.
+
+    Returns:
+        The validated partition.
+
+    Raises:
+        ValueError: a variable is owned by two parts (a layer object used both in
+            the trunk and in a head, or in two heads), or by none.
+    """
+    owners: dict[int, list[str]] = {}
+    for part, variables in [(TRUNK, trunk)] + [(f"head {n!r}", v) for n, v in heads.items()]:
+        for var in variables:
+            parts = owners.setdefault(id(var), [])
+            if part not in parts:
+                parts.append(part)
+    by_id = {id(v): v for v in list(trunk) + [v for vs in heads.values() for v in vs]}
+    for var_id, parts in owners.items():
+        if len(parts) > 1:
+            raise ValueError(
+                f"variable {_label(by_id[var_id])!r} is owned by {' and '.join(parts)}: "
+                "a layer object may belong to one part only; put layers that several "
+                "heads share into the trunk"
+            )
+    orphans = [v for v in all_trainable if id(v) not in owners]
+    if orphans:
+        raise ValueError(
+            f"trainable variable {_label(orphans[0])!r} belongs neither to the trunk nor "
+            "to any head (layers created outside `trunk` and `heads`?); "
+            "move its layer into the trunk or a head, or make it non-trainable"
+        )
+    return Partition(trunk=tuple(trunk), heads={n: tuple(v) for n, v in heads.items()})

@@ -1,0 +1,193 @@
+"""The compiled training step: per-head gradients applied by per-head optimizers.
+
+Two schedules:
+
+* `simultaneous`: one forward pass; every due head's gradient is taken at the
+  same parameters (one persistent tape), then each head's optimizer applies its
+  own, in head order. This is the well-defined version of TF1's
+  `sess.run([train_op_1, train_op_2])`.
+* `sequential`: heads update one after another, each with its own forward pass
+  at the parameters the previous head left.
+
+A head with `every=n` is due on steps where `step % n == 0`; the test is made in
+the graph on the step variable, so mixed cadences never retrace the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+from multihead.model import MultiHeadModel
+from multihead.monitor import Monitor
+from multihead.objectives import HeadLoss
+
+SCHEDULES = ("simultaneous", "sequential")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadUpdate:
+    """Everything the step needs about one head, resolved and validated."""
+
+    name: str
+    loss: HeadLoss
+    optimizer: keras.optimizers.Optimizer
+    var_list: tuple[keras.Variable, ...]
+    weight: float
+    every: int
+    trains_trunk: bool
+
+
+def _regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
+    losses = layer.losses
+    return tf.add_n(losses) if losses else 0.0
+
+
+class TrainStep:
+    """One compiled update of all due heads; call it with a batch `(inputs, targets)`.
+
+    Returns `(losses, updated)`: dicts head -> loss (NaN where the head was not
+    evaluated) and head -> whether its optimizer applied an update.
+    """
+
+    def __init__(
+        self,
+        model: MultiHeadModel,
+        heads: Sequence[HeadUpdate],
+        schedule: str,
+        step: tf.Variable,
+        monitor: Monitor | None = None,
+        jit_compile: bool = False,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self._model = model
+        self._heads = tuple(heads)
+        self._schedule = schedule
+        self._step = step
+        self._monitor = monitor
+        self.trace_count = 0
+        self._fn = tf.function(self._body, jit_compile=jit_compile, reduce_retracing=True)
+
+    def __call__(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        return self._fn(inputs, targets)
+
+    def _body(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        self.trace_count += 1  # Python side effect: runs once per trace, not per step
+        step = self._step.read_value()
+        recording = self._monitor.recording(step) if self._monitor else contextlib.nullcontext()
+        with recording:
+            if self._schedule == "simultaneous":
+                result = self._simultaneous(inputs, targets, step)
+            else:
+                result = self._sequential(inputs, targets, step)
+        self._step.assign_add(1)
+        return result
+
+    def _head_loss(self, head: HeadUpdate, inputs: Any, targets: Any, output: Any) -> tf.Tensor:
+        loss = tf.convert_to_tensor(head.loss(inputs, targets, output))
+        if loss.shape.rank != 0:
+            raise ValueError(
+                f"the loss of head {head.name!r} must be a scalar, got shape {loss.shape}; "
+                "reduce it (e.g. tf.reduce_mean) inside the loss function"
+            )
+        return tf.cast(loss, tf.float32)
+
+    def _objective(self, head: HeadUpdate, loss: tf.Tensor, trunk_reg: Any) -> tf.Tensor:
+        total = head.weight * loss + _regularization(self._model.heads[head.name])
+        return total + trunk_reg if head.trains_trunk else total
+
+    def _when_due(self, head: HeadUpdate, step: tf.Tensor, update: Callable[[], tf.Tensor],
+                  skipped: Callable[[], tf.Tensor]) -> tf.Tensor:
+        if head.every == 1:
+            return update()
+        return tf.cond(tf.equal(step % head.every, 0), update, skipped)
+
+    def _apply(self, head: HeadUpdate, objective: tf.Tensor, loss: tf.Tensor,
+               tape: tf.GradientTape) -> None:
+        grads = tape.gradient(objective, list(head.var_list))
+        if all(g is None for g in grads):
+            raise ValueError(
+                f"the loss of head {head.name!r} does not depend on any variable of its "
+                "var_list (trunk + head): check that the loss uses the head's output"
+            )
+        head.optimizer.apply_gradients(zip(grads, head.var_list))
+        if self._monitor:
+            self._monitor.head_update(head.name, loss, grads, head.var_list, head.optimizer)
+
+    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
+        model = self._model
+        with tf.GradientTape(persistent=True) as tape:
+            feats = model.features(inputs, training=True)
+            stopped = tf.nest.map_structure(tf.stop_gradient, feats)
+            trunk_reg = _regularization(model.trunk)
+            losses, objectives = {}, {}
+            for head in self._heads:
+                output = model.head_output(head.name, feats if head.trains_trunk else stopped,
+                                           training=True)
+                losses[head.name] = self._head_loss(head, inputs, targets, output)
+                objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
+        updated = {}
+        for head in self._heads:
+            def update(head: HeadUpdate = head) -> tf.Tensor:
+                self._apply(head, objectives[head.name], losses[head.name], tape)
+                return tf.constant(True)
+
+            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        del tape
+        return losses, updated
+
+    def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor):
+        model = self._model
+        losses, updated = {}, {}
+        for head in self._heads:
+            def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor]:
+                with tf.GradientTape() as tape:
+                    feats = model.features(inputs, training=True)
+                    if not head.trains_trunk:
+                        feats = tf.nest.map_structure(tf.stop_gradient, feats)
+                    output = model.head_output(head.name, feats, training=True)
+                    loss = self._head_loss(head, inputs, targets, output)
+                    objective = self._objective(head, loss, _regularization(model.trunk))
+                self._apply(head, objective, loss, tape)
+                return loss, tf.constant(True)
+
+            def skipped() -> tuple[tf.Tensor, tf.Tensor]:
+                return tf.constant(float("nan")), tf.constant(False)
+
+            losses[head.name], updated[head.name] = self._when_due(head, step, update, skipped)
+        return losses, updated
+
+
+def check_targets(
+    targets: Any, heads: Sequence[str], needs_targets: Mapping[str, bool], strict: bool
+) -> None:
+    """Raises a clear error if the batch's targets do not match the heads.
+
+    Args:
+        targets: the batch's targets structure (a dict head -> labels).
+        heads: the trained heads.
+        needs_targets: head -> whether its loss reads `targets[head]`.
+        strict: if True, a target key that is not a head is an error (no research
+            loss could be reading it).
+    """
+    if not isinstance(targets, Mapping):
+        raise TypeError(
+            f"targets must be a dict of head name -> labels, got {type(targets).__name__}"
+        )
+    for head in heads:
+        if needs_targets[head] and head not in targets:
+            raise ValueError(
+                f"the data has no targets for head {head!r} (its keys are {sorted(targets)})"
+            )
+    if strict:
+        extra = sorted(k for k in targets if k not in heads)
+        if extra:
+            raise ValueError(
+                f"the data has targets for {extra[0]!r}, but the model has no head "
+                f"{extra[0]!r}; its heads are {list(heads)}"
+            )

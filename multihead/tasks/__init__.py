@@ -1,0 +1,23 @@
+"""Tasks run by `multihead train`, selected by the config's `task:` key.
+
+A task module has `prepare(config) -> runner`: it builds and validates every
+object (so bad input fails before anything is written) and returns an object
+whose `run(run_dir, verbose) -> metrics dict` trains and writes the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+from multihead.config import ExperimentConfig
+
+
+class Runner(Protocol):
+    def run(self, run_dir: str, verbose: bool = True) -> dict[str, Any]: ...
+
+
+def prepare(config: ExperimentConfig) -> Runner:
+    """The runner of `config.task`, with everything built and validated."""
+    module = importlib.import_module(f"multihead.tasks.{config.task}")
+    return module.prepare(config)

@@ -1,0 +1,32 @@
+"""Install multihead: `pip install -e .[test]` (add `[rl]` for the RL tasks, `[plot]` for PNG reports)."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+_version = re.search(
+    r'^__version__ = "([^"]+)"', Path(__file__).with_name("multihead").joinpath("__init__.py").read_text(), re.M
+).group(1)
+
+setup(
+    name="multihead",
+    version=_version,
+    description="Shared trunk, several heads, one loss and one optimizer per head, on TensorFlow 2",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["multihead", "multihead.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow==2.21.*",
+        "numpy",
+        "tensorboard",
+        "pyyaml",
+    ],
+    extras_require={
+        "test": ["pytest", "gymnasium", "matplotlib"],
+        "rl": ["gymnasium"],
+        "plot": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["multihead = multihead.cli:main"]},
+)
