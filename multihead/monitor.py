@@ -12,6 +12,19 @@ from typing import Iterator, Mapping, Sequence
 
 import keras
 import tensorflow as tf
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+_SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+
+
+def write_scalar(tag: str, value: tf.Tensor | float) -> None:
+    """`tf.summary.scalar` with the tag taken literally.
+
+    `tf.summary.scalar` prefixes the enclosing name scope, and inside the
+    compiled step that includes `tf.cond` branch scopes (`cond/loss/a`); heads
+    with `every > 1` update inside such a branch, so their tags would move.
+    """
+    tf.summary.write(tag, tf.cast(value, tf.float32), metadata=_SCALAR_METADATA)
 
 
 class Monitor:
@@ -50,7 +63,7 @@ class Monitor:
     ) -> None:
         """Called inside `recording` right after head `head`'s optimizer applied `grads`."""
         del grads, variables, optimizer
-        tf.summary.scalar(f"loss/{head}", loss)
+        write_scalar(f"loss/{head}", loss)
 
     def write_eval(self, step: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         """Writes evaluation results `{head: {metric: value}}` at `step` (eagerly)."""

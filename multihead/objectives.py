@@ -116,7 +116,8 @@ class _ElementwiseLoss(keras.losses.Loss):
     """A `(y_true, y_pred) -> per-example loss` function as a batch-averaging Keras Loss."""
 
     def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
-        super().__init__(name=getattr(fn, "__name__", None))
+        name = getattr(fn, "__name__", "")
+        super().__init__(name=name if name.isidentifier() else None)  # not "<lambda>"
         self._fn = fn
 
     def call(self, y_true: Any, y_pred: Any) -> Any:
