@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import keras
@@ -117,7 +118,8 @@ class _ElementwiseLoss(keras.losses.Loss):
 
     def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
         name = getattr(fn, "__name__", "")
-        super().__init__(name=name if name.isidentifier() else None)  # not "<lambda>"
+        # Keras uses the name as a root name scope: "<lambda>" or "_f" would be refused.
+        super().__init__(name=name if re.match(r"^[A-Za-z0-9.][\w.\-]*$", name) else "loss")
         self._fn = fn
 
     def call(self, y_true: Any, y_pred: Any) -> Any:
