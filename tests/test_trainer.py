@@ -1,0 +1,136 @@
+"""Trainer: construction errors, fit / evaluate on real data, TensorBoard loss scalars."""
+
+import glob
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import multihead as mh
+from conftest import make_batch, make_model
+
+
+def _objectives(**overrides):
+    objectives = {"a": mh.Objective("mse"), "b": mh.Objective("mse")}
+    objectives.update(overrides)
+    return objectives
+
+
+def test_objective_for_missing_head_and_head_without_objective():
+    with pytest.raises(ValueError, match="objectives names head 'c'"):
+        mh.Trainer(make_model(), _objectives(c=mh.Objective("mse")))
+    with pytest.raises(ValueError, match="head 'b' has no objective"):
+        mh.Trainer(make_model(), {"a": mh.Objective("mse")})
+
+
+def test_one_optimizer_object_for_two_heads_is_refused():
+    opt = keras.optimizers.Adam()
+    with pytest.raises(ValueError, match="same optimizer object"):
+        mh.Trainer(make_model(), {"a": mh.Objective("mse", opt), "b": mh.Objective("mse", opt)})
+
+
+def test_optimizer_built_on_other_variables_is_refused():
+    model = make_model()
+    opt = keras.optimizers.Adam()
+    opt.build(model.var_list("b"))
+    with pytest.raises(ValueError, match="already built on other variables"):
+        mh.Trainer(model, _objectives(a=mh.Objective("mse", opt)))
+
+
+def test_each_optimizer_is_built_on_exactly_its_var_list():
+    model = make_model()
+    trainer = mh.Trainer(model, _objectives(b=mh.Objective("mse", trains_trunk=False)))
+    for head, trains_trunk in [("a", True), ("b", False)]:
+        built_on = trainer.optimizers[head]._trainable_variables
+        assert [id(v) for v in built_on] == [id(v) for v in model.var_list(head, trains_trunk)]
+
+
+def test_data_head_mismatch_errors():
+    trainer = mh.Trainer(make_model(), _objectives())
+    x, y = make_batch()
+    with pytest.raises(ValueError, match="no targets for head 'b'"):
+        trainer.step((x, {"a": y["a"]}))
+    with pytest.raises(ValueError, match="targets for 'c', but the model has no head 'c'"):
+        trainer.step((x, {**y, "c": y["a"]}))
+    with pytest.raises(TypeError, match=r"pair \(inputs, targets\)"):
+        trainer.step(x)
+
+
+def test_fit_learns_on_arrays_and_tf_data_alike():
+    data = mh.mmoe_synthetic(tasks=["a", "b"], train_size=2000, eval_size=500, input_dim=5, seed=1)
+    results = {}
+    for kind in ["arrays", "tf.data"]:
+        model = make_model(seed=2)
+        trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-2)) for h in "ab"})
+        before = trainer.evaluate(data.eval)
+        train = data.train if kind == "arrays" else mh.as_dataset(data.train, 64, seed=0)
+        history = trainer.fit(train, steps=300, batch_size=64, eval_data=data.eval,
+                              eval_every=100, verbose=False)
+        assert [s for s, _ in history.eval] == [100, 200, 300]
+        assert len(history.train["a"]) == 300 and trainer.global_step == 300
+        for head in "ab":
+            assert history.eval[-1][1][head]["loss"] < 0.5 * before[head]["loss"]
+        results[kind] = [v.numpy() for v in model.trainable_variables]
+    for a, b in zip(results["arrays"], results["tf.data"]):  # same seed -> same batches
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fit_cycles_a_finite_dataset_and_reports_progress(capsys):
+    trainer = mh.Trainer(make_model(), _objectives())
+    x, y = make_batch(n=10)
+    history = trainer.fit((x, y), steps=7, batch_size=4, verbose=True)  # 3 batches per epoch
+    assert len(history.train["a"]) == 7
+    assert "step 7/7" in capsys.readouterr().err
+
+
+def test_evaluate_is_the_example_weighted_mean_loss_and_metrics():
+    model = make_model()
+    trainer = mh.Trainer(model, _objectives(a=mh.Objective("mse", metrics=["mae"])))
+    x, y = make_batch(n=10)
+    result = trainer.evaluate((x, y), batch_size=4)  # batches of 4, 4, 2
+    out = model(x)
+    expected_mse = np.mean((out["a"].numpy() - y["a"]) ** 2)
+    expected_mae = np.mean(np.abs(out["a"].numpy() - y["a"]))
+    assert result["a"]["loss"] == pytest.approx(expected_mse, rel=1e-5)
+    assert result["a"]["mean_absolute_error"] == pytest.approx(expected_mae, rel=1e-5)
+    assert set(result["b"]) == {"loss"}
+
+
+def test_unbuilt_model_is_built_by_the_first_batch():
+    model = mh.MultiHeadModel(keras.layers.Dense(4), {"a": keras.layers.Dense(1)})
+    trainer = mh.Trainer(model, {"a": mh.Objective("mse")})
+    x, y = make_batch(heads=("a",))
+    result = trainer.step((x, y["a"]))  # a single head may take bare labels
+    assert result.updated == ("a",) and np.isfinite(result.losses["a"])
+
+
+def test_diverging_loss_stops_fit_with_the_head_and_step():
+    trainer = mh.Trainer(make_model(), _objectives(b=mh.Objective(lambda t, p: tf.math.log(p - 1e9))))
+    with pytest.raises(FloatingPointError, match="loss of head 'b' became nan at step 0"):
+        trainer.fit(make_batch(), steps=3, batch_size=16, verbose=False)
+
+
+def _scalars(log_dir, tag):
+    acc = EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+
+
+def test_per_head_losses_go_to_tensorboard_at_the_cadence(tmp_path):
+    trainer = mh.Trainer(make_model(), _objectives(b=mh.Objective("mse", every=2)),
+                         log_dir=str(tmp_path), log_every=3)
+    x, y = make_batch()
+    results = [trainer.step((x, y)) for _ in range(10)]
+    trainer.evaluate((x, y))
+    trainer.close()
+    train_dir = os.path.join(tmp_path, "train")
+    logged_a = _scalars(train_dir, "loss/a")
+    assert [s for s, _ in logged_a] == [0, 3, 6, 9]
+    for step, value in logged_a:
+        assert value == pytest.approx(results[step].losses["a"], rel=1e-6)
+    assert [s for s, _ in _scalars(train_dir, "loss/b")] == [0, 6]  # b updates on even steps only
+    assert glob.glob(os.path.join(tmp_path, "eval", "events.*"))
+    assert [s for s, _ in _scalars(os.path.join(tmp_path, "eval"), "loss/a")] == [10]
