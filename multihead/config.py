@@ -138,13 +138,61 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass
+class EnvConfig:
+    """`env:` the gymnasium environment of an RL task (`pip install multihead[rl]`)."""
+
+    id: str = _field("CartPole-v1", doc="gymnasium environment id")
+    max_episode_steps: Union[int, None] = _field(None, minimum=1, doc="default: the env's own")
+    kwargs: dict[str, Any] = _field({}, doc="keyword arguments of gymnasium.make")
+    eval_episodes: int = _field(20, minimum=1, doc="greedy episodes per evaluation")
+    stop_return: Union[float, None] = _field(None, doc="stop once an evaluation's mean return reaches this")
+
+
+@dataclasses.dataclass
+class DQNConfig:
+    """`dqn:` DQN (Mnih et al., 2015); `train.steps` counts environment steps, `train.batch_size`
+    is the replay minibatch, `train.eval_every` the evaluation period in environment steps."""
+
+    head: str = _field("q", doc="the Q head: one output per action; its loss compares Q(s,a) to the TD target")
+    buffer_size: int = _field(50000, minimum=1)
+    learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
+    train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
+    gamma: float = _field(0.99, minimum=0)
+    epsilon_start: float = _field(1.0, minimum=0)
+    epsilon_end: float = _field(0.05, minimum=0)
+    epsilon_decay_steps: int = _field(10000, minimum=1, doc="linear decay, in environment steps")
+    target_every: Union[int, None] = _field(None, minimum=1, doc="hard sync period in updates (default 500)")
+    target_tau: Union[float, None] = _field(None, doc="Polyak rate in (0, 1] instead of target_every")
+    double: bool = _field(False, doc="double DQN: online network picks, target network evaluates")
+
+
+@dataclasses.dataclass
+class ActorCriticConfig:
+    """`actor_critic:` synchronous advantage actor-critic (A2C, Mnih et al., 2016);
+    `train.steps` counts environment steps, `train.eval_every` the evaluation period in them."""
+
+    policy_head: str = _field("policy", doc="logits head, one output per action; loss set by the task")
+    value_head: str = _field("value", doc="state-value head (1 output); its loss compares V(s) to the return")
+    num_envs: int = _field(8, minimum=1)
+    n_steps: int = _field(5, minimum=1, doc="rollout length per update (n-step returns)")
+    gamma: float = _field(0.99, minimum=0)
+    entropy_coef: float = _field(0.01, minimum=0)
+    normalize_advantages: bool = _field(False)
+    value_target_every: Union[int, None] = _field(None, minimum=1, doc="V_target hard sync period in updates")
+    value_target_tau: Union[float, None] = _field(None, doc="V_target Polyak rate in (0, 1]")
+
+
+@dataclasses.dataclass
 class ExperimentConfig:
     """A whole experiment file."""
 
     model: ModelConfig = _field()
     seed: int = _field(0)
-    task: str = _field("supervised", choices=("supervised",))
-    data: DataConfig = _field(DataConfig())
+    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic"))
+    data: DataConfig = _field(DataConfig(), doc="supervised only")
+    env: Union[EnvConfig, None] = _field(None, doc="RL tasks only")
+    dqn: Union[DQNConfig, None] = _field(None, doc="task dqn only")
+    actor_critic: Union[ActorCriticConfig, None] = _field(None, doc="task actor_critic only")
     train: TrainConfig = _field(TrainConfig())
     log: LogConfig = _field(LogConfig())
     checkpoint: CheckpointConfig = _field(CheckpointConfig())
@@ -245,6 +293,11 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         config = _build(ExperimentConfig, raw, "")
         if not config.model.heads:
             raise ConfigError("model.heads: at least one head is required")
+        for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
+                               ("actor_critic", ("actor_critic",))):
+            if getattr(config, section) is not None and config.task not in tasks:
+                raise ConfigError(f"{section}: only used with task {' or '.join(tasks)}, "
+                                  f"but task is {config.task!r}; remove it or change task")
         return config
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
