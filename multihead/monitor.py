@@ -84,3 +84,15 @@ class Monitor:
         self._train_writer.close()
         if self._eval_writer is not None:
             self._eval_writer.close()
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float], run: str = "train") -> None:
+        """Writes `{tag: value}` at `step` eagerly to the `train` or `eval` run (e.g. RL episode
+        returns, whose x axis is environment steps rather than update steps)."""
+        if run not in ("train", "eval"):
+            raise ValueError(f"run must be 'train' or 'eval', got {run!r}")
+        if run == "eval" and self._eval_writer is None:
+            self._eval_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "eval"))
+        writer = self._train_writer if run == "train" else self._eval_writer
+        with writer.as_default(step=step):
+            for tag, value in scalars.items():
+                tf.summary.scalar(tag, value)
