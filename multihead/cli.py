@@ -55,6 +55,16 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
     return load_config(args.config, args.set or [])
 
 
+def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
+    """The task runner with every object built, so bad input fails before anything is written."""
+    from multihead import tasks
+
+    try:
+        return tasks.prepare(config)
+    except ConfigError as err:
+        raise ConfigError(f"{args.config}: {err}") from None
+
+
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
     rows = [("head", "eval loss", "constant baseline", "ratio")]
     for head, values in metrics["eval"].items():
@@ -67,20 +77,16 @@ def _print_table(metrics: dict[str, Any], stream: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from multihead import tasks
-
     config = _load(args)
-    tasks.prepare(config)
+    _prepare(args, config)
     heads = ", ".join(config.model.heads)
     print(f"{args.config}: ok (task {config.task}, heads {heads}, {config.train.steps} steps)")
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from multihead import tasks
-
     config = _load(args)
-    runner = tasks.prepare(config)  # builds and validates everything before writing
+    runner = _prepare(args, config)
     run_dir = args.run_dir or _default_run_dir(args.config)
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")

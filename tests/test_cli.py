@@ -1,0 +1,90 @@
+"""The `multihead` command: train writes a complete run; bad input exits 2 and writes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from multihead.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
+SMALL = ["--set", "data.train_size=2000", "--set", "data.eval_size=500", "--set", "train.steps=30",
+         "--set", "model.trunk.mlp.units=[16]"]
+
+
+def test_help_lists_the_commands():
+    out = subprocess.run([sys.executable, "-m", "multihead", "--help"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    for command in ["train", "validate"]:
+        assert command in out
+
+
+def test_quickstart_trains_well_below_the_constant_baseline(tmp_path):
+    """The quickstart config, shortened, through the real console script."""
+    run_dir = tmp_path / "run"
+    exe = os.path.join(os.path.dirname(sys.executable), "multihead")
+    cmd = [exe if os.path.exists(exe) else "multihead", "train", QUICKSTART, "--run-dir", str(run_dir),
+           "--set", "train.steps=1500", "--set", "train.eval_every=500", "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 1500
+    for head in ["y1", "y2"]:
+        assert metrics["eval"][head]["loss"] < 0.25 * metrics["baseline"][head]["loss"]
+        assert head in out.stdout  # the summary table
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["train"]["steps"] == 1500
+    assert (run_dir / "checkpoints" / "final.index").exists()
+    assert list((run_dir / "train").glob("events.*")) and list((run_dir / "eval").glob("events.*"))
+
+
+def test_validate_builds_without_writing(tmp_path, capsys):
+    assert main(["validate", QUICKSTART]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["train.stesp=3"], "train.stesp: unknown key (did you mean 'steps'?)"),
+    (["train.steps=abc"], "train.steps: expected an integer"),
+    (["model.heads.y1.loss=msee"], "model.heads.y1.loss: head 'y1': unknown loss 'msee'"),
+    (["model.heads.y1.optimizer=adamm"], "unknown optimizer 'adamm'"),
+    (["model.trunk={class_name: Dnse}"], "model.trunk.class_name: unknown Keras layer 'Dnse'"),
+    (["data.tasks=[y1, y2, y3]"], "model.heads has no head 'y3'"),
+    (["data.tasks=[y1]"], "model.heads.y2: the data has no task 'y2'"),
+    (["bad"], "expected KEY.PATH=VALUE"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, overrides, message):
+    run_dir = tmp_path / "run"
+    args = ["train", QUICKSTART, "--run-dir", str(run_dir)]
+    for o in overrides:
+        args += ["--set", o]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("multihead: error: ") and len(err.splitlines()) == 1
+    assert message in err
+    assert QUICKSTART in err or "--set 'bad'" in err
+    assert not run_dir.exists()
+
+
+def test_missing_config_file_and_non_empty_run_dir(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read the config" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    assert main(["train", QUICKSTART, "--run-dir", str(tmp_path / "full")] + SMALL) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "full") == ["keep.txt"]
+
+
+def test_seeded_runs_are_reproducible(tmp_path):
+    finals = []
+    for name in ["a", "b"]:
+        assert main(["train", QUICKSTART, "--run-dir", str(tmp_path / name), "--quiet"] + SMALL) == 0
+        finals.append(json.loads((tmp_path / name / "metrics.json").read_text())["eval"])
+    assert finals[0] == finals[1]
+    assert np.isfinite(finals[0]["y1"]["loss"])

@@ -1,0 +1,77 @@
+"""Loading, validating and overriding experiment configs."""
+
+import textwrap
+
+import pytest
+
+from multihead.config import ConfigError, apply_override, from_dict, load_config, parse_yaml
+
+MINIMAL = {"model": {"trunk": {"mlp": {"units": [4]}}, "heads": {"y1": {}, "y2": {"every": 2}}}}
+
+
+def _with(path, value):
+    raw = parse_yaml(repr(MINIMAL).replace("'", '"'))  # a deep copy through YAML
+    apply_override(raw, f"{path}={value}")
+    return raw
+
+
+def test_defaults_and_types():
+    config = from_dict(_with("train.steps", "50"))
+    assert config.train.steps == 50 and config.train.schedule == "simultaneous"
+    assert config.model.heads["y2"].every == 2 and config.model.heads["y1"].loss == "mse"
+    assert config.data.correlation == 0.5
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("train.stpes", "5", "train.stpes: unknown key (did you mean 'steps'?)"),
+    ("model.heads.y1.optimzer", "adam", "model.heads.y1.optimzer: unknown key (did you mean 'optimizer'?)"),
+    ("train.steps", "many", "train.steps: expected an integer, got 'many' (str)"),
+    ("train.steps", "0", "train.steps: must be >= 1, got 0"),
+    ("train.batch_size", "true", "train.batch_size: expected an integer, got True (bool)"),
+    ("model.heads.y1.trains_trunk", "1", "model.heads.y1.trains_trunk: expected true or false"),
+    ("train.schedule", "sequental", "did you mean 'sequential'?"),
+    ("model.heads", "{}", "model.heads: at least one head is required"),
+    ("data.correlation", "[1]", "data.correlation: expected a number"),
+])
+def test_errors_name_the_file_and_key_path(path, value, message):
+    with pytest.raises(ConfigError) as err:
+        from_dict(_with(path, value), "x.yaml")
+    assert str(err.value).startswith("x.yaml: ")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match="model.trunk: required key is missing"):
+        from_dict({"model": {"heads": {"a": {}}}})
+
+
+def test_overrides_are_yaml_typed_and_create_missing_levels():
+    raw = {}
+    apply_override(raw, "model.heads.y1.optimizer.config.learning_rate=3e-4")
+    apply_override(raw, "train.eval_every=null")
+    apply_override(raw, "model.heads.y1.metrics=[mae, mse]")
+    assert raw["model"]["heads"]["y1"]["optimizer"]["config"]["learning_rate"] == 3e-4  # a float
+    assert raw["train"]["eval_every"] is None
+    assert raw["model"]["heads"]["y1"]["metrics"] == ["mae", "mse"]
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        apply_override(raw, "no-equals-sign")
+    with pytest.raises(ConfigError, match="model.heads.y1.metrics is"):
+        apply_override(raw, "model.heads.y1.metrics.x=1")
+
+
+def test_load_config_reads_yaml_safely(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent("""
+        model:
+          trunk: {mlp: {units: [8]}}
+          heads: {a: {loss: mae}}
+        train: {steps: 10}
+    """))
+    config = load_config(path, ["train.steps=20"])
+    assert config.train.steps == 20 and config.model.heads["a"].loss == "mae"
+    path.write_text("model: !!python/object/apply:os.system ['echo hi']\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read the config"):
+        load_config(tmp_path / "missing.yaml")
