@@ -14,7 +14,10 @@ from multihead.model import MultiHeadModel  # noqa: E402
 from multihead.monitor import Monitor  # noqa: E402
 from multihead.objectives import Objective  # noqa: E402
 from multihead.partition import Partition  # noqa: E402
+from multihead.replay import ReplayBuffer  # noqa: E402
+from multihead.targets import TargetNetwork  # noqa: E402
 from multihead.trainer import History, StepResult, Trainer  # noqa: E402
+from multihead.transfer import copy_weights  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -25,9 +28,12 @@ __all__ = [
     "MultiTaskData",
     "Objective",
     "Partition",
+    "ReplayBuffer",
     "StepResult",
+    "TargetNetwork",
     "Trainer",
     "__version__",
     "as_dataset",
+    "copy_weights",
     "mmoe_synthetic",
 ]
