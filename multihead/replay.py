@@ -1,0 +1,78 @@
+"""`ReplayBuffer`: a fixed-size ring buffer of transitions with seeded uniform sampling."""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import numpy as np
+
+
+class Transitions(NamedTuple):
+    """A batch of transitions, one row per transition.
+
+    Attributes:
+        obs: observations `s`, shape `(n, *obs_shape)`.
+        action: actions `a`, shape `(n,)`.
+        reward: rewards `r`, shape `(n,)`.
+        next_obs: observations `s'` after the action (the final observation if the
+            episode ended there), shape `(n, *obs_shape)`.
+        terminated: 1.0 where `s'` is terminal (no bootstrap), else 0.0; a
+            time-limit truncation is not terminal, shape `(n,)`.
+    """
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    next_obs: np.ndarray
+    terminated: np.ndarray
+
+
+class ReplayBuffer:
+    """Keeps the last `capacity` transitions and samples minibatches uniformly.
+
+    Args:
+        capacity: number of transitions kept (older ones are overwritten).
+        obs_shape: shape of one observation.
+        seed: seed of the buffer's own random generator (no global RNG is used).
+        obs_dtype: dtype of stored observations.
+    """
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], seed: int | None = 0,
+                 obs_dtype: str = "float32") -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"ReplayBuffer: capacity must be an integer >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self._obs = np.zeros((capacity,) + tuple(obs_shape), obs_dtype)
+        self._next_obs = np.zeros_like(self._obs)
+        self._action = np.zeros((capacity,), np.int64)
+        self._reward = np.zeros((capacity,), np.float32)
+        self._terminated = np.zeros((capacity,), np.float32)
+        self._next = 0
+        self._size = 0
+        self._rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray,
+            terminated: bool) -> None:
+        """Stores one transition, overwriting the oldest when full."""
+        i = self._next
+        self._obs[i], self._action[i], self._reward[i] = obs, action, reward
+        self._next_obs[i], self._terminated[i] = next_obs, float(terminated)
+        self._next = (i + 1) % self.capacity
+        self._size = min(self._size + 1, self.capacity)
+
+    def sample(self, batch_size: int) -> Transitions:
+        """`batch_size` transitions drawn uniformly with replacement."""
+        if self._size == 0:
+            raise ValueError("ReplayBuffer.sample: the buffer is empty; add transitions first")
+        idx = self._rng.integers(0, self._size, size=batch_size)
+        return Transitions(self._obs[idx], self._action[idx], self._reward[idx],
+                           self._next_obs[idx], self._terminated[idx])
+
+    @staticmethod
+    def as_targets(batch: Transitions) -> Mapping[str, np.ndarray]:
+        """The batch's targets dict for a research loss (everything but `obs`)."""
+        return {"action": batch.action, "reward": batch.reward, "next_obs": batch.next_obs,
+                "terminated": batch.terminated}
