@@ -1,0 +1,358 @@
+"""The aggregated trunk update: one trunk optimizer fed by a combination of the heads' gradients.
+
+With the default `trunk="per_head"` each head's optimizer updates the trunk with
+its own slots (`multihead.step.TrainStep`). With a `TrunkPolicy`:
+
+* each head's optimizer is built on the head's own variables only;
+* one trunk optimizer, built on the trunk variables (plus a loss-weighting
+  scheme's trainable variables, e.g. uncertainty log-variances), applies
+  `d = sum_k w_k g_k`, the aggregate of the heads' trunk gradients `g_k`
+  (weights `w` from `multihead.aggregators`), plus the gradient of the trunk's
+  own regularisation losses (added once, not aggregated: it is no head's task).
+
+Two ways to get the `g_k`:
+
+* parameter space (default): one `tape.gradient` per head on trunk + head
+  variables; the weights come from the Gramian summed over trunk variables.
+* `rep_grad=True` (Sener & Koltun's MGDA-UB): each head's gradient is taken at
+  the trunk output only (a head-sized backward pass), the weights come from the
+  Gramian of those, they are combined there, and one trunk backward pass
+  (`output_gradients=`) gives `d`. Valid where the weights stay meaningful:
+  constant weights (identical result), `mgda` (the paper's upper bound),
+  `imtl` (the paper works on shared features) and the loss weightings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+from multihead.aggregators import (
+    AGGREGATORS,
+    REP_GRAD_AGGREGATORS,
+    Aggregator,
+    get_aggregator,
+)
+from multihead.loss_weighting import (
+    LOSS_WEIGHTINGS,
+    LossWeighting,
+    check_loss_weighting_options,
+    make_loss_weighting,
+)
+from multihead.model import MultiHeadModel
+from multihead.monitor import Monitor, write_scalar
+from multihead.objectives import Objective, OptimizerSpec, resolve_optimizer
+from multihead.step import HeadUpdate, TrainStep, _regularization
+
+PER_HEAD = "per_head"
+
+#: Every name `TrunkPolicy(aggregator=...)` accepts.
+TRUNK_AGGREGATORS = AGGREGATORS + LOSS_WEIGHTINGS
+
+
+@dataclasses.dataclass(frozen=True)
+class TrunkPolicy:
+    """One trunk optimizer applying an aggregate of the heads' trunk gradients.
+
+    Example:
+        >>> import multihead as mh
+        >>> policy = mh.TrunkPolicy(optimizer="adam", aggregator="pcgrad")
+        >>> policy = mh.TrunkPolicy(aggregator="cagrad", options={"c": 0.5})
+        >>> policy = mh.TrunkPolicy(aggregator="mgda", rep_grad=True)   # MGDA-UB
+
+    Args:
+        optimizer: the trunk optimizer (Keras object, name or serialization dict).
+        aggregator: a gradient aggregator (`sum`, `mean`, `weights`, `pcgrad`,
+            `mgda`, `cagrad`, `upgrad`, `imtl`) or a loss weighting
+            (`uncertainty`, `gradnorm`, `dwa`, whose trunk aggregate is the sum
+            of the weighted heads' gradients).
+        options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,
+            `{"alpha": 1.5}`, ...).
+        rep_grad: combine the heads' gradients at the trunk output (MGDA-UB).
+        seed: seed of the PCGrad projection order (a generator owned by this
+            trainer; no global random state).
+    """
+
+    optimizer: OptimizerSpec = "adam"
+    aggregator: str = "sum"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    rep_grad: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.aggregator not in TRUNK_AGGREGATORS:
+            from difflib import get_close_matches
+
+            close = get_close_matches(str(self.aggregator), TRUNK_AGGREGATORS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"trunk aggregator {self.aggregator!r} is unknown{hint}; choose one of "
+                f"{list(TRUNK_AGGREGATORS)}"
+            )
+        if not isinstance(self.options, Mapping):
+            raise TypeError(f"trunk options must be a mapping, got {self.options!r}")
+        if not isinstance(self.rep_grad, bool):
+            raise TypeError(f"trunk rep_grad must be True or False, got {self.rep_grad!r}")
+        if self.is_loss_weighting:
+            check_loss_weighting_options(self.aggregator, **self.options)
+        else:
+            agg = get_aggregator(self.aggregator, **self.options)
+            if self.rep_grad and not agg.rep_grad:
+                raise ValueError(
+                    f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it needs the "
+                    "heads' gradients in parameter space (its guarantee is about the update of the "
+                    "trunk's variables, not of its output); set rep_grad: false, or use one of "
+                    f"{list(REP_GRAD_AGGREGATORS + LOSS_WEIGHTINGS)}"
+                )
+
+    @property
+    def is_loss_weighting(self) -> bool:
+        """True for `uncertainty`, `gradnorm`, `dwa`."""
+        return self.aggregator in LOSS_WEIGHTINGS
+
+
+def resolve_trunk(trunk: str | TrunkPolicy | Mapping[str, Any] | None) -> TrunkPolicy | None:
+    """`"per_head"` (or None) -> None; a mapping -> `TrunkPolicy(**mapping)`; a policy as is."""
+    if trunk is None or trunk == PER_HEAD:
+        return None
+    if isinstance(trunk, TrunkPolicy):
+        return trunk
+    if isinstance(trunk, Mapping):
+        fields = {f.name for f in dataclasses.fields(TrunkPolicy)}
+        unknown = [k for k in trunk if k not in fields]
+        if unknown:
+            raise ValueError(f"trunk has no key {unknown[0]!r}; its keys are {sorted(fields)}")
+        return TrunkPolicy(**trunk)
+    raise ValueError(
+        f"trunk must be 'per_head', a multihead.TrunkPolicy or a dict of its fields, got {trunk!r}"
+    )
+
+
+class TrunkUpdate(tf.Module):
+    """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
+
+    Attributes:
+        policy: the `TrunkPolicy`.
+        optimizer: the trunk optimizer, built on `var_list`.
+        aggregator: the validated gradient aggregator (`sum` under a loss weighting).
+        weighting: the loss-weighting scheme, or None.
+        heads: names of the aggregated heads (those that train the trunk), in order.
+        rng: generator of PCGrad's projection orders.
+    """
+
+    def __init__(self, policy: TrunkPolicy, heads: Sequence[str],
+                 optimizer: keras.optimizers.Optimizer) -> None:
+        super().__init__(name="trunk_update")
+        self.policy = policy
+        self.heads = tuple(heads)
+        self.optimizer = optimizer
+        k = len(self.heads)
+        if policy.is_loss_weighting:
+            self.aggregator: Aggregator = get_aggregator("sum", num_heads=k)
+            self.weighting: LossWeighting | None = make_loss_weighting(
+                policy.aggregator, k, **policy.options)
+        else:
+            self.aggregator = get_aggregator(policy.aggregator, num_heads=k, **policy.options)
+            self.weighting = None
+        self.rng = tf.random.Generator.from_seed(policy.seed)
+        self.var_list: tuple[keras.Variable, ...] = ()
+
+    @classmethod
+    def create(cls, trunk: Any, objectives: Mapping[str, Objective], schedule: str,
+               head_optimizers: Mapping[str, keras.optimizers.Optimizer]) -> TrunkUpdate | None:
+        """Validates `trunk` against the heads (early, at construction); None for `per_head`."""
+        policy = resolve_trunk(trunk)
+        if policy is None:
+            return None
+        if schedule != "simultaneous":
+            raise ValueError(
+                f"trunk aggregation needs schedule='simultaneous' (all heads' gradients at the "
+                f"same parameters), got schedule={schedule!r}"
+            )
+        heads = [h for h, o in objectives.items() if o.trains_trunk]
+        if not heads:
+            raise ValueError("trunk aggregation needs at least one head with trains_trunk=True")
+        for head in heads:
+            if objectives[head].every != 1:
+                raise ValueError(
+                    f"head {head!r} has every={objectives[head].every}: with trunk aggregation every "
+                    "head that trains the trunk is aggregated on every step; set every=1, or "
+                    "trains_trunk=False for a head updated less often"
+                )
+        optimizer = resolve_optimizer(policy.optimizer, "trunk")
+        for head, opt in head_optimizers.items():
+            if opt is optimizer:
+                raise ValueError(
+                    f"the trunk optimizer is head {head!r}'s optimizer object; give the trunk its own"
+                )
+        return cls(policy, heads, optimizer)
+
+    def build(self, trunk_variables: Sequence[keras.Variable]) -> None:
+        """Builds the optimizer eagerly on the trunk variables + the weighting's trainable ones."""
+        extra = list(self.weighting.trainable_variables) if self.weighting else []
+        var_list = list(trunk_variables) + extra
+        if self.optimizer.built:
+            built_on = [id(v) for v in self.optimizer._trainable_variables]  # noqa: SLF001
+            if built_on != [id(v) for v in var_list]:
+                raise ValueError(
+                    "the trunk optimizer was already built on other variables; pass a fresh optimizer"
+                )
+        else:
+            self.optimizer.build(var_list)
+        self.var_list = tuple(var_list)
+
+
+def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
+    """K gradients of one variable (None = no dependence) as a `K x n` matrix."""
+    rows = [tf.reshape(g if g is not None else tf.zeros_like(like), [-1]) for g in grads]
+    return tf.stack(rows)
+
+
+class AggregatedStep(TrainStep):
+    """`TrainStep` whose trunk update is one optimizer applying the heads' aggregated gradient.
+
+    Heads that do not train the trunk are updated exactly as in `TrainStep`.
+    Monitoring: for each aggregated head, `monitor.head_update` receives the
+    gradients of the head's *own* variables (its trunk part is empty: the
+    trunk is updated once, by the trunk optimizer). The aggregation itself is
+    logged as `agg_weight/<head>` (w_k), `agg_trunk_grad_norm/<head>` (|g_k|,
+    in parameter space or, with `rep_grad`, at the trunk output),
+    `agg_cosine/<a>__<b>` (cosine of g_a and g_b), `agg_projections` (PCGrad)
+    and `agg_update_norm` (|d|); the norms and cosines need the Gramian, which
+    constant-weight aggregators without `rep_grad` skip computing.
+    """
+
+    def __init__(self, model: MultiHeadModel, heads: Sequence[HeadUpdate], schedule: str,
+                 step: tf.Variable, monitor: Monitor | None, jit_compile: bool,
+                 trunk: TrunkUpdate) -> None:
+        super().__init__(model, heads, schedule, step, monitor, jit_compile)
+        self._trunk = trunk
+        if not trunk.var_list:
+            raise ValueError("build the TrunkUpdate (trunk.build(...)) before the step")
+
+    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
+        model, trunk = self._model, self._trunk
+        agg = [h for h in self._heads if h.trains_trunk]
+        rest = [h for h in self._heads if not h.trains_trunk]
+        trunk_vars = list(model.trunk_variables)
+        weighting = trunk.weighting
+        with tf.GradientTape(persistent=True) as tape:
+            feats = model.features(inputs, training=True)
+            stopped = tf.nest.map_structure(tf.stop_gradient, feats)
+            trunk_reg = _regularization(model.trunk)
+            losses, objectives = {}, {}
+            for head in self._heads:
+                output = model.head_output(head.name, feats if head.trains_trunk else stopped,
+                                           training=True)
+                losses[head.name] = self._head_loss(head, inputs, targets, output)
+            task = tf.stack([h.weight * losses[h.name] for h in agg])
+            loss_weights = weighting.weights(task) if weighting else None
+            for i, head in enumerate(agg):
+                scaled = task[i] * loss_weights[i] if weighting else task[i]
+                objectives[head.name] = scaled + _regularization(model.heads[head.name])
+            for head in rest:
+                objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
+            weighting_objective = weighting.objective(task) if weighting else None
+
+        trunk_grads, (weights, projections, gram) = self._aggregate(
+            tape, agg, objectives, feats, trunk_vars)
+        norms = None if gram is None else tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
+        if not isinstance(trunk_reg, float):
+            reg_grads = tape.gradient(trunk_reg, trunk_vars)
+            trunk_grads = [g if r is None else g + r for g, r in zip(trunk_grads, reg_grads)]
+        extra_vars = trunk.var_list[len(trunk_vars):]
+        extra_grads = (tape.gradient(weighting_objective, list(extra_vars))
+                       if weighting_objective is not None else [])
+        trunk.optimizer.apply_gradients(zip(list(trunk_grads) + list(extra_grads), trunk.var_list))
+        if weighting is not None:
+            unweighted = None
+            if weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
+                unweighted = tf.math.divide_no_nan(norms, loss_weights)
+            weighting.update(task, unweighted)
+
+        updated = {}
+        for head in agg:  # head variables only: their var_list excludes the trunk
+            self._apply(head, objectives[head.name], losses[head.name], tape)
+            updated[head.name] = tf.constant(True)
+        for head in rest:
+            def update(head: HeadUpdate = head) -> tf.Tensor:
+                self._apply(head, objectives[head.name], losses[head.name], tape)
+                return tf.constant(True)
+
+            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        del tape
+        if self._monitor:
+            def log() -> None:
+                for i, head in enumerate(agg):
+                    write_scalar(f"agg_weight/{head.name}", weights[i])
+                    if loss_weights is not None:
+                        write_scalar(f"agg_loss_weight/{head.name}", loss_weights[i])
+                    if norms is not None:
+                        write_scalar(f"agg_trunk_grad_norm/{head.name}", norms[i])
+                if gram is not None:
+                    cos = tf.math.divide_no_nan(gram, norms[:, None] * norms[None, :])
+                    for i in range(len(agg)):
+                        for j in range(i + 1, len(agg)):
+                            write_scalar(f"agg_cosine/{agg[i].name}__{agg[j].name}", cos[i, j])
+                if trunk.aggregator.random_order:
+                    write_scalar("agg_projections", projections)
+                write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
+                    [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
+
+            self._when_logging(step, log)
+        return losses, updated
+
+    def _when_logging(self, step: tf.Tensor, fn: Any) -> None:
+        """Runs `fn` (summary writes) only on the monitor's logging steps, with literal tags."""
+        assert self._monitor is not None
+
+        def body() -> None:
+            with tf.compat.v1.name_scope(None):
+                fn()
+
+        tf.cond(tf.equal(step % self._monitor.every, 0), body, lambda: None)
+
+    def _aggregate(self, tape: tf.GradientTape, agg: Sequence[HeadUpdate],
+                   objectives: Mapping[str, tf.Tensor], feats: Any, trunk_vars: list[keras.Variable],
+                   ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]]:
+        """The aggregated trunk gradient, and (weights, projections, Gramian of the heads'
+        gradients, None when no Gramian was needed)."""
+        trunk = self._trunk
+        rep_grad = trunk.policy.rep_grad
+        targets_k = tf.nest.flatten(feats) if rep_grad else trunk_vars
+        per_head = []                                   # per head: grads of targets_k
+        for head in agg:
+            grads = tape.gradient(objectives[head.name], targets_k)
+            if all(g is None for g in grads):
+                raise ValueError(
+                    f"the loss of head {head.name!r} does not depend on the trunk: check that the "
+                    "loss uses the head's output, or set trains_trunk=False for this head"
+                )
+            per_head.append(grads)
+        stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(targets_k)]
+        constant = trunk.aggregator.name in ("sum", "mean", "weights")
+        needs_gram = not constant or (trunk.weighting is not None
+                                      and trunk.weighting.needs_grad_norms)
+        gram = None
+        if needs_gram:
+            gram = tf.add_n([tf.matmul(s, s, transpose_b=True) for s in stacked])
+            extra = {}
+            if trunk.aggregator.random_order:
+                k = len(agg)
+                extra["order"] = tf.argsort(trunk.rng.uniform([k, k]), axis=1)
+            result = trunk.aggregator(gram, **extra)
+        else:
+            result = trunk.aggregator(tf.zeros([len(agg), len(agg)]))
+        weights = result.weights
+        combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
+                    for s, t in zip(stacked, targets_k)]
+        if rep_grad:
+            trunk_grads = tape.gradient(tf.nest.flatten(feats), trunk_vars, output_gradients=combined)
+            trunk_grads = [g if g is not None else tf.zeros_like(v)
+                           for g, v in zip(trunk_grads, trunk_vars)]
+        else:
+            trunk_grads = combined
+        return trunk_grads, (weights, result.projections, gram)
