@@ -1,20 +1,55 @@
 """TensorBoard monitoring of per-head training, written from inside the compiled step.
 
-On steps that do not log, no summary op runs: summaries are gated with
-`tf.summary.record_if` on the step counter, which is evaluated in the graph.
+What is logged, per head (tags `kind/head/...`, so TensorBoard's Scalars page has
+one section per kind with one card per head, and a Custom Scalars layout has one
+section per head):
+
+* `loss/<head>`: the head's loss (unweighted, without regularization).
+* `grad_norm/<head>/trunk`, `grad_norm/<head>/head`: global L2 norm of the
+  gradient the head's optimizer applied, split into its trunk part and its head
+  part (no trunk part for a head with `trains_trunk=False`).
+* `grad_norm/<head>/var/<variable path>`: per-variable norms (optional).
+* `lr/<head>`: the learning rate the optimizer used for this update.
+* `update_ratio/<head>`: `||w_after - w_before|| / ||w_before||` over the head's
+  var_list, the relative size of the update the optimizer applied.
+* `grad_cosine/<a>/<b>`: cosine similarity of heads a and b's trunk gradients
+  (gradient conflict when negative), for every pair of heads updated at that
+  step, `a` before `b` in head order. Under the `simultaneous` schedule both
+  gradients are taken at the same parameters (the gradient conflict of PCGrad,
+  Yu et al. 2020). Under `sequential`, it is the cosine of the gradients *as
+  applied*: b's gradient is taken at the parameters a's update left.
+* `grad_hist/<head>/<variable path>`: gradient histograms, at their own cadence.
+* `config` (text, step 0): the resolved experiment config, via `write_config`.
+
+Cost: on steps that do not log, no summary work runs. Every piece of work sits in
+a `tf.cond` on the step counter, evaluated in the graph, and the writer is also
+gated with `tf.summary.record_if` given a callable on the step variable.
+
+Because a head with `every > 1` updates inside a `tf.cond`, its gradient cannot
+leave that branch as a tensor; the monitor passes what later heads need (the
+weights before the update, the trunk gradient for cosines) through its own
+non-trainable buffer variables, written only on logging steps. They are created
+eagerly by `bind` and cost one copy of the model's weights plus one copy of the
+trunk per head but the last (set `grad_cosine=False` to drop the latter).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import keras
 import tensorflow as tf
+from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
+_Grad = tf.Tensor | tf.IndexedSlices | None
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
+_HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
+_SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
+_HISTOGRAM_BYTES = _HISTOGRAM_METADATA.SerializeToString()
+HISTOGRAM_BINS = 30
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -27,43 +62,311 @@ def write_scalar(tag: str, value: tf.Tensor | float) -> None:
     tf.summary.write(tag, tf.cast(value, tf.float32), metadata=_SCALAR_METADATA)
 
 
+# -- pure math -------------------------------------------------------------------------
+
+
+def _dense(grad: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
+    return tf.cast(tf.convert_to_tensor(grad), tf.float32)
+
+
+def global_norm(tensors: Sequence[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
+    """L2 norm of the concatenation of `tensors` (float32), 0 for an empty list."""
+    if not tensors:
+        return tf.constant(0.0)
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(_dense(t))) for t in tensors]))
+
+
+def flat_dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Dot product of the concatenations of `a` and `b` (same shapes, pairwise)."""
+    return tf.add_n([tf.reduce_sum(_dense(x) * _dense(y)) for x, y in zip(a, b)])
+
+
+def cosine(dot: tf.Tensor, norm_a: tf.Tensor, norm_b: tf.Tensor) -> tf.Tensor:
+    """`dot / (norm_a * norm_b)`, and 0 when either vector is zero (no direction)."""
+    return tf.math.divide_no_nan(dot, norm_a * norm_b)
+
+
+def histogram_buckets(values: tf.Tensor, bins: int = HISTOGRAM_BINS) -> tf.Tensor:
+    """TensorBoard's histogram format: `[bins, 3]` float64 rows `(left, right, count)`.
+
+    Equal-width bins over `[min, max]` of the (non-empty) values; when all values
+    are equal, one bin of width 1 centred on them. One `histogram_fixed_width`
+    op: TensorBoard's `tf.summary.histogram` builds dozens of ops and a `tf.cond`
+    per call, which multiplied the step's trace time.
+    """
+    flat = tf.reshape(tf.cast(values, tf.float64), [-1])
+    low, high = tf.reduce_min(flat), tf.reduce_max(flat)
+    same = tf.equal(low, high)
+    low = tf.where(same, low - 0.5, low)
+    high = tf.where(same, high + 0.5, high)
+    counts = tf.histogram_fixed_width(flat, tf.stack([low, high]), nbins=bins)
+    edges = low + (high - low) * tf.range(bins + 1, dtype=tf.float64) / bins
+    return tf.stack([edges[:-1], edges[1:], tf.cast(counts, tf.float64)], axis=1)
+
+
+def _check_cadence(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "an integer >= 1" if minimum == 1 else "an integer >= 0 (0 disables them)"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def _no_op() -> None:
+    return None
+
+
 class Monitor:
     """Writes per-head training summaries to `<log_dir>/train` and eval ones to `<log_dir>/eval`.
 
-    Tags are grouped by kind then head (`loss/<head>`), so TensorBoard shows one
-    card per head in each section and the train and eval runs overlay.
+    The train step drives it: `bind` once (eagerly, before tracing), then inside
+    the traced step body `with monitor.recording(step):` around the updates, and
+    for each head `before_update(...)` then `head_update(...)` around the
+    optimizer's `apply_gradients`. See the module docstring for the tags.
+
+    Example:
+        >>> import keras, numpy as np, multihead as mh
+        >>> model = mh.MultiHeadModel(keras.layers.Dense(8), {"a": keras.layers.Dense(1),
+        ...                                                    "b": keras.layers.Dense(1)})
+        >>> trainer = mh.Trainer(model, {"a": mh.Objective("mse"), "b": mh.Objective("mse")},
+        ...                      log_dir="/tmp/mh-doc", log_every=10, histograms_every=0)
+        >>> trainer.monitor.every
+        10
 
     Args:
         log_dir: the TensorBoard log directory of the run.
-        every: scalars are written on steps `0, every, 2*every, ...`.
+        every: scalars (losses, norms, lr, update ratios, cosines) are written on
+            steps `0, every, 2*every, ...`.
+        histograms_every: gradient histograms are written on steps
+            `0, histograms_every, ...`; 0 disables them. Histograms are costly to
+            trace (seconds) and to write, so keep this a multiple of `every`.
+        variable_norms: also write each variable's gradient norm.
+        grad_cosine: write the cosine of every pair of heads' trunk gradients.
     """
 
-    def __init__(self, log_dir: str, every: int = 100) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"log every must be an integer >= 1, got {every!r}")
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        every: int = 100,
+        histograms_every: int = 1000,
+        variable_norms: bool = False,
+        grad_cosine: bool = True,
+    ) -> None:
+        self.every = _check_cadence("log every", every, 1)
+        self.histograms_every = _check_cadence("histograms_every", histograms_every, 0)
+        self.variable_norms = bool(variable_norms)
+        self.grad_cosine = bool(grad_cosine)
         self.log_dir = os.fspath(log_dir)
-        self.every = every
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
         self._eval_writer: tf.summary.SummaryWriter | None = None
+        # Set by `bind`.
+        self._heads: tuple[str, ...] = ()
+        self._trunk_ids: set[int] = set()
+        self._before: dict[int, tf.Variable] = {}
+        self._lr: dict[str, tf.Variable] = {}
+        self._trunk_grad: dict[str, list[tf.Variable]] = {}
+        self._trunk_norm: dict[str, tf.Variable] = {}
+        self._recorded_at: dict[str, tf.Variable] = {}
+        # Valid only while a step body is being traced inside `recording`.
+        self._step: tf.Tensor | None = None
+        self._seen: list[str] = []
+
+    # -- set-up (eager) ------------------------------------------------------------------
+
+    def bind(
+        self,
+        var_lists: Mapping[str, Sequence[keras.Variable]],
+        trunk_variables: Sequence[keras.Variable],
+    ) -> None:
+        """Creates the monitor's buffers for these heads; call once, eagerly, before tracing.
+
+        Args:
+            var_lists: head -> the variables its optimizer is built on, in head order.
+            trunk_variables: the trunk's trainable variables; a head's gradient is
+                split into its trunk part and its head part by variable identity.
+        """
+        self._heads = tuple(var_lists)
+        self._trunk_ids = {id(v) for v in trunk_variables}
+        trunk_heads = [h for h, vs in var_lists.items() if any(id(v) in self._trunk_ids for v in vs)]
+        with tf.init_scope():
+            self._before = {}
+            for variables in var_lists.values():
+                for v in variables:
+                    if id(v) not in self._before:
+                        self._before[id(v)] = tf.Variable(
+                            tf.zeros(v.shape, v.dtype), trainable=False, name="monitor_before")
+            self._lr = {h: tf.Variable(0.0, trainable=False, name="monitor_lr") for h in self._heads}
+            self._recorded_at = {h: tf.Variable(tf.constant(-1, tf.int64), trainable=False,
+                                                name="monitor_recorded_at") for h in self._heads}
+            self._trunk_grad, self._trunk_norm = {}, {}
+            # The last head never has a later partner in the same step: it needs no buffer.
+            for head in trunk_heads[:-1] if self.grad_cosine else []:
+                trunk = [v for v in var_lists[head] if id(v) in self._trunk_ids]
+                self._trunk_grad[head] = [
+                    tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
+                                name="monitor_trunk_grad") for v in trunk]
+                self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
+        self._write_layout()
+
+    def _write_layout(self) -> None:
+        """A Custom Scalars layout with one section per head."""
+        from tensorboard.plugins.custom_scalar import layout_pb2
+        from tensorboard.plugins.custom_scalar import summary as cs_summary
+
+        def chart(title: str, regex: str) -> layout_pb2.Chart:
+            return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
+
+        categories = []
+        for head in self._heads:
+            categories.append(layout_pb2.Category(title=head, chart=[
+                chart("loss", rf"^loss/{head}$"),
+                chart("gradient norm (trunk, head)", rf"^grad_norm/{head}/(trunk|head)$"),
+                chart("learning rate", rf"^lr/{head}$"),
+                chart("update ratio", rf"^update_ratio/{head}$"),
+                chart("trunk gradient cosine with other heads",
+                      rf"^grad_cosine/({head}/.*|.*/{head})$"),
+            ]))
+        layout = cs_summary.pb(layout_pb2.Layout(category=categories))
+        with self._train_writer.as_default():
+            tf.summary.experimental.write_raw_pb(layout.SerializeToString(), step=0)
+        self._train_writer.flush()
+
+    def write_config(self, text: str, step: int = 0) -> None:
+        """Writes the resolved experiment config (YAML text) as the `config` text summary."""
+        markdown = "\n".join("    " + line for line in text.splitlines())  # a code block
+        with self._train_writer.as_default(step=step):
+            tf.summary.text("config", markdown)
+        self._train_writer.flush()
+
+    # -- inside the traced step ----------------------------------------------------------
+
+    def _scalars_due(self, step: tf.Tensor) -> tf.Tensor:
+        return tf.equal(step % self.every, 0)
+
+    def _histograms_due(self, step: tf.Tensor) -> tf.Tensor:
+        if not self.histograms_every:
+            return tf.constant(False)
+        return tf.equal(step % self.histograms_every, 0)
 
     @contextlib.contextmanager
     def recording(self, step: tf.Tensor) -> Iterator[None]:
         """Context for the body of one compiled step taken at counter value `step`."""
-        with self._train_writer.as_default(step=step):
-            with tf.summary.record_if(tf.equal(step % self.every, 0)):
+        if not self._heads:
+            raise RuntimeError("Monitor.bind(var_lists, trunk_variables) must be called "
+                               "(eagerly) before the step is traced")
+        self._step, self._seen = step, []
+        due = lambda: tf.logical_or(self._scalars_due(step), self._histograms_due(step))  # noqa: E731
+        try:
+            with self._train_writer.as_default(step=step), tf.summary.record_if(due):
                 yield
+        finally:
+            self._step, self._seen = None, []
+
+    def _current_step(self, method: str) -> tf.Tensor:
+        if self._step is None:
+            raise RuntimeError(f"Monitor.{method} must be called inside `with monitor.recording(step)`")
+        return self._step
+
+    def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
+        tf.cond(due, fn, _no_op)
+
+    def _emit(self, tag: str, tensor: tf.Tensor, metadata: bytes) -> None:
+        # Only called inside a branch that is already gated on the step: write
+        # straight to the writer. `tf.summary.write` would wrap every tag in its
+        # own `tf.cond` on `record_if`, which costs trace time per tag (seconds
+        # with per-variable norms and histograms) and nothing else.
+        resource = getattr(self._train_writer, "_resource", None)
+        if resource is None:  # a writer without the resource handle: the public path
+            tf.summary.write(tag, tensor, metadata=metadata)
+            return
+        tf.raw_ops.WriteSummary(writer=resource, step=self._step, tensor=tensor, tag=tag,
+                                summary_metadata=metadata)
+
+    def _emit_scalar(self, tag: str, value: tf.Tensor) -> None:
+        self._emit(tag, tf.cast(value, tf.float32), _SCALAR_BYTES)
+
+    def _emit_histogram(self, tag: str, values: tf.Tensor) -> None:
+        self._emit(tag, histogram_buckets(values), _HISTOGRAM_BYTES)
+
+    def before_update(
+        self,
+        head: str,
+        variables: Sequence[keras.Variable],
+        optimizer: keras.optimizers.Optimizer,
+    ) -> None:
+        """Called right before head `head`'s optimizer applies its gradients.
+
+        On logging steps it keeps the weights and the learning rate about to be
+        used, for `update_ratio` and `lr`.
+        """
+        step = self._current_step("before_update")
+
+        def snapshot() -> None:
+            for v in variables:
+                self._before[id(v)].assign(v)
+            self._lr[head].assign(tf.cast(optimizer.learning_rate, tf.float32))
+
+        self._gated(self._scalars_due(step), snapshot)
 
     def head_update(
         self,
         head: str,
         loss: tf.Tensor,
-        grads: Sequence[tf.Tensor | None],
+        grads: Sequence[_Grad],
         variables: Sequence[keras.Variable],
         optimizer: keras.optimizers.Optimizer,
     ) -> None:
-        """Called inside `recording` right after head `head`'s optimizer applied `grads`."""
-        del grads, variables, optimizer
-        write_scalar(f"loss/{head}", loss)
+        """Called right after head `head`'s optimizer applied `grads` to `variables`."""
+        del optimizer  # its learning rate was read by `before_update`
+        step = self._current_step("head_update")
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        trunk = [(g, v) for g, v in pairs if id(v) in self._trunk_ids]
+        own = [(g, v) for g, v in pairs if id(v) not in self._trunk_ids]
+        earlier = [h for h in self._seen if h in self._trunk_grad] if trunk else []
+        self._seen.append(head)
+
+        def scalars() -> None:
+            self._emit_scalar(f"loss/{head}", loss)
+            if trunk:
+                trunk_norm = global_norm([g for g, _ in trunk])
+                self._emit_scalar(f"grad_norm/{head}/trunk", trunk_norm)
+            if own:
+                self._emit_scalar(f"grad_norm/{head}/head", global_norm([g for g, _ in own]))
+            if self.variable_norms:
+                for g, v in pairs:
+                    self._emit_scalar(f"grad_norm/{head}/var/{v.path}", global_norm([g]))
+            self._emit_scalar(f"lr/{head}", self._lr[head])
+            before = [self._before[id(v)] for v in variables]
+            update = [v - w for v, w in zip(variables, before)]
+            self._emit_scalar(f"update_ratio/{head}",
+                         tf.math.divide_no_nan(global_norm(update), global_norm(before)))
+            if trunk:
+                self._write_cosines(head, [g for g, _ in trunk], trunk_norm, earlier, step)
+            self._recorded_at[head].assign(step)
+
+        self._gated(self._scalars_due(step), scalars)
+        if self.histograms_every:
+            def histograms() -> None:
+                for g, v in pairs:
+                    self._emit_histogram(f"grad_hist/{head}/{v.path}", _dense(g))
+
+            self._gated(self._histograms_due(step), histograms)
+
+    def _write_cosines(self, head: str, trunk_grads: list[_Grad], norm: tf.Tensor,
+                       earlier: list[str], step: tf.Tensor) -> None:
+        for other in earlier:  # heads updated before this one in this step, if they were due
+            def write(other: str = other) -> None:
+                dot = flat_dot(self._trunk_grad[other], trunk_grads)
+                first, second = sorted((other, head), key=self._heads.index)
+                self._emit_scalar(f"grad_cosine/{first}/{second}",
+                             cosine(dot, self._trunk_norm[other], norm))
+
+            self._gated(tf.equal(self._recorded_at[other], step), write)
+        if head in self._trunk_grad:
+            for buffer, g in zip(self._trunk_grad[head], trunk_grads):
+                buffer.assign(_dense(g))
+            self._trunk_norm[head].assign(norm)
+
+    # -- eager ---------------------------------------------------------------------------
 
     def write_eval(self, step: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         """Writes evaluation results `{head: {metric: value}}` at `step` (eagerly)."""
@@ -74,16 +377,6 @@ class Monitor:
                 for name, value in values.items():
                     tf.summary.scalar(f"{name}/{head}", value)
         self._eval_writer.flush()
-
-    def flush(self) -> None:
-        self._train_writer.flush()
-        if self._eval_writer is not None:
-            self._eval_writer.flush()
-
-    def close(self) -> None:
-        self._train_writer.close()
-        if self._eval_writer is not None:
-            self._eval_writer.close()
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], run: str = "train") -> None:
         """Writes `{tag: value}` at `step` eagerly to the `train` or `eval` run (e.g. RL episode
@@ -96,3 +389,15 @@ class Monitor:
         with writer.as_default(step=step):
             for tag, value in scalars.items():
                 tf.summary.scalar(tag, value)
+
+    def flush(self) -> None:
+        """Writes buffered events to disk."""
+        self._train_writer.flush()
+        if self._eval_writer is not None:
+            self._eval_writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the event files."""
+        self._train_writer.close()
+        if self._eval_writer is not None:
+            self._eval_writer.close()

@@ -24,6 +24,7 @@ from multihead.objectives import (
 )
 from multihead.progress import Progress
 from multihead.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
+from multihead.trunk_policy import AggregatedStep, TrunkPolicy, TrunkUpdate
 
 
 class StepResult(NamedTuple):
@@ -91,7 +92,14 @@ class Trainer:
         schedule: `"simultaneous"` or `"sequential"` (see `multihead.step`).
         log_dir: TensorBoard log directory; None disables logging.
         log_every: write scalars every this many steps.
+        histograms_every: write gradient histograms every this many steps (0: never).
+        log_variable_norms: also write each variable's gradient norm.
         jit_compile: XLA-compile the step (measured slower on CPU; off by default).
+        trunk: `"per_head"` (each head's optimizer updates the trunk with its own
+            slots), or a `TrunkPolicy` (or a dict of its fields): one trunk
+            optimizer applies an aggregate of the heads' trunk gradients and each
+            head's optimizer is built on its own variables only (see
+            `multihead.trunk_policy`). Needs `schedule="simultaneous"`.
     """
 
     def __init__(
@@ -102,6 +110,9 @@ class Trainer:
         log_dir: str | os.PathLike[str] | None = None,
         log_every: int = 100,
         jit_compile: bool = False,
+        histograms_every: int = 1000,
+        log_variable_norms: bool = False,
+        trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
     ) -> None:
         if not isinstance(model, MultiHeadModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
@@ -125,12 +136,20 @@ class Trainer:
         self.loss_fns = {h: resolve_loss(o.loss, h) for h, o in self.objectives.items()}
         self.optimizers = {h: resolve_optimizer(o.optimizer, h) for h, o in self.objectives.items()}
         self._check_distinct_optimizers()
+        #: The aggregated trunk update (trunk optimizer, loss weighting, RNG), None for per_head.
+        self.trunk_update = TrunkUpdate.create(trunk, self.objectives, schedule, self.optimizers)
+        #: The trunk optimizer under trunk aggregation, None for per_head.
+        self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
         # Resolve metric specs now so a bad metric name fails at construction.
         for head, objective in self.objectives.items():
             for spec in objective.metrics:
                 resolve_metric(spec, head)
         self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.monitor = Monitor(os.fspath(log_dir), every=log_every) if log_dir is not None else None
+        self.monitor = (
+            Monitor(os.fspath(log_dir), every=log_every, histograms_every=histograms_every,
+                    variable_norms=log_variable_norms)
+            if log_dir is not None else None
+        )
         self._jit_compile = jit_compile
         self._train_step: TrainStep | None = None
         self._predict = tf.function(lambda x: self.model(x, training=False), reduce_retracing=True)
@@ -153,7 +172,8 @@ class Trainer:
         """Partitions the variables and builds each optimizer eagerly on its var_list."""
         heads = []
         for head, objective in self.objectives.items():
-            var_list = self.model.var_list(head, trains_trunk=objective.trains_trunk)
+            aggregated = self.trunk_update is not None  # then the trunk has its own optimizer
+            var_list = self.model.var_list(head, trains_trunk=objective.trains_trunk and not aggregated)
             optimizer = self.optimizers[head]
             if optimizer.built:
                 built_on = [id(v) for v in optimizer._trainable_variables]  # noqa: SLF001
@@ -173,6 +193,11 @@ class Trainer:
                 every=objective.every,
                 trains_trunk=objective.trains_trunk,
             ))
+        if self.trunk_update is not None:
+            self.trunk_update.build(self.model.trunk_variables)
+            self._train_step = AggregatedStep(self.model, heads, self.schedule, self.step_variable,
+                                              self.monitor, self._jit_compile, self.trunk_update)
+            return
         self._train_step = TrainStep(
             self.model, heads, self.schedule, self.step_variable, self.monitor, self._jit_compile
         )
