@@ -59,7 +59,8 @@ def check_head_outputs(model: MultiHeadModel, head: str, units: int, what: str, 
         model.trunk.get_build_config()["input_shape"]))
     if tuple(shape[1:]) != (units,):
         raise ConfigError(
-            f"model.heads.{head}.layers: the {what} head must output {units} values per example, "
+            f"model.heads.{head}.layers: the {what} head must output {units} value{'s' if units != 1 else ''} "
+            "per example, "
             f"it outputs shape {tuple(shape[1:])}; make its last layer Dense(units={units})"
         )
 
