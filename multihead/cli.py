@@ -1,4 +1,4 @@
-"""The `multihead` command: `train`, `validate`.
+"""The `multihead` command: `train`, `validate`, `report`.
 
 Exit codes: 0 success, 2 bad input (config, overrides, paths) with a one-line
 error on stderr and nothing written, 1 an unexpected failure.
@@ -109,6 +109,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from multihead import report
+
+    if args.png:
+        directory = os.path.dirname(os.path.abspath(args.png))
+        if not os.path.isdir(directory):
+            raise UsageError(f"--png {args.png!r}: directory {directory!r} does not exist")
+    try:
+        run = report.load_report(args.run_dir)
+    except report.ReportError as err:
+        raise UsageError(str(err)) from None
+    if args.png:
+        try:
+            report.plot_report(run, args.png)
+        except ImportError:
+            raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
+    if args.json:
+        print(json.dumps(report.report_to_dict(run), indent=2))
+    else:
+        print(report.format_report(run))
+        if args.png:
+            print(f"wrote {args.png}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multihead",
@@ -131,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a config and build its model, without training")
     with_config(validate)
     validate.set_defaults(func=cmd_validate)
+
+    rep = sub.add_parser("report", help="per-head losses, gradient norms and conflicts of a run")
+    rep.add_argument("run_dir", help="a run directory (with train/ event files)")
+    rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")
+    rep.set_defaults(func=cmd_report)
     return parser
 
 

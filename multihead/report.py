@@ -1,0 +1,305 @@
+"""`multihead report RUN_DIR`: a per-head summary of a run, read back from its event files.
+
+For each head: final and best training loss, the mean norm of the trunk part and
+of the head part of the gradient its optimizer applied, and the mean update
+ratio; then the heads x heads matrix of mean trunk-gradient cosines (negative:
+the heads pull the shared trunk in conflicting directions). The numbers are the
+ones `multihead.Monitor` logged (`loss/<head>`, `grad_norm/<head>/trunk|head`,
+`update_ratio/<head>`, `grad_cosine/<a>/<b>`), averaged over the logged steps.
+
+Example:
+    >>> report = load_report("runs/quickstart-20260101-120000")   # doctest: +SKIP
+    >>> print(format_report(report))                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+import tempfile
+from typing import Any, Mapping, NamedTuple
+
+import numpy as np
+
+
+class ReportError(ValueError):
+    """The run directory cannot be reported on (no event files, no per-head losses)."""
+
+
+class Series(NamedTuple):
+    """One scalar tag over time: `steps[i]` -> `values[i]`, sorted by step."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSummary:
+    """What a run did to one head (None: not logged for this head).
+
+    Attributes:
+        head: the head's name.
+        final_loss: the last logged training loss, and `final_step` its step.
+        best_loss: the lowest logged training loss, and `best_step` its step.
+        mean_trunk_grad_norm: mean L2 norm of the trunk part of the applied gradient.
+        mean_head_grad_norm: mean L2 norm of the head part of the applied gradient.
+        mean_update_ratio: mean of `||update|| / ||weights||` over the head's var_list.
+        eval_loss: the last evaluation loss (the `eval` run), if any.
+    """
+
+    head: str
+    final_loss: float
+    final_step: int
+    best_loss: float
+    best_step: int
+    mean_trunk_grad_norm: float | None
+    mean_head_grad_norm: float | None
+    mean_update_ratio: float | None
+    eval_loss: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """A run's per-head summaries and gradient-conflict matrix.
+
+    Attributes:
+        run_dir: the directory reported on.
+        heads: head names, in the order they were logged.
+        summaries: head -> `HeadSummary`.
+        conflict: `conflict[a][b]` = mean cosine of a's and b's trunk gradients
+            over the steps both were updated (1 on the diagonal, None when never
+            logged, e.g. a head with `trains_trunk=False`).
+        train: every scalar tag of the `train` run.
+        eval: every scalar tag of the `eval` run (empty without evaluations).
+    """
+
+    run_dir: str
+    heads: tuple[str, ...]
+    summaries: dict[str, HeadSummary]
+    conflict: dict[str, dict[str, float | None]]
+    train: dict[str, Series]
+    eval: dict[str, Series]
+
+
+# -- reading event files ---------------------------------------------------------------
+
+
+def _event_files(directory: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(directory), "events.out.tfevents.*")))
+
+
+def read_scalars(directory: str) -> dict[str, Series]:
+    """Every scalar summary in the event files of `directory` (not recursive).
+
+    When a step was written twice (a resumed run), the later value wins.
+    """
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    from tensorboard.util import tensor_util
+
+    points: dict[str, dict[int, float]] = {}
+    for path in _event_files(directory):
+        for event in LegacyEventFileLoader(path).Load():
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                if value.HasField("tensor"):
+                    array = tensor_util.make_ndarray(value.tensor)
+                    if array.ndim != 0 or not np.issubdtype(array.dtype, np.number):
+                        continue  # text, histograms, layouts
+                    number = float(array)
+                elif value.HasField("simple_value"):
+                    number = float(value.simple_value)
+                else:
+                    continue
+                points.setdefault(value.tag, {})[int(event.step)] = number
+    series = {}
+    for tag, by_step in points.items():
+        steps = np.array(sorted(by_step), dtype=np.int64)
+        series[tag] = Series(steps, np.array([by_step[s] for s in steps], dtype=np.float64))
+    return series
+
+
+def _train_dir(run_dir: str) -> str:
+    train = os.path.join(run_dir, "train")
+    if os.path.isdir(train) and _event_files(train):
+        return train
+    if _event_files(run_dir):  # the train directory itself, or a plain log dir
+        return run_dir
+    raise ReportError(
+        f"{run_dir!r} has no TensorBoard event files (looked for {train}/events.out.tfevents.* "
+        "and in the directory itself): pass a run directory written by `multihead train` "
+        "or by a Trainer with log_dir"
+    )
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+def _mean(series: Series | None) -> float | None:
+    if series is None or not len(series.values):
+        return None
+    return float(np.mean(series.values))
+
+
+def _heads_in_order(train: Mapping[str, Series]) -> tuple[str, ...]:
+    # Tags were first written at the same step in the step's head order, and the
+    # dict keeps the order tags were first read in.
+    return tuple(tag[len("loss/"):] for tag in train if tag.startswith("loss/") and tag.count("/") == 1)
+
+
+def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
+    """Reads a run's event files and summarizes them per head.
+
+    Args:
+        run_dir: a run directory (with `train/` and maybe `eval/` event
+            directories), or a directory holding event files directly.
+
+    Raises:
+        ReportError: the directory does not exist, has no event files, or no
+            `loss/<head>` scalars.
+    """
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise ReportError(f"run directory {run_dir!r} does not exist")
+    train_dir = _train_dir(run_dir)
+    train = read_scalars(train_dir)
+    heads = _heads_in_order(train)
+    if not heads:
+        raise ReportError(
+            f"the event files in {train_dir!r} have no loss/<head> scalars: was the run written by "
+            "multihead's Monitor (Trainer(log_dir=...) or `multihead train`)?"
+        )
+    eval_dir = os.path.join(run_dir, "eval")
+    evals = read_scalars(eval_dir) if train_dir != run_dir and os.path.isdir(eval_dir) else {}
+    summaries = {}
+    for head in heads:
+        loss = train[f"loss/{head}"]
+        finite = np.where(np.isfinite(loss.values), loss.values, np.inf)
+        best = int(np.argmin(finite))
+        eval_loss = evals.get(f"loss/{head}")
+        summaries[head] = HeadSummary(
+            head=head,
+            final_loss=float(loss.values[-1]),
+            final_step=int(loss.steps[-1]),
+            best_loss=float(loss.values[best]),
+            best_step=int(loss.steps[best]),
+            mean_trunk_grad_norm=_mean(train.get(f"grad_norm/{head}/trunk")),
+            mean_head_grad_norm=_mean(train.get(f"grad_norm/{head}/head")),
+            mean_update_ratio=_mean(train.get(f"update_ratio/{head}")),
+            eval_loss=float(eval_loss.values[-1]) if eval_loss is not None else None,
+        )
+    conflict: dict[str, dict[str, float | None]] = {a: {} for a in heads}
+    for a in heads:
+        for b in heads:
+            if a == b:
+                trunk = summaries[a].mean_trunk_grad_norm
+                conflict[a][b] = 1.0 if trunk is not None else None
+            else:
+                series = train.get(f"grad_cosine/{a}/{b}") or train.get(f"grad_cosine/{b}/{a}")
+                conflict[a][b] = _mean(series)
+    return RunReport(run_dir, heads, summaries, conflict, train, evals)
+
+
+def report_to_dict(report: RunReport) -> dict[str, Any]:
+    """The report as JSON-ready data (what `multihead report --json` prints)."""
+    def clean(x: Any) -> Any:
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+
+    return {
+        "run_dir": report.run_dir,
+        "heads": {h: {k: clean(v) for k, v in dataclasses.asdict(s).items() if k != "head"}
+                  for h, s in report.summaries.items()},
+        "conflict": {a: {b: clean(v) for b, v in row.items()} for a, row in report.conflict.items()},
+    }
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def format_report(report: RunReport) -> str:
+    """The human-readable report: the per-head table, then the conflict matrix."""
+    has_eval = any(s.eval_loss is not None for s in report.summaries.values())
+    header = ("head", "final loss", "best loss (step)", "trunk grad norm", "head grad norm",
+              "update ratio") + (("eval loss",) if has_eval else ())
+    rows = [header]
+    for s in report.summaries.values():
+        rows.append((s.head, f"{_fmt(s.final_loss)} @{s.final_step}",
+                     f"{_fmt(s.best_loss)} @{s.best_step}", _fmt(s.mean_trunk_grad_norm),
+                     _fmt(s.mean_head_grad_norm), _fmt(s.mean_update_ratio, 3))
+                    + ((_fmt(s.eval_loss),) if has_eval else ()))
+    lines = [f"run {report.run_dir}", ""] + _table(rows)
+    lines += ["", "trunk gradient cosine, mean over logged steps (< 0: the heads conflict)"]
+    matrix = [("",) + report.heads]
+    for a in report.heads:
+        matrix.append((a,) + tuple(
+            "-" if report.conflict[a][b] is None else f"{report.conflict[a][b]:+.3f}"
+            for b in report.heads))
+    lines += _table(matrix)
+    return "\n".join(lines)
+
+
+# -- the figure ------------------------------------------------------------------------
+
+FIGSIZE = (15.0, 4.5)
+DPI = 100
+
+
+def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
+    """Draws loss curves, gradient-norm curves and the conflict heatmap into a PNG.
+
+    The file is `FIGSIZE * DPI` pixels (1500 x 450), written atomically.
+
+    Raises:
+        ImportError: matplotlib is not installed (`pip install multihead[plot]`).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    path = os.fspath(path)
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    loss_ax, norm_ax, conflict_ax = fig.subplots(1, 3)
+    colors = matplotlib.colormaps["tab10"]
+    for i, head in enumerate(report.heads):
+        loss = report.train[f"loss/{head}"]
+        loss_ax.plot(loss.steps, loss.values, color=colors(i % 10), label=head)
+        for part, style in (("trunk", "-"), ("head", "--")):
+            series = report.train.get(f"grad_norm/{head}/{part}")
+            if series is not None:
+                norm_ax.plot(series.steps, series.values, style, color=colors(i % 10),
+                             label=f"{head} {part}")
+    loss_ax.set(title="training loss", xlabel="step", yscale="log")
+    norm_ax.set(title="applied gradient norm (- trunk, -- head)", xlabel="step", yscale="log")
+    for ax in (loss_ax, norm_ax):
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    matrix = np.array([[np.nan if report.conflict[a][b] is None else report.conflict[a][b]
+                        for b in report.heads] for a in report.heads])
+    image = conflict_ax.imshow(matrix, cmap="RdBu", vmin=-1.0, vmax=1.0)
+    ticks = range(len(report.heads))
+    conflict_ax.set_xticks(ticks, report.heads)
+    conflict_ax.set_yticks(ticks, report.heads)
+    for i in ticks:
+        for j in ticks:
+            if np.isfinite(matrix[i, j]):
+                conflict_ax.text(j, i, f"{matrix[i, j]:+.2f}", ha="center", va="center")
+    conflict_ax.set_title("mean trunk-gradient cosine")
+    fig.colorbar(image, ax=conflict_ax)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
