@@ -150,6 +150,7 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
      "model.heads.q.layers: the Q head must output 2 values per example, it outputs shape (3,)"),
     ("env.id=NoSuchEnv-v0", "env.id: cannot make 'NoSuchEnv-v0'"),
     ("model.heads.q.loss=msee", "model.heads.q.loss"),
+    ("model.heads.q.metrics=[mae]", "model.heads.q.metrics: not used by task dqn"),
 ])
 def test_bad_config_is_one_line_error_exit_2_nothing_written(tmp_path, capsys, override, message):
     run_dir = tmp_path / "run"

@@ -24,7 +24,14 @@ from multihead.config import ActorCriticConfig, ConfigError, EnvConfig, Experime
 from multihead.model import MultiHeadModel
 from multihead.objectives import HeadLoss, Objective, resolve_loss
 from multihead.targets import TargetNetwork
-from multihead.tasks.rl import Episodes, check_head_outputs, check_tau, env_factory, evaluate
+from multihead.tasks.rl import (
+    Episodes,
+    check_head_outputs,
+    check_tau,
+    env_factory,
+    evaluate,
+    reject_metrics,
+)
 from multihead.trainer import Trainer
 
 #: What the config's `loss` of the policy head may say: the task sets that loss.
@@ -242,6 +249,7 @@ def prepare(config: ExperimentConfig) -> ActorCriticRunner:
     env_cfg = config.env or EnvConfig()
     ac = config.actor_critic or ActorCriticConfig()
     check_tau(ac.value_target_tau, ac.value_target_every, "actor_critic.value_target")
+    reject_metrics(config)
     make_env, obs_shape, num_actions = env_factory(env_cfg)
     for key, head in (("policy_head", ac.policy_head), ("value_head", ac.value_head)):
         if head not in config.model.heads:

@@ -25,7 +25,14 @@ from multihead.model import MultiHeadModel
 from multihead.objectives import HeadLoss, Objective, resolve_loss
 from multihead.replay import ReplayBuffer
 from multihead.targets import TargetNetwork
-from multihead.tasks.rl import Episodes, check_head_outputs, check_tau, env_factory, evaluate
+from multihead.tasks.rl import (
+    Episodes,
+    check_head_outputs,
+    check_tau,
+    env_factory,
+    evaluate,
+    reject_metrics,
+)
 from multihead.trainer import Trainer
 
 DEFAULT_TARGET_EVERY = 500
@@ -203,6 +210,7 @@ def prepare(config: ExperimentConfig) -> DQNRunner:
     env_cfg = config.env or EnvConfig()
     dqn = config.dqn or DQNConfig()
     check_tau(dqn.target_tau, dqn.target_every, "dqn.target")
+    reject_metrics(config)
     if dqn.epsilon_start > 1 or dqn.epsilon_end > 1:
         raise ConfigError(f"dqn.epsilon_start/epsilon_end: must be in [0, 1], got "
                           f"{dqn.epsilon_start!r}/{dqn.epsilon_end!r}")

@@ -65,6 +65,14 @@ def check_head_outputs(model: MultiHeadModel, head: str, units: int, what: str, 
         )
 
 
+def reject_metrics(config: Any) -> None:
+    """Raises `ConfigError` for head `metrics`: RL tasks have no labelled evaluation data."""
+    for name, head in config.model.heads.items():
+        if head.metrics:
+            raise ConfigError(f"model.heads.{name}.metrics: not used by task {config.task} (no labels "
+                              "to compare with); remove it, evaluation reports episode returns")
+
+
 def check_tau(tau: float | None, every: int | None, key: str) -> None:
     """Raises `ConfigError` if a Polyak rate is outside (0, 1] or given with a sync period."""
     if tau is not None and not 0.0 < tau <= 1.0:
