@@ -493,7 +493,8 @@ def aggregate(grads: tf.Tensor, name: str, **options: Any) -> Aggregation:
     grads = tf.convert_to_tensor(grads, tf.float32)
     call_opts = {k: v for k, v in options.items() if k != "order"}
     agg = get_aggregator(name, num_heads=int(grads.shape[0]), **call_opts)
-    extra = {"order": options["order"]} if "order" in options else {}
-    result = agg(gramian(grads), **extra)
+    extra = {"order": tf.convert_to_tensor(options["order"], tf.int32)} if "order" in options else {}
+    # Traced once per call: the solvers' while loops are slow op by op in eager mode.
+    result = tf.function(lambda gram: agg(gram, **extra))(gramian(grads))
     return Aggregation(tf.linalg.matvec(grads, result.weights, transpose_a=True),
                        result.weights, result.projections)
