@@ -90,7 +90,7 @@ def histogram_buckets(values: tf.Tensor, bins: int = HISTOGRAM_BINS) -> tf.Tenso
     """TensorBoard's histogram format: `[bins, 3]` float64 rows `(left, right, count)`.
 
     Equal-width bins over `[min, max]` of the (non-empty) values; when all values
-    are equal, one bin of width 1 centred on them. One `histogram_fixed_width`
+    are equal, a range of width 1 centred on them. One `histogram_fixed_width`
     op: TensorBoard's `tf.summary.histogram` builds dozens of ops and a `tf.cond`
     per call, which multiplied the step's trace time.
     """

@@ -1,0 +1,312 @@
+"""The Monitor's logged values, read back from the event files, against a hand-written
+GradientTape + Keras optimizer loop on the same batches and initial weights."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import itertools
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multihead as mh
+from conftest import make_batch, make_model
+from multihead.monitor import cosine, global_norm, histogram_buckets
+
+HEADS = ("a", "b", "c")
+EVERY = {"a": 1, "b": 1, "c": 2}
+WEIGHT = {"a": 1.0, "b": 0.5, "c": 2.0}
+
+
+def _optimizers():
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    return {"a": keras.optimizers.Adam(1e-2), "b": keras.optimizers.SGD(decay, momentum=0.9),
+            "c": keras.optimizers.Adam(3e-2)}
+
+
+def _mse(y, pred):
+    return tf.reduce_mean(tf.square(y - pred))
+
+
+def read_events(log_dir: str) -> dict[str, dict[int, np.ndarray]]:
+    """tag -> step -> value, straight from the TFRecord event files (independent of report.py)."""
+    out: dict[str, dict[int, np.ndarray]] = collections.defaultdict(dict)
+    for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                out[value.tag][event.step] = tf.make_ndarray(value.tensor)
+    return dict(out)
+
+
+def _norm(arrays) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(a.astype(np.float64))) for a in arrays)))
+
+
+def _flat(arrays) -> np.ndarray:
+    return np.concatenate([a.astype(np.float64).ravel() for a in arrays])
+
+
+def _reference(schedule, batches):
+    """Hand-written loop; returns the values the monitor should log: tag -> step -> value."""
+    model = make_model(HEADS, seed=3)
+    opts = _optimizers()
+    for h in HEADS:
+        opts[h].build(model.var_list(h))
+    n_trunk = len(model.trunk_variables)
+    logged: dict[str, dict[int, float]] = collections.defaultdict(dict)
+    for step, (x, y) in enumerate(batches):
+        due = [h for h in HEADS if step % EVERY[h] == 0]
+        if schedule == "simultaneous":
+            with tf.GradientTape(persistent=True) as tape:
+                feats = model.trunk(x, training=True)
+                losses = {h: _mse(y[h], model.heads[h](feats, training=True)) for h in HEADS}
+                weighted = {h: WEIGHT[h] * losses[h] for h in HEADS}
+            grads = {h: tape.gradient(weighted[h], model.var_list(h)) for h in due}
+        trunk_grads = {}
+        for h in due:
+            if schedule == "sequential":  # at the parameters the previous head left
+                with tf.GradientTape() as tape:
+                    loss = _mse(y[h], model.heads[h](model.trunk(x, training=True), training=True))
+                    weighted = WEIGHT[h] * loss
+                losses = {h: loss}
+                grads = {h: tape.gradient(weighted, model.var_list(h))}
+            g = [t.numpy() for t in grads[h]]
+            before = [v.numpy() for v in model.var_list(h)]
+            lr = float(keras.ops.convert_to_numpy(opts[h].learning_rate))  # the lr apply will use
+            opts[h].apply_gradients(zip(grads[h], model.var_list(h)))
+            after = [v.numpy() for v in model.var_list(h)]
+            logged[f"loss/{h}"][step] = float(losses[h])
+            logged[f"grad_norm/{h}/trunk"][step] = _norm(g[:n_trunk])
+            logged[f"grad_norm/{h}/head"][step] = _norm(g[n_trunk:])
+            logged[f"lr/{h}"][step] = lr
+            # ||w_after - w_before|| / ||w_before||
+            logged[f"update_ratio/{h}"][step] = _norm([a - b for a, b in zip(after, before)]) / _norm(before)
+            trunk_grads[h] = _flat(g[:n_trunk])
+        for a, b in itertools.combinations(due, 2):
+            ga, gb = trunk_grads[a], trunk_grads[b]
+            # cos = <ga, gb> / (|ga| |gb|)
+            logged[f"grad_cosine/{a}/{b}"][step] = float(ga @ gb / np.linalg.norm(ga) / np.linalg.norm(gb))
+    return logged
+
+
+def _trainer(model, log_dir, schedule="simultaneous", **kwargs):
+    opts = _optimizers()
+    objectives = {h: mh.Objective("mse", opts[h], weight=WEIGHT[h], every=EVERY[h]) for h in HEADS}
+    kwargs.setdefault("histograms_every", 0)
+    return mh.Trainer(model, objectives, schedule=schedule, log_dir=log_dir, **kwargs)
+
+
+@pytest.mark.parametrize("schedule", ["simultaneous", "sequential"])
+def test_logged_values_equal_the_gradient_tape_reference(tmp_path, schedule):
+    batches = [make_batch(HEADS, seed=s) for s in range(5)]
+    trainer = _trainer(make_model(HEADS, seed=3), str(tmp_path), schedule, log_every=1)
+    for batch in batches:
+        trainer.step(batch)
+    trainer.close()
+    logged = read_events(str(tmp_path / "train"))
+    expected = _reference(schedule, batches)
+    step_tags = {t for t in logged if t.split("/")[0] in
+                 ("loss", "grad_norm", "lr", "update_ratio", "grad_cosine")}
+    assert step_tags == set(expected)  # the same tags: no cosine for a pair never updated together
+    for tag, by_step in expected.items():
+        assert sorted(logged[tag]) == sorted(by_step), tag  # c (every=2) logs on even steps only
+        ours = np.array([float(logged[tag][s]) for s in sorted(by_step)])
+        ref = np.array([by_step[s] for s in sorted(by_step)])
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-7, err_msg=tag)
+    # The decaying learning rate of b was logged as applied: 0.1 * 0.5**k at its k-th update.
+    np.testing.assert_allclose([float(logged["lr/b"][s]) for s in range(5)],
+                               [0.1 * 0.5**k for k in range(5)], rtol=1e-6)
+
+
+def test_sequential_logs_the_applied_gradient_not_the_one_at_the_step_start(tmp_path):
+    """Under `sequential`, b's gradient is taken after a's update: the logged norm must be that
+    one, and it differs measurably from b's gradient at the step's starting parameters."""
+    batch = make_batch(HEADS, seed=0)
+    trainer = _trainer(make_model(HEADS, seed=3), str(tmp_path), "sequential", log_every=1)
+    start = make_model(HEADS, seed=3)  # bitwise the same initial weights
+    x, y = batch
+    with tf.GradientTape() as tape:
+        loss = WEIGHT["b"] * _mse(y["b"], start.heads["b"](start.trunk(x, training=True)))
+    at_start = _norm([g.numpy() for g in tape.gradient(loss, start.trunk_variables)])
+    trainer.step(batch)
+    trainer.close()
+    logged = float(read_events(str(tmp_path / "train"))["grad_norm/b/trunk"][0])
+    assert abs(logged - at_start) / at_start > 1e-3
+
+
+def test_scalar_and_histogram_cadence_and_histogram_contents(tmp_path):
+    model = make_model(("a", "b"), seed=1)
+    trainer = mh.Trainer(model, {"a": mh.Objective("mse", "sgd"),
+                                 "b": mh.Objective("mse", "sgd", every=3)},
+                         log_dir=str(tmp_path), log_every=2, histograms_every=3)
+    kernel = model.trunk_variables[0]
+    x, y = make_batch(("a", "b"), seed=0)
+    with tf.GradientTape() as tape:
+        loss = _mse(y["a"], model.heads["a"](model.trunk(x, training=True)))
+    grad0 = tape.gradient(loss, kernel).numpy()  # a's gradient of the first trunk kernel at step 0
+    for s in range(7):
+        trainer.step(make_batch(("a", "b"), seed=s) if s else (x, y))
+    trainer.close()
+    logged = read_events(str(tmp_path / "train"))
+    assert sorted(logged["loss/a"]) == [0, 2, 4, 6]          # every 2
+    assert sorted(logged["loss/b"]) == [0, 6]                 # every 2 and due (every 3)
+    assert sorted(logged["grad_cosine/a/b"]) == [0, 6]        # only when both were updated
+    tag = f"grad_hist/a/{kernel.path}"
+    assert sorted(logged[tag]) == [0, 3, 6]                   # histograms every 3
+    assert sorted(logged[f"grad_hist/b/{kernel.path}"]) == [0, 3, 6]  # and b due (every 3)
+    hist = logged[tag][0]                                     # rows (left, right, count)
+    assert hist.shape == (30, 3)
+    assert hist[:, 2].sum() == grad0.size
+    np.testing.assert_allclose([hist[0, 0], hist[-1, 1]], [grad0.min(), grad0.max()], rtol=1e-6)
+    # count in each bin, by numpy over the same edges
+    edges = np.append(hist[:, 0], hist[-1, 1])
+    np.testing.assert_array_equal(hist[:, 2], np.histogram(grad0.astype(np.float64), edges)[0])
+
+
+def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
+    """tfdbg records every op the compiled step executes. With the monitor on, a step that
+    does not log executes exactly the ops of the same step without a monitor, plus the
+    in-graph cadence test; a logging step executes the norms and the summary writes."""
+    from tensorflow.python.debug.lib import debug_events_reader
+
+    dump = str(tmp_path / "dump")
+    writer = tf.debugging.experimental.enable_dump_debug_info(
+        dump, tensor_debug_mode="NO_TENSOR", circular_buffer_size=-1)
+    try:
+        def make(log_dir):
+            return mh.Trainer(make_model(("a", "b"), seed=0),
+                              {"a": mh.Objective("mse", "adam"), "b": mh.Objective("mse", "adam")},
+                              log_dir=log_dir, log_every=3, histograms_every=6)
+
+        on, off = make(str(tmp_path / "run")), make(None)
+        marker = tf.function(lambda: tf.math.cumprod(tf.ones([2])))  # delimits the steps
+        for s in range(7):
+            batch = make_batch(("a", "b"), seed=s)
+            on.step(batch)
+            marker()
+            off.step(batch)
+            marker()
+        writer.FlushNonExecutionFiles()
+        writer.FlushExecutionFiles()
+        with debug_events_reader.DebugDataReader(dump) as reader:
+            reader.update()
+            ops = [t.op_type for t in reader.graph_execution_traces()]
+    finally:
+        tf.debugging.experimental.disable_dump_debug_info()
+    calls, current = [], collections.Counter()
+    for op in ops:
+        if op == "Cumprod":
+            calls.append(current)
+            current = collections.Counter()
+        else:
+            current[op] += 1
+    assert len(calls) == 14
+    extra = {s: calls[2 * s] - calls[2 * s + 1] for s in range(7)}  # monitored minus plain step
+    gating = {"FloorMod", "Equal", "LogicalOr", "LogicalAnd", "Const", "Identity", "Placeholder",
+              "ReadVariableOp"}
+    for s in (1, 2, 4, 5):  # not multiples of 3 or 6
+        assert set(extra[s]) <= gating, (s, extra[s])
+    assert {"Sqrt", "Square", "Sum"} <= set(extra[3]), extra[3]        # scalars: norms
+    assert "HistogramFixedWidth" not in extra[3]
+    assert "HistogramFixedWidth" in extra[6] and "HistogramFixedWidth" in extra[0]
+
+
+def test_head_that_does_not_train_the_trunk_has_no_trunk_norm_and_no_cosine(tmp_path):
+    model = make_model(HEADS, seed=0)
+    trainer = mh.Trainer(model, {"a": mh.Objective("mse"), "b": mh.Objective("mse"),
+                                 "c": mh.Objective("mse", trains_trunk=False)},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0)
+    trainer.step(make_batch(HEADS))
+    trainer.close()
+    tags = set(read_events(str(tmp_path / "train")))
+    assert {"grad_norm/c/head", "loss/c", "grad_norm/a/trunk", "grad_cosine/a/b"} <= tags
+    assert not {"grad_norm/c/trunk", "grad_cosine/a/c", "grad_cosine/b/c"} & tags
+
+
+def test_variable_norms_are_the_norms_of_each_applied_gradient(tmp_path):
+    model, ref = make_model(("a", "b"), seed=2), make_model(("a", "b"), seed=2)
+    trainer = mh.Trainer(model, {"a": mh.Objective("mse"), "b": mh.Objective("mse")},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0,
+                         log_variable_norms=True)
+    x, y = make_batch(("a", "b"), seed=4)
+    trainer.step((x, y))
+    trainer.close()
+    with tf.GradientTape() as tape:
+        loss = _mse(y["b"], ref.heads["b"](ref.trunk(x, training=True)))
+    grads = tape.gradient(loss, ref.var_list("b"))
+    logged = read_events(str(tmp_path / "train"))
+    for v, g in zip(model.var_list("b"), grads):
+        np.testing.assert_allclose(float(logged[f"grad_norm/b/var/{v.path}"][0]),
+                                   np.linalg.norm(g.numpy().astype(np.float64)), rtol=1e-5)
+
+
+def test_config_text_and_one_custom_scalars_section_per_head(tmp_path):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    trainer = mh.Trainer(make_model(("y1", "y2")), {"y1": mh.Objective("mse"), "y2": mh.Objective("mse")},
+                         log_dir=str(tmp_path), histograms_every=0)
+    trainer.step(make_batch(("y1", "y2")))  # the step binds the monitor, which writes the layout
+    text = "seed: 0\nmodel:\n  heads: {y1: {}, y2: {}}\n"
+    trainer.monitor.write_config(text)
+    trainer.close()
+    logged = read_events(str(tmp_path / "train"))
+    written = logged["config"][0].item().decode()
+    assert [line.strip() for line in written.splitlines()] == [line.strip() for line in text.splitlines()]
+    layout = layout_pb2.Layout.FromString(logged["custom_scalars__config__"][0].item())
+    assert [c.title for c in layout.category] == ["y1", "y2"]
+    assert any("^loss/y1$" in chart.multiline.tag for chart in layout.category[0].chart)
+
+
+def test_two_monitors_in_one_process_do_not_interfere(tmp_path):
+    first = mh.Trainer(make_model(("a", "b"), seed=0), {"a": mh.Objective("mse"), "b": mh.Objective("mse")},
+                       log_dir=str(tmp_path / "one"), log_every=1, histograms_every=0)
+    second = mh.Trainer(make_model(("p", "q", "r"), seed=0),
+                        {h: mh.Objective("mse") for h in ("p", "q", "r")},
+                        log_dir=str(tmp_path / "two"), log_every=2, histograms_every=0)
+    for s in range(3):
+        first.step(make_batch(("a", "b"), seed=s))
+        second.step(make_batch(("p", "q", "r"), seed=s))
+    first.close()
+    second.close()
+    one, two = read_events(str(tmp_path / "one" / "train")), read_events(str(tmp_path / "two" / "train"))
+    assert {t.split("/")[1] for t in one if t.startswith("loss/")} == {"a", "b"}
+    assert {t.split("/")[1] for t in two if t.startswith("loss/")} == {"p", "q", "r"}
+    assert sorted(one["loss/a"]) == [0, 1, 2] and sorted(two["loss/p"]) == [0, 2]
+    assert {"grad_cosine/p/q", "grad_cosine/p/r", "grad_cosine/q/r"} <= set(two)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"every": 0}, "log every must be an integer >= 1, got 0"),
+    ({"every": 2.5}, "log every must be an integer >= 1, got 2.5"),
+    ({"histograms_every": -1}, r"histograms_every must be an integer >= 0 \(0 disables them\), got -1"),
+])
+def test_bad_cadence_fails_at_construction(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mh.Monitor(str(tmp_path), **kwargs)
+    assert not os.path.exists(tmp_path / "train")  # nothing written
+
+
+def test_monitor_methods_outside_recording_explain_what_to_do(tmp_path):
+    monitor = mh.Monitor(str(tmp_path))
+    with pytest.raises(RuntimeError, match="bind"):
+        with monitor.recording(tf.constant(0, tf.int64)):
+            pass
+    monitor.close()
+
+
+def test_pure_math():
+    # |(3, 4)| = 5 ; |[(1, 2), (2,)]| = sqrt(1 + 4 + 4) = 3
+    np.testing.assert_allclose(float(global_norm([tf.constant([3.0, 4.0])])), 5.0)
+    np.testing.assert_allclose(float(global_norm([tf.constant([1.0, 2.0]), tf.constant([2.0])])), 3.0)
+    assert float(global_norm([])) == 0.0
+    # cos = 6 / (2 * 5) = 0.6 ; a zero vector has no direction: 0
+    np.testing.assert_allclose(float(cosine(tf.constant(6.0), tf.constant(2.0), tf.constant(5.0))), 0.6)
+    assert float(cosine(tf.constant(0.0), tf.constant(0.0), tf.constant(5.0))) == 0.0
+    # all-equal values: one bin of width 1 centred on them holds everything
+    hist = histogram_buckets(tf.fill([4, 2], 7.0), bins=5).numpy()
+    assert hist[:, 2].sum() == 8 and hist[0, 0] == 6.5 and hist[-1, 1] == 7.5
