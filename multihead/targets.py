@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
-from multihead.model import MultiHeadModel
+from multihead.model import MultiHeadModel, _zeros_like_shape
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
 
@@ -51,10 +51,10 @@ def periodic_due(count: Any, every: int) -> Any:
 def clone_layer(layer: keras.layers.Layer) -> keras.layers.Layer:
     """A new, unbuilt layer with `layer`'s architecture and fresh variables.
 
-    Sequential and functional models are cloned with `keras.models.clone_model`,
-    any other layer from its Keras config.
+    Sequential models are cloned with `keras.models.clone_model`, any other layer
+    (functional models included) from its Keras config.
     """
-    if isinstance(layer, keras.Sequential) or getattr(layer, "_is_graph_network", False):
+    if isinstance(layer, keras.Sequential):
         return keras.models.clone_model(layer)
     return layer.__class__.from_config(layer.get_config())
 
@@ -82,7 +82,13 @@ def _copy_part(source: keras.layers.Layer, part: str, clone: CloneFn) -> keras.l
                 f"TargetNetwork: {part} ({type(source).__name__}) records no build shape, so its "
                 "copy cannot be built; pass clone= returning a built copy"
             )
-        copy.build_from_config(build_config)
+        shape = build_config.get("input_shape")
+        if shape is not None:
+            # A call (not just build()) also creates the variables of sublayers that a
+            # subclassed layer only makes in call().
+            copy(_zeros_like_shape(shape))
+        else:
+            copy.build_from_config(build_config)
     source_ids = {id(v) for v in source.weights}
     for var in copy.weights:
         if id(var) in source_ids:

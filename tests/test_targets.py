@@ -201,6 +201,34 @@ def test_error_when_the_copy_shares_a_variable_with_the_source():
         mh.TargetNetwork(model, every=10, clone=lambda layer: layer)
 
 
+class _NoConfig(keras.layers.Layer):
+    """A subclassed layer whose constructor Keras cannot rebuild from its config."""
+
+    def __init__(self, units):
+        super().__init__()
+        self.dense = keras.layers.Dense(units, activation="tanh")
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_layers_without_config_need_clone_and_then_work():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    model = mh.MultiHeadModel(_NoConfig(8), {"a": keras.Model(inp, keras.layers.Dense(1)(
+        keras.layers.Dense(3)(inp)))})  # functional head: cloned from its config
+    model.build((None, 5))
+    with pytest.raises(ValueError, match=r"cannot clone trunk \(_NoConfig\).*pass clone="):
+        mh.TargetNetwork(model, every=1)
+
+    def clone(layer):
+        return _NoConfig(8) if isinstance(layer, _NoConfig) else mh.targets.clone_layer(layer)
+
+    target = mh.TargetNetwork(model, every=1, clone=clone)
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype("float32")
+    np.testing.assert_array_equal(target(x)["a"], model(x)["a"])
+
+
 @pytest.mark.parametrize("tau", [0.0, -0.1, 1.5, float("nan"), True])
 def test_error_for_tau_outside_zero_one(tau):
     with pytest.raises(ValueError, match=r"tau must be a number with 0 < tau <= 1, got"):
