@@ -166,3 +166,13 @@ def test_bad_config_is_one_line_error_exit_2_nothing_written(tmp_path, capsys, o
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_committed_config_solves_cartpole_seed_0():
+    """The result benchmark for one seed (about 100k env steps, under a minute on 2 cores)."""
+    from multihead import tasks
+    from multihead.config import load_config
+
+    metrics = tasks.prepare(load_config(CONFIG)).run(None, verbose=False)
+    assert metrics["solved_at_env_steps"] is not None and metrics["eval_mean_return"] >= 475
