@@ -277,7 +277,8 @@ def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
             if series is not None:
                 norm_ax.plot(series.steps, series.values, style, color=colors(i % 10),
                              label=f"{head} {part}")
-    loss_ax.set(title="training loss", xlabel="step", yscale="log")
+    positive = all(np.all(report.train[f"loss/{h}"].values > 0) for h in report.heads)
+    loss_ax.set(title="training loss", xlabel="step", yscale="log" if positive else "linear")
     norm_ax.set(title="applied gradient norm (- trunk, -- head)", xlabel="step", yscale="log")
     for ax in (loss_ax, norm_ax):
         ax.legend(fontsize="small")
@@ -291,7 +292,8 @@ def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
     for i in ticks:
         for j in ticks:
             if np.isfinite(matrix[i, j]):
-                conflict_ax.text(j, i, f"{matrix[i, j]:+.2f}", ha="center", va="center")
+                conflict_ax.text(j, i, f"{matrix[i, j]:+.2f}", ha="center", va="center",
+                                 color="white" if abs(matrix[i, j]) > 0.5 else "black")
     conflict_ax.set_title("mean trunk-gradient cosine")
     fig.colorbar(image, ax=conflict_ax)
     directory = os.path.dirname(os.path.abspath(path))
