@@ -24,7 +24,7 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "gymnasium", "matplotlib"],
+        "test": ["pytest", "gymnasium", "matplotlib", "scipy"],  # scipy: reference QP solves in tests
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
     },

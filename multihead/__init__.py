@@ -9,6 +9,7 @@ import os as _os
 # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides real output.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from multihead.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
 from multihead.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
 from multihead.model import MultiHeadModel  # noqa: E402
 from multihead.monitor import Monitor  # noqa: E402
@@ -17,11 +18,14 @@ from multihead.partition import Partition  # noqa: E402
 from multihead.replay import ReplayBuffer  # noqa: E402
 from multihead.targets import TargetNetwork  # noqa: E402
 from multihead.trainer import History, StepResult, Trainer  # noqa: E402
+from multihead.trunk_policy import TrunkPolicy  # noqa: E402
 from multihead.transfer import copy_weights  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AGGREGATORS",
+    "Aggregation",
     "History",
     "Monitor",
     "MultiHeadModel",
@@ -32,7 +36,9 @@ __all__ = [
     "StepResult",
     "TargetNetwork",
     "Trainer",
+    "TrunkPolicy",
     "__version__",
+    "aggregate",
     "as_dataset",
     "copy_weights",
     "mmoe_synthetic",

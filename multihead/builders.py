@@ -127,6 +127,22 @@ def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
     return objectives
 
 
+def build_trunk(config: ExperimentConfig) -> Any:
+    """`Trainer(trunk=...)` for `config.train.trunk`: `"per_head"` or a `TrunkPolicy`."""
+    from multihead.trunk_policy import TrunkPolicy
+
+    trunk = config.train.trunk
+    if trunk == "per_head":
+        return trunk
+    try:
+        resolve_optimizer(trunk.optimizer, "trunk")
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"train.trunk.optimizer: {err}") from None
+    return TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
+                       options=dict(trunk.options), rep_grad=trunk.rep_grad,
+                       seed=config.seed if trunk.seed is None else trunk.seed)
+
+
 def build_data(config: ExperimentConfig) -> MultiTaskData:
     """The synthetic data of `config.data`, one task per head unless `data.tasks` says otherwise."""
     data = config.data

@@ -112,6 +112,18 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class TrunkConfig:
+    """`train.trunk:` one trunk optimizer fed by an aggregate of the heads' trunk gradients."""
+
+    optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
+    aggregator: str = _field("sum", doc="sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl, "
+                                        "uncertainty, gradnorm or dwa")
+    options: dict[str, Any] = _field({}, doc="the aggregator's options, e.g. {c: 0.4} for cagrad")
+    rep_grad: bool = _field(False, doc="combine at the trunk output (MGDA-UB style)")
+    seed: Union[int, None] = _field(None, doc="PCGrad order seed; default: the top-level seed")
+
+
+@dataclasses.dataclass
 class TrainConfig:
     """`train:` how long and how."""
 
@@ -120,6 +132,7 @@ class TrainConfig:
     schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
     jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
+    trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
 
 
 @dataclasses.dataclass
@@ -293,6 +306,7 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         config = _build(ExperimentConfig, raw, "")
         if not config.model.heads:
             raise ConfigError("model.heads: at least one head is required")
+        config.train.trunk = _check_trunk(config)
         for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
                                ("actor_critic", ("actor_critic",))):
             if getattr(config, section) is not None and config.task not in tasks:
@@ -301,6 +315,49 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         return config
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
+    """Validates `train.trunk` against the heads and schedule; returns it typed."""
+    raw = config.train.trunk
+    if raw == "per_head":
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"train.trunk: must be per_head or a mapping {{optimizer: ..., aggregator: ...}}, "
+            f"got {_describe(raw)}"
+        )
+    trunk = _build(TrunkConfig, raw, "train.trunk")
+    from multihead.trunk_policy import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
+
+    if trunk.aggregator not in TRUNK_AGGREGATORS:
+        raise ConfigError(f"train.trunk.aggregator: must be one of {list(TRUNK_AGGREGATORS)}, got "
+                          f"{trunk.aggregator!r}{suggest(trunk.aggregator, TRUNK_AGGREGATORS)}")
+    try:
+        TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
+                    options=trunk.options, rep_grad=trunk.rep_grad)
+    except (ValueError, TypeError) as err:
+        key = "rep_grad" if "rep_grad" in str(err) else "options"
+        raise ConfigError(f"train.trunk.{key}: {err}") from None
+    if config.train.schedule != "simultaneous":
+        raise ConfigError(f"train.schedule: trunk aggregation needs simultaneous, got "
+                          f"{config.train.schedule!r}; or set train.trunk: per_head")
+    trunk_heads = [n for n, h in config.model.heads.items() if h.trains_trunk]
+    if not trunk_heads:
+        raise ConfigError("train.trunk: no head trains the trunk (all have trains_trunk: false)")
+    for name in trunk_heads:
+        if config.model.heads[name].every != 1:
+            raise ConfigError(
+                f"model.heads.{name}.every: must be 1 with trunk aggregation (every head that "
+                f"trains the trunk is aggregated every step), got {config.model.heads[name].every}"
+            )
+    weights = trunk.options.get("weights") if trunk.aggregator == "weights" else None
+    if weights is not None and len(weights) != len(trunk_heads):
+        raise ConfigError(
+            f"train.trunk.options.weights: {len(weights)} weights for {len(trunk_heads)} heads "
+            f"that train the trunk {trunk_heads}; give one per head, in head order"
+        )
+    return trunk
 
 
 def to_dict(config: ExperimentConfig) -> dict[str, Any]:

@@ -134,6 +134,10 @@ def resolve_trunk(trunk: str | TrunkPolicy | Mapping[str, Any] | None) -> TrunkP
 class TrunkUpdate(tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
+    Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`)
+    saves the trunk optimizer's slots, the loss weighting's variables (e.g. the
+    uncertainty log-variances) and PCGrad's generator state, not the trunk.
+
     Attributes:
         policy: the `TrunkPolicy`.
         optimizer: the trunk optimizer, built on `var_list`.
@@ -141,7 +145,10 @@ class TrunkUpdate(tf.Module):
         weighting: the loss-weighting scheme, or None.
         heads: names of the aggregated heads (those that train the trunk), in order.
         rng: generator of PCGrad's projection orders.
+        var_list: what the optimizer is built on (trunk + weighting variables).
     """
+
+    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy"})
 
     def __init__(self, policy: TrunkPolicy, heads: Sequence[str],
                  optimizer: keras.optimizers.Optimizer) -> None:
@@ -158,7 +165,8 @@ class TrunkUpdate(tf.Module):
             self.aggregator = get_aggregator(policy.aggregator, num_heads=k, **policy.options)
             self.weighting = None
         self.rng = tf.random.Generator.from_seed(policy.seed)
-        self.var_list: tuple[keras.Variable, ...] = ()
+        # Not a checkpoint dependency: restoring the trunk optimizer must not restore the trunk.
+        self.var_list: tuple[keras.Variable, ...] = self._no_dependency(())
 
     @classmethod
     def create(cls, trunk: Any, objectives: Mapping[str, Objective], schedule: str,
@@ -202,7 +210,7 @@ class TrunkUpdate(tf.Module):
                 )
         else:
             self.optimizer.build(var_list)
-        self.var_list = tuple(var_list)
+        self.var_list = self._no_dependency(tuple(var_list))
 
 
 def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
