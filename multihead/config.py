@@ -140,6 +140,9 @@ class LogConfig:
     """`log:` TensorBoard cadence."""
 
     every: int = _field(100, minimum=1, doc="scalars every this many steps")
+    histograms_every: int = _field(1000, minimum=0,
+                                   doc="gradient histograms every this many steps; 0: never")
+    variable_norms: bool = _field(False, doc="also log each variable's gradient norm")
 
 
 @dataclasses.dataclass
