@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import keras
+import yaml
 
 from multihead.baselines import constant_baseline
 from multihead.builders import build_data, build_model, build_objectives
@@ -16,6 +17,7 @@ from multihead.data import MultiTaskData
 from multihead.model import MultiHeadModel
 from multihead.objectives import Objective
 from multihead.trainer import Trainer
+from multihead.config import to_dict
 
 
 @dataclasses.dataclass
@@ -29,7 +31,11 @@ class SupervisedRunner:
         cfg = self.config
         trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
                           log_dir=run_dir, log_every=cfg.log.every,
+                          histograms_every=cfg.log.histograms_every,
+                          log_variable_norms=cfg.log.variable_norms,
                           jit_compile=cfg.train.jit_compile)
+        if trainer.monitor is not None:  # the resolved config, as a text summary at step 0
+            trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         history = trainer.fit(self.data.train, cfg.train.steps, batch_size=cfg.train.batch_size,
                               eval_data=self.data.eval, eval_every=cfg.train.eval_every,
                               verbose=verbose, seed=cfg.seed)
