@@ -1,0 +1,45 @@
+"""Shared timing helpers for the benchmark scripts (not part of the package)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Mapping
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def time_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of `fn` over `calls` calls (the result of the last call is awaited)."""
+    start = time.perf_counter()
+    result = None
+    for _ in range(calls):
+        result = fn()
+    _wait(result)
+    return (time.perf_counter() - start) / calls
+
+
+def _wait(result: object) -> None:
+    """Forces pending TF work to finish (reads one value of the result)."""
+    import tensorflow as tf
+
+    leaves = [x for x in tf.nest.flatten(result) if hasattr(x, "numpy")]
+    if leaves:
+        leaves[0].numpy()
+
+
+def interleaved_medians(variants: Mapping[str, Callable[[], object]], calls: int,
+                        repeats: int) -> dict[str, float]:
+    """Median seconds per call of each variant, the variants timed round-robin in each repeat
+    so that machine load drifts hit them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            samples[name].append(time_per_call(fn, calls))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
