@@ -10,13 +10,24 @@ import os as _os
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from multihead.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
+from multihead.checkpoints import (  # noqa: E402
+    CheckpointManager,
+    CheckpointMismatchError,
+    CheckpointReadError,
+    available_parts,
+    checkpoint_parts,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from multihead.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
+from multihead.export import ExportResult, export_saved_model  # noqa: E402
 from multihead.model import MultiHeadModel  # noqa: E402
 from multihead.monitor import Monitor  # noqa: E402
 from multihead.objectives import Objective  # noqa: E402
 from multihead.partition import Partition  # noqa: E402
 from multihead.replay import ReplayBuffer  # noqa: E402
 from multihead.targets import TargetNetwork  # noqa: E402
+from multihead.tf1_import import ImportReport, import_tf1_checkpoint, variable_addresses  # noqa: E402
 from multihead.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.trunk_policy import TrunkPolicy  # noqa: E402
 from multihead.transfer import copy_weights  # noqa: E402
@@ -26,7 +37,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATORS",
     "Aggregation",
+    "CheckpointManager",
+    "CheckpointMismatchError",
+    "CheckpointReadError",
+    "ExportResult",
     "History",
+    "ImportReport",
     "Monitor",
     "MultiHeadModel",
     "MultiTaskData",
@@ -40,6 +56,13 @@ __all__ = [
     "__version__",
     "aggregate",
     "as_dataset",
+    "available_parts",
+    "checkpoint_parts",
     "copy_weights",
+    "export_saved_model",
+    "import_tf1_checkpoint",
     "mmoe_synthetic",
+    "restore_checkpoint",
+    "save_checkpoint",
+    "variable_addresses",
 ]

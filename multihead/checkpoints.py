@@ -4,19 +4,42 @@ The object graph written is
 
     trunk                 the trunk layer
     heads/<name>          each head layer
-    optimizers/<name>     each head's optimizer (slots, iterations)
+    rng                   the seed states of the model's random layers (Dropout, ...)
+    optimizers/<name>     each head's optimizer (slots, iterations, and the
+                          variables it was built on)
+    trunk_update          the aggregated trunk update (trunk optimizer, loss
+                          weighting, RNG), when the trainer has one
     step                  the trainer's step counter
+    data                  the position of `Trainer.fit` in its data stream
+    targets/<name>        target networks (copies and sync counters)
 
 so a checkpoint restores into a freshly built model in another process (Keras
 auto-names such as `dense_7` never enter the keys), and any subset of parts can
 be saved or restored: a trunk-only restore into a model with other heads works.
+Before anything is assigned, every requested part is compared with the file
+(variable structure, shapes, dtypes); a mismatch is one `CheckpointMismatchError`
+that lists every mismatched part.
+
+`CheckpointManager` adds periodic checkpoints of a training run (keep the last
+N, atomic: the manager's state file only ever names complete checkpoints), and
+an exact resume: step, optimizer slots, RNG seed states, target counters and the
+data position are all restored, a corrupted latest checkpoint falls back to the
+previous one with a warning, and TensorBoard events written after the restored
+checkpoint are dropped so that the resumed run's steps continue without
+duplicates.
 """
 
 from __future__ import annotations
 
+import glob
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+import shutil
+import tempfile
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+import keras
 import tensorflow as tf
 
 from multihead.model import MultiHeadModel
@@ -24,84 +47,658 @@ from multihead.model import MultiHeadModel
 if TYPE_CHECKING:
     from multihead.trainer import Trainer
 
+#: Parts that name a group: `"heads"` is every `heads/<name>`, and so on.
+_GROUPS = ("heads", "optimizers", "targets")
+_VALUE = "VARIABLE_VALUE"
+_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
-def available_parts(model: MultiHeadModel, trainer: Trainer | None = None) -> list[str]:
-    """Every part name that `save_checkpoint` can write for this model (and trainer)."""
-    parts = ["trunk"] + [f"heads/{h}" for h in model.head_names]
+
+class CheckpointMismatchError(ValueError):
+    """Parts of a checkpoint do not match the model (or trainer) they are restored into.
+
+    Attributes:
+        mismatches: part name -> what differs.
+    """
+
+    def __init__(self, path: str, mismatches: Mapping[str, str]) -> None:
+        self.path = path
+        self.mismatches = dict(mismatches)
+        listed = "; ".join(f"{part}: {why}" for part, why in self.mismatches.items())
+        super().__init__(
+            f"cannot restore {path!r}: {len(self.mismatches)} part(s) do not match the model: "
+            f"{listed}. Restore only the matching parts (parts=[...]) or build the model as it "
+            "was when the checkpoint was saved"
+        )
+
+
+class CheckpointReadError(ValueError):
+    """A checkpoint file is missing, truncated or corrupted."""
+
+
+# -- state that only checkpoints need -----------------------------------------------------
+
+
+class DataPosition(tf.Module):
+    """Where `Trainer.fit` is in its stream of batches, as variables a checkpoint saves.
+
+    `fit` cycles a dataset epoch by epoch, one new iterator per epoch (a shuffled
+    dataset reshuffles each time). The position is the number of iterators
+    started before the current one (`epoch`) and the batches taken from the
+    current one (`batch`). After a restore the next `cycle` fast-forwards a fresh
+    dataset to that position: it starts (and drops) `epoch` iterators, which draws
+    the same reshuffle seeds as the original run, then skips `batch` batches. So a
+    resumed run sees exactly the batches the uninterrupted run saw, for any
+    dataset that is deterministic given its seeds (array data is shuffled by
+    `as_dataset` with a fixed seed).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="data_position")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch")
+        self._resume = False
+
+    def mark_restored(self) -> None:
+        """The next `cycle` continues from the (restored) position instead of restarting."""
+        self._resume = True
+
+    def cycle(self, dataset: tf.data.Dataset) -> Iterator[Any]:
+        """Batches of `dataset`, epoch after epoch, forever, counting the position.
+
+        Raises:
+            ValueError: the dataset yields no batch, or fewer than the restored
+                position needs (it is not the data the checkpoint was trained on).
+        """
+        epoch, skip = int(self.epoch.numpy()), int(self.batch.numpy())
+        if not self._resume:
+            epoch, skip = 0, 0
+            self.epoch.assign(0)
+            self.batch.assign(0)
+        self._resume = False
+        for _ in range(epoch):
+            iter(dataset)  # draws this epoch's reshuffle seed, as the original run did
+        while True:
+            iterator = iter(dataset)
+            for i in range(skip):
+                if next(iterator, None) is None:
+                    raise ValueError(
+                        f"cannot resume the data stream at epoch {epoch}, batch {skip}: this epoch "
+                        f"has only {i} batches; resume with the data (and batch size and seed) "
+                        "the checkpoint was trained on"
+                    )
+            count = skip
+            for batch in iterator:
+                count += 1
+                self.batch.assign(count)
+                yield batch
+            if count == 0:
+                raise ValueError("the training data yielded no batch")
+            epoch, skip = epoch + 1, 0
+            self.epoch.assign(epoch)
+            self.batch.assign(0)
+
+
+class _RunClock(tf.Module):
+    """Wall time at which a manager's checkpoint was saved (to rewind TensorBoard logs)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="run_clock")
+        self.saved_at = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="saved_at")
+
+
+# -- parts ----------------------------------------------------------------------------------
+
+
+def _seed_states(layer: keras.layers.Layer) -> list[Any]:
+    """Seed-generator state variables of `layer` and its sublayers, in tracking order.
+
+    Keras 3 keeps a random layer's seed state (Dropout, GaussianNoise, ...) in a
+    `SeedGenerator` that `tf.train.Checkpoint` does not see through the layer.
+    """
+    states, seen = [], set()
+    for sub in layer._flatten_layers(include_self=True, recursive=True):  # noqa: SLF001
+        for generator in getattr(sub, "_seed_generators", ()):
+            if id(generator.state) not in seen:
+                seen.add(id(generator.state))
+                states.append(generator.state)
+    return states
+
+
+def _target_map(trainer: Trainer | None, targets: Mapping[str, Any] | None) -> dict[str, Any]:
+    found = dict(targets or {})
+    for name, target in found.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"targets: name {name!r} is not allowed; use a non-empty name without '/'")
+        if not isinstance(target, tf.__internal__.tracking.Trackable):
+            raise TypeError(
+                f"targets[{name!r}] must be a trackable object (a TargetNetwork or tf.Module), "
+                f"got {type(target).__name__}"
+            )
+    return found
+
+
+def available_parts(model: MultiHeadModel, trainer: Trainer | None = None,
+                    targets: Mapping[str, Any] | None = None) -> list[str]:
+    """Every part name that `save_checkpoint` can write for this model (trainer, targets).
+
+    Example:
+        >>> available_parts(model)                                   # doctest: +SKIP
+        ['trunk', 'heads/y1', 'heads/y2', 'rng']
+    """
+    parts = ["trunk"] + [f"heads/{h}" for h in model.head_names] + ["rng"]
     if trainer is not None:
-        parts += [f"optimizers/{h}" for h in trainer.optimizers] + ["step"]
+        parts += [f"optimizers/{h}" for h in trainer.optimizers]
+        if getattr(trainer, "trunk_update", None) is not None:
+            parts.append("trunk_update")
+        parts.append("step")
+        if getattr(trainer, "data_position", None) is not None:
+            parts.append("data")
+    parts += [f"targets/{name}" for name in _target_map(trainer, targets)]
     return parts
 
 
-def _objects(model: MultiHeadModel, trainer: Trainer | None,
-             parts: Sequence[str] | None) -> dict[str, Any]:
-    known = available_parts(model, trainer)
-    wanted = known if parts is None else list(parts)
-    for part in wanted:
-        if part not in known:
-            extra = "" if trainer is not None or not part.startswith(("optimizers/", "step")) else (
-                " (optimizer and step parts need trainer=...)"
-            )
-            raise ValueError(f"unknown checkpoint part {part!r}{extra}; parts are {known}")
+def _expand(parts: Sequence[str] | None, known: list[str], trainer: Trainer | None) -> list[str]:
+    if parts is None:
+        return list(known)
+    if isinstance(parts, str):
+        raise TypeError(f"parts must be a list of part names, got the string {parts!r}; "
+                        f"write parts=[{parts!r}]")
+    wanted: list[str] = []
+    for part in parts:
+        members = [k for k in known if k.startswith(part + "/")] if part in _GROUPS else [part]
+        if part not in known and not members:
+            hint = ""
+            if trainer is None and part.split("/")[0] in ("optimizers", "step", "data", "trunk_update"):
+                hint = " (optimizer, step and data parts need trainer=...)"
+            elif part.startswith("targets"):
+                hint = " (target parts need targets={name: target})"
+            raise ValueError(f"unknown checkpoint part {part!r}{hint}; parts are {known}")
+        wanted += [m for m in members if m not in wanted]
+    if not wanted:
+        raise ValueError("parts is empty; name at least one part or pass None for all")
+    return wanted
+
+
+def _part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mapping[str, Any],
+                  parts: Sequence[str]) -> dict[str, Any]:
+    """Part name -> the trackable object saved under it."""
     objects: dict[str, Any] = {}
-    for part in wanted:
+    for part in parts:
         kind, _, name = part.partition("/")
         if kind == "trunk":
-            objects["trunk"] = model.trunk
+            objects[part] = model.trunk
         elif kind == "heads":
-            objects.setdefault("heads", {})[name] = model.heads[name]
+            objects[part] = model.heads[name]
+        elif kind == "rng":
+            objects[part] = tf.train.Checkpoint(
+                trunk=_seed_states(model.trunk),
+                heads=tf.train.Checkpoint(**{h: _seed_states(model.heads[h]) for h in model.head_names}),
+            )
         elif kind == "optimizers":
-            assert trainer is not None
-            objects.setdefault("optimizers", {})[name] = trainer.optimizers[name]
+            objects[part] = trainer.optimizers[name]
+        elif kind == "trunk_update":
+            objects[part] = trainer.trunk_update
         elif kind == "step":
-            assert trainer is not None
-            objects["step"] = trainer.step_variable
+            objects[part] = trainer.step_variable
+        elif kind == "data":
+            objects[part] = trainer.data_position
+        elif kind == "targets":
+            objects[part] = targets[name]
     return objects
 
 
-def _checkpoint(objects: dict[str, Any]) -> tf.train.Checkpoint:
-    kwargs = {
-        key: tf.train.Checkpoint(**value) if isinstance(value, dict) else value
-        for key, value in objects.items()
-    }
-    return tf.train.Checkpoint(**kwargs)
+def _root(objects: Mapping[str, Any]) -> tf.train.Checkpoint:
+    """The checkpoint root: `trunk`, `heads/<name>`, ... as nested `tf.train.Checkpoint`s."""
+    top: dict[str, Any] = {}
+    for part, obj in objects.items():
+        kind, _, name = part.partition("/")
+        if name:
+            top.setdefault(kind, {})[name] = obj
+        else:
+            top[kind] = obj
+    return tf.train.Checkpoint(**{
+        k: tf.train.Checkpoint(**v) if isinstance(v, dict) else v for k, v in top.items()
+    })
+
+
+def _check_ready(model: MultiHeadModel, trainer: Trainer | None) -> None:
+    if not isinstance(model, MultiHeadModel):
+        raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
+    if not model.built or not model.trunk.built:
+        raise ValueError("the model has no variables yet: call model.build(input_shape) first")
+    if trainer is not None:
+        if trainer.model is not model:
+            raise ValueError("trainer.model is not the model given; pass the trainer's own model")
+        if getattr(trainer, "_train_step", True) is None:
+            trainer._build()  # noqa: SLF001 - builds the optimizers, so their slots exist
+
+
+# -- comparing a file with live objects ----------------------------------------------------
+
+
+def _is_variable(obj: Any) -> bool:
+    return isinstance(obj, (tf.Variable, keras.Variable))
+
+
+def _live_variables(obj: Any, view: tf.train.TrackableView) -> dict[str, Any]:
+    """Relative object-graph path -> variable, for everything under `obj`."""
+    found: dict[str, Any] = {}
+    stack = [("", obj, 0)]
+    seen: set[int] = set()
+    while stack:
+        path, node, depth = stack.pop()
+        if _is_variable(node):
+            found.setdefault(path, node)
+            continue
+        if id(node) in seen or depth > 64:
+            continue
+        seen.add(id(node))
+        for name, child in view.children(node).items():
+            stack.append((f"{path}/{name}" if path else name, child, depth + 1))
+    return found
+
+
+class _FileGraph:
+    """The object graph and variable shapes of a checkpoint file."""
+
+    def __init__(self, path: str) -> None:
+        from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+        try:
+            self.reader = tf.train.load_checkpoint(path)
+            proto = self.reader.get_tensor(_GRAPH_KEY)
+            self.graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(proto)
+            self.shapes = self.reader.get_variable_to_shape_map()
+            self.dtypes = self.reader.get_variable_to_dtype_map()
+        except Exception as err:  # noqa: BLE001 - any failure to parse means an unreadable file
+            raise CheckpointReadError(f"cannot read checkpoint {path!r}: {_first_line(err)}") from None
+
+    def node(self, path: str) -> int | None:
+        node = 0
+        for name in path.split("/"):
+            children = {c.local_name: c.node_id for c in self.graph.nodes[node].children}
+            if name not in children:
+                return None
+            node = children[name]
+        return node
+
+    def children(self, node: int) -> list[str]:
+        return [c.local_name for c in self.graph.nodes[node].children]
+
+    def variables(self, node: int) -> dict[str, tuple[tuple[int, ...], tf.DType]]:
+        found: dict[str, tuple[tuple[int, ...], tf.DType]] = {}
+        stack = [("", node, 0)]
+        seen: set[int] = set()
+        while stack:
+            path, n, depth = stack.pop()
+            attrs = {a.name: a.checkpoint_key for a in self.graph.nodes[n].attributes}
+            if _VALUE in attrs:
+                key = attrs[_VALUE]
+                found.setdefault(path, (tuple(self.shapes.get(key, ())), self.dtypes.get(key)))
+                continue
+            if n in seen or depth > 64:
+                continue
+            seen.add(n)
+            for child in self.graph.nodes[n].children:
+                stack.append((f"{path}/{child.local_name}" if path else child.local_name,
+                              child.node_id, depth + 1))
+        return found
+
+    def parts(self) -> list[str]:
+        found = []
+        for child in self.graph.nodes[0].children:
+            if child.local_name in _GROUPS:
+                found += [f"{child.local_name}/{n}" for n in self.children(child.node_id)]
+            elif child.local_name not in ("save_counter",):
+                found.append(child.local_name)
+        return found
+
+
+def _label(path: str, var: Any) -> str:
+    return getattr(var, "path", None) or path or "the variable"
+
+
+def _compare(part: str, obj: Any, graph: _FileGraph, view: tf.train.TrackableView) -> str | None:
+    """What differs between part `part` in the file and the live `obj`, or None."""
+    node = graph.node(part)
+    if node is None:
+        return f"not in the checkpoint (it has {', '.join(graph.parts()) or 'no parts'})"
+    live = _live_variables(obj, view)
+    saved = graph.variables(node)
+    problems = []
+    for path, var in live.items():
+        if path not in saved:
+            problems.append(f"{_label(path, var)} is not in the checkpoint")
+            continue
+        shape, dtype = saved[path]
+        live_shape, live_dtype = tuple(var.shape), tf.as_dtype(var.dtype)
+        if shape != live_shape or (dtype is not None and dtype != live_dtype):
+            problems.append(
+                f"{_label(path, var)} is {shape} {getattr(dtype, 'name', dtype)} in the checkpoint "
+                f"but {live_shape} {live_dtype.name} in the model"
+            )
+    extra = sorted(p for p in saved if p not in live)
+    if extra:
+        problems.append(f"the checkpoint has {len(extra)} variable(s) the model lacks ({extra[0]}, ...)")
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
+    return ", ".join(problems[:2]) + more
+
+
+def checkpoint_parts(path: str | os.PathLike[str]) -> list[str]:
+    """The part names stored in a checkpoint written by multihead (`trunk`, `heads/y1`, ...).
+
+    Raises:
+        CheckpointReadError: the file is missing or unreadable.
+    """
+    return _FileGraph(os.fspath(path)).parts()
+
+
+# -- save and restore -----------------------------------------------------------------------
 
 
 def save_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
-                    parts: Sequence[str] | None = None, trainer: Trainer | None = None) -> str:
-    """Writes the chosen parts of `model` (and `trainer`) to `path`.
+                    parts: Sequence[str] | None = None, trainer: Trainer | None = None,
+                    targets: Mapping[str, Any] | None = None) -> str:
+    """Writes the chosen parts of `model` (and `trainer`, `targets`) to `path`.
+
+    Example:
+        >>> mh.save_checkpoint("ckpt/trunk", model, parts=["trunk"])           # doctest: +SKIP
+        >>> mh.save_checkpoint("ckpt/all", model, trainer=trainer)             # doctest: +SKIP
 
     Args:
         path: checkpoint prefix; files `path.index` and `path.data-*` are written.
         model: a built model.
-        parts: part names (`"trunk"`, `"heads/<name>"`, `"optimizers/<name>"`,
-            `"step"`); None saves every part available.
-        trainer: the trainer whose optimizers and step counter to save.
+        parts: part names (`"trunk"`, `"heads/<name>"`, `"rng"`,
+            `"optimizers/<name>"`, `"trunk_update"`, `"step"`, `"data"`,
+            `"targets/<name>"`) or groups (`"heads"`, `"optimizers"`,
+            `"targets"`); None saves every part available. An optimizer part
+            also holds the variables it was built on.
+        trainer: the trainer whose optimizers, step counter and data position to save.
+        targets: name -> target network (any trackable object) to save.
 
     Returns:
         The checkpoint prefix.
     """
-    ckpt = _checkpoint(_objects(model, trainer, parts))
+    _check_ready(model, trainer)
+    targets = _target_map(trainer, targets)
+    wanted = _expand(parts, available_parts(model, trainer, targets), trainer)
+    ckpt = _root(_part_objects(model, trainer, targets, wanted))
     os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
     return ckpt.write(os.fspath(path))
 
 
 def restore_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
-                       parts: Sequence[str] | None = None, trainer: Trainer | None = None) -> None:
-    """Restores the chosen parts of a checkpoint into a built `model` (and `trainer`).
+                       parts: Sequence[str] | None = None, trainer: Trainer | None = None,
+                       targets: Mapping[str, Any] | None = None) -> list[str]:
+    """Restores the chosen parts of a checkpoint into a built `model` (and `trainer`, `targets`).
 
-    Parts in the file that are not asked for are ignored.
+    Every requested part is compared with the file before anything is assigned;
+    parts in the file that are not asked for are ignored. Restoring the `data`
+    part makes the trainer's next `fit` continue from the saved data position.
+
+    Example:
+        >>> fresh = build_model_with_other_heads()                            # doctest: +SKIP
+        >>> mh.restore_checkpoint("ckpt/all", fresh, parts=["trunk"])          # doctest: +SKIP
+
+    Args:
+        path: the checkpoint prefix (as returned by `save_checkpoint`).
+        model: a built model.
+        parts: as for `save_checkpoint`; None restores every part available for
+            the given model, trainer and targets.
+        trainer: trainer whose optimizers, step and data position to restore.
+        targets: name -> target network to restore.
+
+    Returns:
+        The parts restored.
 
     Raises:
-        ValueError: a requested part is not in the checkpoint, or shapes differ.
+        CheckpointMismatchError: requested parts missing from the file or with
+            other variables, shapes or dtypes (all listed in one message);
+            nothing is assigned.
+        CheckpointReadError: the file is missing, truncated or corrupted.
     """
-    ckpt = _checkpoint(_objects(model, trainer, parts))
+    _check_ready(model, trainer)
+    targets = _target_map(trainer, targets)
+    wanted = _expand(parts, available_parts(model, trainer, targets), trainer)
+    objects = _part_objects(model, trainer, targets, wanted)
+    _restore_objects(os.fspath(path), objects)
+    if "data" in wanted:
+        trainer.data_position.mark_restored()
+    return wanted
+
+
+def _restore_objects(path: str, objects: Mapping[str, Any]) -> None:
+    graph = _FileGraph(path)
+    root = _root(objects)
+    view = tf.train.TrackableView(root)
+    mismatches = {}
+    for part, obj in objects.items():
+        why = _compare(part, obj, graph, view)
+        if why:
+            mismatches[part] = why
+    if mismatches:
+        raise CheckpointMismatchError(path, mismatches)
     try:
-        status = ckpt.read(os.fspath(path))
+        status = root.read(path)
         status.expect_partial()
         status.assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as err:
-        raise ValueError(
-            f"cannot restore {list(parts) if parts else 'all parts'} from {os.fspath(path)!r}: "
-            f"{str(err).strip().splitlines()[0]}"
-        ) from None
+    except (AssertionError, tf.errors.OpError, ValueError) as err:
+        raise CheckpointReadError(f"cannot read checkpoint {path!r}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# -- periodic checkpoints of a run ------------------------------------------------------------
+
+
+class CheckpointManager:
+    """Periodic, atomic checkpoints of a training run, and exact resume.
+
+    Built on `tf.train.CheckpointManager`: checkpoints are `<directory>/ckpt-<step>`,
+    the last `keep` are kept, and the state file naming the latest is updated
+    only after a checkpoint is completely written, so a crash during a save
+    leaves the manager pointing at the previous complete checkpoint.
+
+    Example:
+        >>> manager = mh.CheckpointManager("runs/x/checkpoints", model, trainer, every=500)
+        >>> manager.restore_latest()          # None on a fresh run       # doctest: +SKIP
+        >>> trainer.fit(data, steps=10_000 - trainer.global_step, checkpoints=manager)
+
+    Args:
+        directory: where checkpoints are written.
+        model: the model (built).
+        trainer: the trainer; with it, every part is saved (optimizers, step,
+            data position, ...). Without, only the model parts.
+        every: `maybe_save(step)` saves when `step % every == 0`; 0 disables
+            periodic saves (`save()` still works).
+        keep: how many checkpoints to keep.
+        targets: name -> target network (any trackable object) saved too.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], model: MultiHeadModel,
+                 trainer: Trainer | None = None, *, every: int = 0, keep: int = 3,
+                 targets: Mapping[str, Any] | None = None) -> None:
+        for name, value, low in (("every", every, 0), ("keep", keep, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"CheckpointManager: {name} must be an integer >= {low}, got {value!r}")
+        _check_ready(model, trainer)
+        self.directory = os.fspath(directory)
+        self.every = every
+        self.keep = keep
+        self.model = model
+        self.trainer = trainer
+        self._targets = _target_map(trainer, targets)
+        self._clock = _RunClock()
+        self._parts = available_parts(model, trainer, self._targets)
+        self._objects = _part_objects(model, trainer, self._targets, self._parts)
+        self._objects["run"] = self._clock
+        self._manager = tf.train.CheckpointManager(
+            _root(self._objects), self.directory, max_to_keep=keep, checkpoint_name="ckpt")
+        self._last_saved: int | None = None
+
+    @property
+    def parts(self) -> list[str]:
+        """The parts every checkpoint of this manager holds."""
+        return list(self._parts)
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """Kept checkpoint prefixes, oldest first."""
+        return list(self._manager.checkpoints)
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint, or None."""
+        return self._manager.latest_checkpoint
+
+    @staticmethod
+    def step_of(path: str) -> int:
+        """The step number in a checkpoint prefix `.../ckpt-<step>`."""
+        return int(path.rsplit("-", 1)[1])
+
+    def _step(self) -> int:
+        if self.trainer is not None:
+            return self.trainer.global_step
+        return (self._last_saved or 0) + 1  # without a trainer: numbered by save
+
+    def maybe_save(self, step: int) -> str | None:
+        """The checkpoint cadence: called after each training step with the global step.
+
+        Returns:
+            The checkpoint written, or None if `step` is not a multiple of `every`.
+        """
+        if self.every and step % self.every == 0 and step != self._last_saved:
+            return self.save()
+        return None
+
+    def save(self) -> str:
+        """Writes a checkpoint of everything now, numbered by the trainer's step."""
+        step = self._step()
+        if self.trainer is not None and getattr(self.trainer, "monitor", None) is not None:
+            self.trainer.monitor.flush()  # events up to this step are on disk before the save
+        self._clock.saved_at.assign(time.time())
+        path = self._write(step)
+        self._last_saved = step
+        return path
+
+    def _write(self, step: int) -> str:
+        return self._manager.save(checkpoint_number=step)
+
+    def restore_latest(self, rewind_logs: bool = True) -> int | None:
+        """Restores the newest readable checkpoint.
+
+        A missing, truncated or corrupted checkpoint is skipped with a warning
+        and the previous one is tried.
+
+        Args:
+            rewind_logs: drop the TensorBoard events the trainer's log directory
+                received after the restored checkpoint was saved (by the run that
+                crashed), so that the resumed run logs each step once.
+
+        Returns:
+            The step of the restored checkpoint, or None if there is none.
+
+        Raises:
+            CheckpointMismatchError: the checkpoint does not fit the model.
+            CheckpointReadError: checkpoints exist but none is readable.
+        """
+        candidates = list(reversed(self._manager.checkpoints))
+        if not candidates:
+            return None
+        for i, path in enumerate(candidates):
+            try:
+                _restore_objects(path, self._objects)
+            except CheckpointReadError as err:
+                fallback = candidates[i + 1] if i + 1 < len(candidates) else None
+                warnings.warn(
+                    f"{err}; falling back to {fallback!r}" if fallback else f"{err}; no older checkpoint",
+                    RuntimeWarning, stacklevel=2,
+                )
+                continue
+            if self.trainer is not None and getattr(self.trainer, "data_position", None) is not None:
+                self.trainer.data_position.mark_restored()
+            monitor = getattr(self.trainer, "monitor", None) if self.trainer is not None else None
+            if rewind_logs and monitor is not None:
+                rewind_events(monitor.log_dir, float(self._clock.saved_at.numpy()))
+            step = self.step_of(path)
+            self._last_saved = step
+            return step
+        raise CheckpointReadError(
+            f"no readable checkpoint in {self.directory!r} (tried {', '.join(candidates)})"
+        )
+
+
+# -- TensorBoard logs of a resumed run ------------------------------------------------------
+
+
+def _read_events(path: str) -> list[Any]:
+    """Events of one file, stopping at a truncated or corrupted record (a crash's tail)."""
+    from tensorflow.core.util import event_pb2
+
+    events = []
+    try:
+        for record in tf.data.TFRecordDataset(path):
+            events.append(event_pb2.Event.FromString(record.numpy()))
+    except (tf.errors.DataLossError, tf.errors.OutOfRangeError):
+        pass
+    return events
+
+
+def rewind_events(log_dir: str | os.PathLike[str], saved_at: float) -> int:
+    """Drops the TensorBoard events written after wall time `saved_at` under `log_dir`.
+
+    When a run crashes after a checkpoint, its logs run ahead of the checkpoint;
+    the resumed run logs those steps again. Event files holding records newer
+    than `saved_at` are rewritten without them (atomically); files left with no
+    record but the header are removed. Files holding no event newer than
+    `saved_at` are not touched (such as a new writer's file that has only its
+    header).
+
+    Returns:
+        The number of events dropped.
+    """
+    dropped = 0
+    pattern = os.path.join(os.fspath(log_dir), "**", "events.out.tfevents.*")
+    for path in sorted(glob.glob(pattern, recursive=True)):
+        events = _read_events(path)
+        late = [e for e in events if e.wall_time > saved_at and not e.HasField("file_version")]
+        size_ok = _records_end(path, len(events))
+        if not late and size_ok:
+            continue
+        keep = [e for e in events if e.HasField("file_version") or e.wall_time <= saved_at]
+        dropped += len(events) - len(keep)
+        if not any(not e.HasField("file_version") for e in keep):
+            os.remove(path)
+            continue
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".rewind-")
+        os.close(fd)
+        try:
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for event in keep:
+                    writer.write(event.SerializeToString())
+            shutil.copymode(path, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return dropped
+
+
+def _records_end(path: str, count: int) -> bool:
+    """True if the file holds exactly `count` whole records (no torn tail)."""
+    size = os.path.getsize(path)
+    total = 0
+    with open(path, "rb") as fh:
+        for _ in range(count):
+            header = fh.read(12)
+            if len(header) < 12:
+                return False
+            length = int.from_bytes(header[:8], "little")
+            total += 12 + length + 4
+            fh.seek(length + 4, os.SEEK_CUR)
+    return total == size

@@ -1,4 +1,4 @@
-"""The `multihead` command: `train`, `validate`, `report`.
+"""The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`.
 
 Exit codes: 0 success, 2 bad input (config, overrides, paths) with a one-line
 error on stderr and nothing written, 1 an unexpected failure.
@@ -84,9 +84,113 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
+#: Config keys that may change when a run is resumed (the rest must equal the run's config).
+_RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep")
+
+
+def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> str:
+    """The run directory to resume, after checking it matches CONFIG; nothing is written."""
+    import inspect
+
+    from multihead.checkpoints import CheckpointManager
+
+    run_dir = args.resume
+    if args.run_dir and os.path.abspath(args.run_dir) != os.path.abspath(run_dir):
+        raise UsageError("--run-dir and --resume name different directories; --resume RUN_DIR "
+                         "continues RUN_DIR in place")
+    saved = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(saved):
+        raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    with open(saved, encoding="utf-8") as fh:
+        before = _flat(yaml.safe_load(fh) or {})
+    now = _flat(to_dict(config))
+    for key in sorted(set(before) | set(now)):
+        if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
+            raise UsageError(
+                f"--resume: {args.config} differs from {saved} at {key} ({before.get(key)!r} -> "
+                f"{now.get(key)!r}); only {', '.join(_RESUMABLE_CHANGES)} may change on resume"
+            )
+    if "resume" not in inspect.signature(runner.run).parameters:
+        raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
+    latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    if latest is None:
+        raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
+    if CheckpointManager.step_of(latest) > config.train.steps:
+        raise UsageError(
+            f"--resume: train.steps is {config.train.steps} but the latest checkpoint is at step "
+            f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"
+        )
+    return run_dir
+
+
+def _latest_checkpoint(directory: str) -> str | None:
+    """The newest checkpoint a `CheckpointManager` recorded in `directory`, or None."""
+    import tensorflow as tf
+
+    return tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
+
+
+def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> int:
+    run_dir = _check_resume(args, config, runner)
+    if not args.quiet:
+        print(f"resuming {run_dir}", file=sys.stderr)
+    metrics = runner.run(run_dir, verbose=not args.quiet, resume=True)
+    _write_atomic(os.path.join(run_dir, "config.yaml"),
+                  yaml.safe_dump(to_dict(config), sort_keys=False))  # train.steps may have grown
+    _write_atomic(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
+    if "eval" in metrics:
+        _print_table(metrics, sys.stdout)
+    print(f"wrote {run_dir} (tensorboard --logdir {run_dir})")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from multihead.checkpoints import restore_checkpoint
+    from multihead.export import export_saved_model
+
+    run_dir, saved = args.run_dir, os.path.join(args.run_dir, "config.yaml")
+    if not os.path.isfile(saved):
+        raise UsageError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
+    config = load_config(saved)
+    model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
+    if model is None:
+        raise UsageError(f"task {config.task!r} has no model to export")
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()] if args.heads else None
+    unknown = [h for h in heads or [] if h not in model.head_names]
+    if heads is not None and (not heads or unknown):
+        raise UsageError(f"--heads {args.heads!r}: the run's heads are {','.join(model.head_names)}")
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    path = _latest_checkpoint(ckpt_dir)
+    if path is None and os.path.exists(os.path.join(ckpt_dir, "final.index")):
+        path = os.path.join(ckpt_dir, "final")
+    if path is None:
+        raise UsageError(f"{run_dir!r}: no checkpoint in {ckpt_dir} to export")
+    chosen = heads or list(model.head_names)
+    try:
+        restore_checkpoint(path, model, parts=["trunk"] + [f"heads/{h}" for h in chosen])
+        result = export_saved_model(model, args.out, heads=chosen)
+    except ValueError as err:
+        raise UsageError(f"export: {err}") from None
+    print(f"wrote {args.out} from {path} (signatures: {', '.join(result.signatures)})")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     config = _load(args)
     runner = _prepare(args, config)
+    if args.resume:
+        return _train_resume(args, config, runner)
     run_dir = args.run_dir or _default_run_dir(args.config)
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
@@ -151,7 +255,15 @@ def _parser() -> argparse.ArgumentParser:
     with_config(train)
     train.add_argument("--run-dir", help="where to write the run (default runs/<config>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue RUN_DIR from its latest checkpoint (exactly, as if never stopped)")
     train.set_defaults(func=cmd_train)
+
+    export = sub.add_parser("export", help="write a run's model as a SavedModel, a signature per head")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
+    export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
+    export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
+    export.set_defaults(func=cmd_export)
 
     validate = sub.add_parser("validate", help="check a config and build its model, without training")
     with_config(validate)

@@ -6,12 +6,13 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Iterator, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead.checkpoints import CheckpointManager, DataPosition
 from multihead.data import as_dataset
 from multihead.model import MultiHeadModel
 from multihead.monitor import Monitor
@@ -145,6 +146,8 @@ class Trainer:
             for spec in objective.metrics:
                 resolve_metric(spec, head)
         self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
+        self.data_position = DataPosition()
         self.monitor = (
             Monitor(os.fspath(log_dir), every=log_every, histograms_every=histograms_every,
                     variable_norms=log_variable_norms)
@@ -259,6 +262,7 @@ class Trainer:
         eval_every: int | None = None,
         verbose: bool = True,
         seed: int | None = 0,
+        checkpoints: CheckpointManager | None = None,
     ) -> History:
         """Trains for `steps` steps, cycling through `data` as often as needed.
 
@@ -271,6 +275,10 @@ class Trainer:
             eval_every: evaluation period in steps (None: only at the end).
             verbose: print a progress line (steps/s, ETA, per-head losses) to stderr.
             seed: shuffle seed for array data.
+            checkpoints: saves a checkpoint whenever the global step is a multiple
+                of its `every` (after that step's evaluation). After
+                `checkpoints.restore_latest()`, `fit` continues the data stream
+                where the checkpoint left it, so the resumed run is exact.
 
         Returns:
             The per-head history of training losses and evaluations.
@@ -280,7 +288,7 @@ class Trainer:
         if eval_every is not None and eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every!r}")
         dataset = as_dataset(data, batch_size, shuffle=True, seed=seed)
-        batches = self._cycle(dataset)
+        batches = self.data_position.cycle(dataset)
         history = History(train={h: [] for h in self.objectives})
         progress = Progress(steps) if verbose else None
         start = time.perf_counter()
@@ -300,9 +308,11 @@ class Trainer:
                     )
             if progress:
                 progress.update(done, result.losses, force=done == steps)
-            if eval_data is not None and (done == steps or (eval_every and done % eval_every == 0)):
+            if eval_data is not None and (
+                    done == steps or (eval_every and self.global_step % eval_every == 0)):
                 metrics = self.evaluate(eval_data, batch_size=batch_size)
                 history.eval.append((self.global_step, metrics))
+            self._after_step(checkpoints)
         if progress:
             progress.close(steps)
         history.wall_time = time.perf_counter() - start
@@ -310,15 +320,10 @@ class Trainer:
             self.monitor.flush()
         return history
 
-    @staticmethod
-    def _cycle(dataset: tf.data.Dataset) -> Iterator[Any]:
-        while True:
-            empty = True
-            for batch in dataset:
-                empty = False
-                yield batch
-            if empty:
-                raise ValueError("the training data yielded no batch")
+    def _after_step(self, checkpoints: CheckpointManager | None) -> None:
+        """Runs after every step of `fit` (and its evaluation): the checkpoint cadence."""
+        if checkpoints is not None:
+            checkpoints.maybe_save(self.global_step)
 
     # -- evaluation ---------------------------------------------------------------------
 

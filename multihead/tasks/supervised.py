@@ -11,8 +11,8 @@ import yaml
 
 from multihead.baselines import constant_baseline
 from multihead.builders import build_data, build_model, build_objectives
-from multihead.checkpoints import save_checkpoint
-from multihead.config import ExperimentConfig
+from multihead.checkpoints import CheckpointManager, save_checkpoint
+from multihead.config import ConfigError, ExperimentConfig
 from multihead.data import MultiTaskData
 from multihead.model import MultiHeadModel
 from multihead.objectives import Objective
@@ -27,19 +27,32 @@ class SupervisedRunner:
     model: MultiHeadModel
     objectives: dict[str, Objective]
 
-    def run(self, run_dir: str, verbose: bool = True) -> dict[str, Any]:
+    def run(self, run_dir: str, verbose: bool = True, resume: bool = False) -> dict[str, Any]:
+        """Trains and writes the run; with `resume`, continues from the run's latest checkpoint."""
         cfg = self.config
         trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
                           log_dir=run_dir, log_every=cfg.log.every,
                           histograms_every=cfg.log.histograms_every,
                           log_variable_norms=cfg.log.variable_norms,
                           jit_compile=cfg.train.jit_compile)
-        if trainer.monitor is not None:  # the resolved config, as a text summary at step 0
+        if trainer.monitor is not None and not resume:  # the resolved config, as text at step 0
             trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        history = trainer.fit(self.data.train, cfg.train.steps, batch_size=cfg.train.batch_size,
-                              eval_data=self.data.eval, eval_every=cfg.train.eval_every,
-                              verbose=verbose, seed=cfg.seed)
-        final_eval = history.eval[-1][1]
+        checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
+                                        every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
+        if resume:
+            _restore_for_resume(checkpoints, cfg.train.steps)
+        remaining = cfg.train.steps - trainer.global_step
+        wall_time = 0.0
+        if remaining > 0:
+            history = trainer.fit(self.data.train, remaining, batch_size=cfg.train.batch_size,
+                                  eval_data=self.data.eval, eval_every=cfg.train.eval_every,
+                                  verbose=verbose, seed=cfg.seed, checkpoints=checkpoints)
+            final_eval, wall_time = history.eval[-1][1], history.wall_time
+        else:
+            final_eval = trainer.evaluate(self.data.eval, batch_size=cfg.train.batch_size)
+        if checkpoints.latest_checkpoint is None or \
+                checkpoints.step_of(checkpoints.latest_checkpoint) != trainer.global_step:
+            checkpoints.save()  # the end of the run is always a resumable checkpoint
         train_metrics = trainer.evaluate(self.data.train, batch_size=cfg.train.batch_size * 8)
         baselines = {}
         for head in self.model.head_names:
@@ -53,12 +66,27 @@ class SupervisedRunner:
         return {
             "task": "supervised",
             "steps": trainer.global_step,
-            "wall_time_s": history.wall_time,
-            "steps_per_s": cfg.train.steps / history.wall_time,
+            "wall_time_s": wall_time,
+            "steps_per_s": remaining / wall_time if wall_time else None,
             "train": train_metrics,
             "eval": final_eval,
             "baseline": {h: {"loss": v} for h, v in baselines.items()},
         }
+
+
+def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
+    latest = checkpoints.latest_checkpoint
+    if latest is None:
+        raise ConfigError(f"--resume: no checkpoint in {checkpoints.directory!r} to resume from")
+    if checkpoints.step_of(latest) > steps:
+        raise ConfigError(
+            f"train.steps: {steps} is below the step of the latest checkpoint "
+            f"({checkpoints.step_of(latest)}); set train.steps to at least that"
+        )
+    try:
+        checkpoints.restore_latest()
+    except ValueError as err:  # mismatch or unreadable: bad input, not a crash
+        raise ConfigError(f"--resume: {err}") from None
 
 
 def prepare(config: ExperimentConfig) -> SupervisedRunner:
