@@ -98,12 +98,17 @@ def test_mgda_2d_min_norm_point_of_the_segment():
     np.testing.assert_allclose(_np(result.direction), [0.8, 0.4], atol=1e-6)
 
 
-# Frank-Wolfe converges sublinearly; with K > D (min-norm point near 0) it needs far more steps.
-@pytest.mark.parametrize("k,d,seed", [(3, 8, 0), (4, 8, 1), (5, 12, 2), (8, 20, 3)])
-def test_mgda_is_the_min_norm_point_of_the_convex_hull(k, d, seed):
+# Frank-Wolfe converges sublinearly; with K > D (min-norm point near 0) it needs far more steps,
+# so it is only checked where the min-norm point is away from 0.
+@pytest.mark.parametrize("k,d,seed,solver", [
+    (3, 8, 0, "frank_wolfe"), (4, 8, 1, "frank_wolfe"), (5, 12, 2, "frank_wolfe"),
+    (8, 20, 3, "frank_wolfe"), (3, 8, 0, "exact"), (5, 3, 2, "exact"), (8, 20, 3, "exact"),
+    (10, 4, 4, "exact"),
+])
+def test_mgda_is_the_min_norm_point_of_the_convex_hull(k, d, seed, solver):
     g = _random_grads(k, d, seed)
     expected = min_norm_reference(g)
-    result = mh.aggregate(g, "mgda", max_iter=2000, tol=1e-9)
+    result = mh.aggregate(g, "mgda", solver=solver, max_iter=2000, tol=1e-9)
     direction = _np(result.direction)
     weights = _np(result.weights)
     assert np.all(weights >= -1e-7) and abs(weights.sum() - 1) < 1e-5   # in the hull
@@ -113,11 +118,19 @@ def test_mgda_is_the_min_norm_point_of_the_convex_hull(k, d, seed):
     assert np.all(g.astype(np.float64) @ direction >= direction @ direction - 1e-3 * scale)
 
 
-def test_mgda_default_settings_reach_the_min_norm_point():
+@pytest.mark.parametrize("solver", ["auto", "frank_wolfe"])
+def test_mgda_default_settings_reach_the_min_norm_point(solver):
     g = _random_grads(4, 16, 7)
     expected = min_norm_reference(g)
-    direction = _np(mh.aggregate(g, "mgda").direction)
+    direction = _np(mh.aggregate(g, "mgda", solver=solver).direction)
     assert direction @ direction == pytest.approx(expected @ expected, rel=1e-2, abs=1e-4)
+
+
+def test_mgda_2d_solvers_agree_with_the_closed_form():
+    g = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)   # w = 0.8 by hand (test above)
+    for solver in ("exact", "frank_wolfe"):
+        np.testing.assert_allclose(_np(mh.aggregate(g, "mgda", solver=solver).weights),
+                                   [0.8, 0.2], atol=1e-5)
 
 
 # -- CAGrad ----------------------------------------------------------------------------
@@ -260,6 +273,7 @@ def test_sum_mean_and_fixed_weights():
     ("cagrad", {"c": 1.0}, "c must be a number in \\[0.0, 1.0\\), got 1.0"),
     ("cagrad", {"rescale": 3}, "rescale must be 0, 1 or 2"),
     ("mgda", {"max_iter": 0}, "max_iter must be an integer"),
+    ("mgda", {"solver": "fw"}, "solver must be 'auto', 'exact' or 'frank_wolfe'"),
 ])
 def test_bad_aggregator_or_option_is_a_clear_error(name, options, match):
     with pytest.raises(ValueError, match=match):

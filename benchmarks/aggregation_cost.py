@@ -1,0 +1,141 @@
+"""Step time of each trunk aggregator relative to the summed-loss step and the per-head step.
+
+The model is TF-NOTES.md's: trunk Dense 64->256->256 relu, K Dense(1) heads,
+batch 256, Adam everywhere, no XLA. Side by side in one run, for K = 2, 4, 8:
+
+  summed     hand-written `tf.function`: one tape, sum of the K losses, one Adam
+             on every variable (one backward pass; the lower bound);
+  per_head   `mh.Trainer` default: K `tape.gradient` calls, K Adams on trunk + head;
+  <name>     `mh.Trainer(trunk=TrunkPolicy(aggregator=<name>))`: K parameter-space
+             trunk gradients, the aggregator, one trunk Adam, K head Adams;
+  <name>+rep `rep_grad=True`: K gradients at the trunk output, one trunk backward.
+
+The Trainer variants are timed through their compiled step (the same
+`tf.function` `Trainer.step` calls, without its per-step Python checks and
+float conversions), so every variant is one `tf.function` call per step.
+Timings are medians over repeats, the variants timed round-robin within each
+repeat so that load from other processes hits them alike. The machine is
+shared: read the ratios, not the milliseconds.
+
+    python benchmarks/aggregation_cost.py            # K = 2, 4, 8; 7 repeats of 50 steps
+    python benchmarks/aggregation_cost.py --quick    # K = 2, 8; 3 repeats of 20 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import multihead as mh  # noqa: E402
+
+IN_DIM, WIDTH, BATCH = 64, 256, 256
+PARAM_SPACE = ["sum", "mean", "pcgrad", "mgda", "cagrad", "upgrad", "imtl",
+               "uncertainty", "gradnorm", "dwa"]
+REP_GRAD = ["mean", "mgda", "imtl"]
+
+
+def make_model(k: int, seed: int = 0) -> mh.MultiHeadModel:
+    keras.utils.set_random_seed(seed)
+    model = mh.MultiHeadModel(
+        trunk=keras.Sequential([keras.layers.Dense(WIDTH, activation="relu"),
+                                keras.layers.Dense(WIDTH, activation="relu")]),
+        heads={f"h{i}": keras.layers.Dense(1) for i in range(k)},
+    )
+    model.build((None, IN_DIM))
+    return model
+
+
+def make_batch(k: int) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal((BATCH, IN_DIM)), tf.float32)
+    return x, {f"h{i}": tf.constant(rng.standard_normal((BATCH, 1)), tf.float32) for i in range(k)}
+
+
+def summed_step(k: int):
+    model = make_model(k)
+    optimizer = keras.optimizers.Adam(1e-3)
+    variables = model.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            out = model(x, training=True)
+            loss = tf.add_n([tf.reduce_mean(tf.square(y[h] - out[h])) for h in out])
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return step
+
+
+def trainer_step(k: int, trunk):
+    model = make_model(k)
+    trainer = mh.Trainer(model, {f"h{i}": mh.Objective("mse", keras.optimizers.Adam(1e-3))
+                                 for i in range(k)}, trunk=trunk)
+    return trainer._ensure_built(None)  # noqa: SLF001 - the compiled step Trainer.step calls
+
+
+def time_per_call(fn, args, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        result = fn(*args)
+    tf.nest.flatten(result)[0].numpy()  # wait for the last step
+    return (time.perf_counter() - start) / calls
+
+
+def run(k: int, calls: int, repeats: int) -> dict[str, float]:
+    variants = {"summed": summed_step(k), "per_head": trainer_step(k, "per_head")}
+    for name in PARAM_SPACE:
+        variants[name] = trainer_step(k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name))
+    for name in REP_GRAD:
+        variants[f"{name}+rep"] = trainer_step(
+            k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name, rep_grad=True))
+    x, y = make_batch(k)
+    for fn in variants.values():  # trace and warm up
+        time_per_call(fn, (x, y), 3)
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            samples[name].append(time_per_call(fn, (x, y), calls))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="K = 2, 8; fewer repeats")
+    args = parser.parse_args(argv)
+    ks, calls, repeats = ((2, 8), 20, 3) if args.quick else ((2, 4, 8), 50, 7)
+    results = {k: run(k, calls, repeats) for k in ks}
+    names = list(results[ks[0]])
+    header = ["variant"] + [f"K={k} ms" for k in ks] + [f"K={k} /summed" for k in ks] + \
+        [f"K={k} /per_head" for k in ks]
+    rows = [header]
+    for name in names:
+        rows.append([name]
+                    + [f"{results[k][name] * 1e3:.2f}" for k in ks]
+                    + [f"{results[k][name] / results[k]['summed']:.2f}x" for k in ks]
+                    + [f"{results[k][name] / results[k]['per_head']:.2f}x" for k in ks])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    print(f"step time, median of {repeats} repeats x {calls} steps; trunk {IN_DIM}->{WIDTH}->"
+          f"{WIDTH} relu, Dense(1) heads, batch {BATCH}, Adam, {os.cpu_count()} CPUs")
+    for row in rows:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    k = ks[-1]
+    rep = max(results[k][f"{n}+rep"] / results[k]["summed"] for n in REP_GRAD)
+    param = max(results[k][n] / results[k]["per_head"] for n in PARAM_SPACE)
+    print(f"\nK={k}: slowest rep_grad aggregator {rep:.2f}x the summed-loss step (goal <= 1.5x); "
+          f"slowest parameter-space aggregator {param:.2f}x the per-head step (goal <= 1.1x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
