@@ -25,6 +25,7 @@ from multihead.model import MultiHeadModel  # noqa: E402
 from multihead.monitor import Monitor  # noqa: E402
 from multihead.objectives import Objective  # noqa: E402
 from multihead.partition import Partition  # noqa: E402
+from multihead.report import RunReport, load_report  # noqa: E402
 from multihead.replay import ReplayBuffer  # noqa: E402
 from multihead.targets import TargetNetwork  # noqa: E402
 from multihead.tf1_import import ImportReport, import_tf1_checkpoint, variable_addresses  # noqa: E402
@@ -48,6 +49,7 @@ __all__ = [
     "MultiTaskData",
     "Objective",
     "Partition",
+    "RunReport",
     "ReplayBuffer",
     "StepResult",
     "TargetNetwork",
@@ -61,6 +63,7 @@ __all__ = [
     "copy_weights",
     "export_saved_model",
     "import_tf1_checkpoint",
+    "load_report",
     "mmoe_synthetic",
     "restore_checkpoint",
     "save_checkpoint",
