@@ -17,10 +17,11 @@ from typing import Any, Callable
 import keras
 import numpy as np
 import tensorflow as tf
+import yaml
 
-from multihead.builders import build_model, build_objectives
+from multihead.builders import build_model, build_objectives, build_trunk
 from multihead.checkpoints import save_checkpoint
-from multihead.config import ActorCriticConfig, ConfigError, EnvConfig, ExperimentConfig
+from multihead.config import ActorCriticConfig, ConfigError, EnvConfig, ExperimentConfig, to_dict
 from multihead.model import MultiHeadModel
 from multihead.objectives import HeadLoss, Objective, resolve_loss
 from multihead.targets import TargetNetwork
@@ -150,11 +151,17 @@ class ActorCriticRunner:
     model: MultiHeadModel
     objectives: dict[str, Objective]
     value_target: TargetNetwork | None
+    trunk: Any = "per_head"
 
     def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
         cfg, ac, seed = self.config, self.ac, self.config.seed
         trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
-                          log_dir=run_dir, log_every=cfg.log.every, jit_compile=cfg.train.jit_compile)
+                          log_dir=run_dir, log_every=cfg.log.every,
+                          histograms_every=cfg.log.histograms_every,
+                          log_variable_norms=cfg.log.variable_norms,
+                          jit_compile=cfg.train.jit_compile, trunk=self.trunk)
+        if trainer.monitor is not None:  # the resolved config, as text at step 0
+            trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         logits_fn = tf.function(lambda x: self.model(x, training=False)[ac.policy_head],
                                 reduce_retracing=True)
 
@@ -292,4 +299,4 @@ def prepare(config: ExperimentConfig) -> ActorCriticRunner:
                                      every=head_cfg.every, trains_trunk=head_cfg.trains_trunk)
     ordered = {h: objectives[h] for h in config.model.heads}
     return ActorCriticRunner(config, env_cfg, ac, make_env, obs_shape, num_actions, model,
-                             ordered, value_target)
+                             ordered, value_target, build_trunk(config))

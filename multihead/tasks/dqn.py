@@ -17,10 +17,11 @@ from typing import Any, Callable
 import keras
 import numpy as np
 import tensorflow as tf
+import yaml
 
-from multihead.builders import build_model, build_objectives
+from multihead.builders import build_model, build_objectives, build_trunk
 from multihead.checkpoints import save_checkpoint
-from multihead.config import ConfigError, DQNConfig, EnvConfig, ExperimentConfig
+from multihead.config import ConfigError, DQNConfig, EnvConfig, ExperimentConfig, to_dict
 from multihead.model import MultiHeadModel
 from multihead.objectives import HeadLoss, Objective, resolve_loss
 from multihead.replay import ReplayBuffer
@@ -125,12 +126,18 @@ class DQNRunner:
     model: MultiHeadModel
     objectives: dict[str, Objective]
     target: TargetNetwork
+    trunk: Any = "per_head"
 
     def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
         cfg, dqn, seed = self.config, self.dqn, self.config.seed
         head = dqn.head
         trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
-                          log_dir=run_dir, log_every=cfg.log.every, jit_compile=cfg.train.jit_compile)
+                          log_dir=run_dir, log_every=cfg.log.every,
+                          histograms_every=cfg.log.histograms_every,
+                          log_variable_norms=cfg.log.variable_norms,
+                          jit_compile=cfg.train.jit_compile, trunk=self.trunk)
+        if trainer.monitor is not None:  # the resolved config, as text at step 0
+            trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         q_values = tf.function(lambda x: self.model(x, training=False)[head], reduce_retracing=True)
 
         def greedy(obs: np.ndarray) -> np.ndarray:
@@ -237,4 +244,4 @@ def prepare(config: ExperimentConfig) -> DQNRunner:
     objective = Objective(loss=loss, optimizer=head_cfg.optimizer, weight=head_cfg.weight,
                           every=head_cfg.every, trains_trunk=head_cfg.trains_trunk)
     return DQNRunner(config, env_cfg, dqn, make_env, obs_shape, num_actions, model,
-                     {dqn.head: objective}, target)
+                     {dqn.head: objective}, target, build_trunk(config))

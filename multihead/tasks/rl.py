@@ -143,6 +143,7 @@ class Episodes:
         self.recent: collections.deque[float] = collections.deque(maxlen=window)
         self.start = time.perf_counter()
         self._last_print = self.start
+        self._last_step = 0
 
     def finished(self, env_step: int, episode_return: float, length: int) -> None:
         self.count += 1
@@ -167,8 +168,9 @@ class Episodes:
         now = time.perf_counter()
         if not self.verbose or (not force and now - self._last_print < self.interval):
             return
-        self._last_print = now
-        rate = env_step / max(now - self.start, 1e-9)
+        # The rate over the last interval: the first interval includes tracing the step.
+        rate = (env_step - self._last_step) / max(now - self._last_print, 1e-9)
+        self._last_print, self._last_step = now, env_step
         line = (f"env step {env_step:>7}/{self.total_steps}  {rate:6.0f} steps/s  episodes {self.count:>5}  "
                 f"recent mean return {self.recent_mean:6.1f}")
         print(line + (f"  {extra}" if extra else ""), file=self.stream, flush=True)
