@@ -124,13 +124,17 @@ class Monitor:
     optimizer's `apply_gradients`. See the module docstring for the tags.
 
     Example:
-        >>> import keras, numpy as np, multihead as mh
+        >>> import keras, numpy as np, tempfile, multihead as mh
         >>> model = mh.MultiHeadModel(keras.layers.Dense(8), {"a": keras.layers.Dense(1),
         ...                                                    "b": keras.layers.Dense(1)})
         >>> trainer = mh.Trainer(model, {"a": mh.Objective("mse"), "b": mh.Objective("mse")},
-        ...                      log_dir="/tmp/mh-doc", log_every=10, histograms_every=0)
-        >>> trainer.monitor.every
-        10
+        ...                      log_dir=tempfile.mkdtemp(), log_every=10, histograms_every=0)
+        >>> x = np.ones((4, 3), "float32"); y = {"a": np.ones((4, 1)), "b": np.zeros((4, 1))}
+        >>> trainer.step((x, y)).step            # step 0 is logged: loss/a, grad_norm/a/trunk, ...
+        0
+        >>> trainer.close()
+        >>> sorted(mh.load_report(trainer.monitor.log_dir).conflict["a"])
+        ['a', 'b']
 
     Args:
         log_dir: the TensorBoard log directory of the run.
