@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 #: Parts that name a group: `"heads"` is every `heads/<name>`, and so on.
 _GROUPS = ("heads", "optimizers", "targets")
+#: The order parts are listed in (the order of the object graph in the module doc).
+_ORDER = ("trunk", "heads", "rng", "optimizers", "trunk_update", "step", "data", "targets", "run")
 _VALUE = "VARIABLE_VALUE"
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
@@ -205,8 +207,11 @@ def _expand(parts: Sequence[str] | None, known: list[str], trainer: Trainer | No
                         f"write parts=[{parts!r}]")
     wanted: list[str] = []
     for part in parts:
-        members = [k for k in known if k.startswith(part + "/")] if part in _GROUPS else [part]
-        if part not in known and not members:
+        if part in _GROUPS:
+            members = [k for k in known if k.startswith(part + "/")]
+        else:
+            members = [part] if part in known else []
+        if not members:
             hint = ""
             if trainer is None and part.split("/")[0] in ("optimizers", "step", "data", "trunk_update"):
                 hint = " (optimizer, step and data parts need trainer=...)"
@@ -351,7 +356,8 @@ class _FileGraph:
                 found += [f"{child.local_name}/{n}" for n in self.children(child.node_id)]
             elif child.local_name not in ("save_counter",):
                 found.append(child.local_name)
-        return found
+        return sorted(found, key=lambda p: _ORDER.index(p.split("/")[0]) if p.split("/")[0] in _ORDER
+                      else len(_ORDER))
 
 
 def _label(path: str, var: Any) -> str:
