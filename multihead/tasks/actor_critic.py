@@ -154,6 +154,17 @@ class ActorCriticRunner:
     trunk: Any = "per_head"
 
     def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
+        """Trains for `train.steps` environment steps, or until a greedy evaluation reaches
+        `env.stop_return`.
+
+        Args:
+            run_dir: where events and the final checkpoints go; None writes nothing.
+            verbose: print progress lines (environment steps, episodes, recent mean return).
+
+        Returns:
+            The metrics written to `metrics.json`: environment steps, episodes, updates,
+            target updates and syncs, losses, every evaluation, wall time.
+        """
         cfg, ac, seed = self.config, self.ac, self.config.seed
         trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
                           log_dir=run_dir, log_every=cfg.log.every,

@@ -129,6 +129,17 @@ class DQNRunner:
     trunk: Any = "per_head"
 
     def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
+        """Trains for `train.steps` environment steps, or until a greedy evaluation reaches
+        `env.stop_return`.
+
+        Args:
+            run_dir: where events and the final checkpoints go; None writes nothing.
+            verbose: print progress lines (environment steps, episodes, recent mean return).
+
+        Returns:
+            The metrics written to `metrics.json`: environment steps, episodes, updates,
+            target updates and syncs, losses, every evaluation, wall time.
+        """
         cfg, dqn, seed = self.config, self.dqn, self.config.seed
         head = dqn.head
         trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
