@@ -247,32 +247,42 @@ def _project_simplex(v: tf.Tensor) -> tf.Tensor:
     return tf.maximum(v - theta, 0.0)
 
 
-def cagrad_weighting(gram: tf.Tensor, c: float = 0.4, rescale: int = 1,
-                     max_iter: int = 200, tol: float = 1e-7) -> Weighting:
-    """CAGrad (Liu et al., NeurIPS 2021): the best worst-case improvement near the mean.
+def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e-6) -> tf.Tensor:
+    """`argmin_{w in simplex} b.w + radius sqrt(w^T g w)` by enumerating the simplex's faces.
 
-    With `g0 = mean_k g_k` and `phi = c^2 |g0|^2`, solve the dual
-    `min_{w in simplex} F(w) = g_w . g0 + sqrt(phi) |g_w|`, `g_w = w @ G`, and
-    return `d = g0 + (sqrt(phi) / |g_w|) g_w`, divided by `1 + c^2` when
-    `rescale == 1` or by `1 + c` when `rescale == 2` (the authors' code, default 1).
-    The dual is solved by projected gradient descent on the simplex (the
-    authors use SciPy's SLSQP, which has no TensorFlow counterpart).
-
-    Args:
-        gram: `K x K` Gramian.
-        c: the conflict-aversion radius, in `[0, 1)`; 0 gives the mean.
-        rescale: 0, 1 or 2 as above.
-        max_iter: projected gradient steps at most.
-        tol: stop when a step moves `w` by less than this (L1).
+    Where `g_w != 0` the objective is smooth and, on the support S of the optimum,
+    `b_S + (radius / t) g_SS w_S = mu 1` with `t = |g_w|` and `1.w = 1`. With
+    `a = g_SS^-1 1`, `c = g_SS^-1 b_S`, `A = 1.a`, `C = 1.c`, `B = b_S.c` this gives
+    `w = (mu a - c) / sqrt(D)`, `D = C^2 - A (B - radius^2)`, `mu = (C + sqrt(D)) / A`.
+    Where `g_w = 0` (0 in the hull), the min-norm point is optimal. The best
+    feasible candidate over all supports and the min-norm point is the optimum.
     """
-    k = _k(gram)
-    gram = tf.convert_to_tensor(gram, tf.float32)
-    scale = tf.reduce_max(tf.linalg.diag_part(gram))
-    g = tf.math.divide_no_nan(gram, scale)             # argmin is scale invariant
-    mean = tf.fill([k], 1.0 / k)
-    b = tf.linalg.matvec(g, mean)                       # G g0 in Gramian form
-    g0_norm = tf.sqrt(tf.maximum(tf.tensordot(mean, b, 1), 0.0) + 1e-12)
-    radius = c * g0_norm
+    k = _k(g)
+    masks = tf.constant(_free_masks(k)[1:])                                # (S, K)
+    q = g + reg * tf.eye(k)
+    system = masks[:, :, None] * q[None] * masks[:, None, :] + tf.linalg.diag(1.0 - masks)
+    rhs = tf.stack([masks, masks * b[None, :]], axis=2)                    # (S, K, 2)
+    sol = tf.linalg.solve(system, rhs)
+    a, c = sol[:, :, 0], sol[:, :, 1]
+    a_sum, c_sum = tf.reduce_sum(a, 1), tf.reduce_sum(c, 1)
+    b_c = tf.reduce_sum(masks * b[None, :] * c, 1)
+    disc = c_sum**2 - a_sum * (b_c - radius**2)
+    root = tf.sqrt(tf.maximum(disc, 1e-30))
+    mu = (c_sum + root) / a_sum
+    w = (mu[:, None] * a - c) / root[:, None]
+    w = tf.concat([w, simplex_qp(g)[None, :]], axis=0)
+    feasible = tf.reduce_all(tf.math.is_finite(w), axis=1) & tf.reduce_all(w >= -1e-6, axis=1)
+    feasible &= tf.concat([disc > 0, [True]], axis=0)
+    w = tf.where(feasible[:, None], tf.maximum(w, 0.0), 1.0 / k)
+    norms = tf.sqrt(tf.maximum(tf.einsum("si,ij,sj->s", w, g, w), 0.0))
+    objective = tf.where(feasible, tf.linalg.matvec(w, b) + radius * norms, np.inf)
+    return w[tf.argmin(objective, output_type=tf.int32)]
+
+
+def _cagrad_pgd(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, max_iter: int,
+                tol: float) -> tf.Tensor:
+    """The same problem by projected gradient descent on the simplex (any K)."""
+    k = _k(g)
     lipschitz = tf.reduce_max(tf.linalg.eigvalsh(g)) + 1e-12
     eps = 1e-10
 
@@ -287,8 +297,46 @@ def cagrad_weighting(gram: tf.Tensor, c: float = 0.4, rescale: int = 1,
 
     _, w, _ = tf.while_loop(
         lambda i, w, change: tf.logical_and(i < max_iter, change >= tol),
-        body, (tf.constant(0), mean, tf.constant(np.inf, tf.float32)),
+        body, (tf.constant(0), tf.fill([k], 1.0 / k), tf.constant(np.inf, tf.float32)),
     )
+    return w
+
+
+def cagrad_weighting(gram: tf.Tensor, c: float = 0.4, rescale: int = 1, solver: str = "auto",
+                     max_iter: int = 200, tol: float = 1e-7) -> Weighting:
+    """CAGrad (Liu et al., NeurIPS 2021): the best worst-case improvement near the mean.
+
+    With `g0 = mean_k g_k` and `phi = c^2 |g0|^2`, solve the dual
+    `min_{w in simplex} F(w) = g_w . g0 + sqrt(phi) |g_w|`, `g_w = w @ G`, and
+    return `d = g0 + (sqrt(phi) / |g_w|) g_w`, divided by `1 + c^2` when
+    `rescale == 1` or by `1 + c` when `rescale == 2` (the authors' code, default 1).
+    The authors solve the dual with SciPy's SLSQP; here `solver="exact"` solves
+    its KKT conditions on every face of the simplex in one batched solve
+    (K <= UPGRAD_MAX_HEADS), `"pgd"` runs projected gradient descent (any K,
+    `max_iter` steps at most, stopping when a step moves `w` by less than
+    `tol`), and `"auto"` picks exact when it can.
+
+    Args:
+        gram: `K x K` Gramian.
+        c: the conflict-aversion radius, in `[0, 1)`; 0 gives the mean.
+        rescale: 0, 1 or 2 as above.
+        solver: `"auto"`, `"exact"` or `"pgd"`.
+        max_iter, tol: of the `"pgd"` solver.
+    """
+    k = _k(gram)
+    gram = tf.convert_to_tensor(gram, tf.float32)
+    mean = tf.fill([k], 1.0 / k)
+    if c == 0:
+        return Weighting(mean, _no_projection())
+    scale = tf.reduce_max(tf.linalg.diag_part(gram))
+    g = tf.math.divide_no_nan(gram, scale)             # argmin is scale invariant
+    b = tf.linalg.matvec(g, mean)                       # G g0 in Gramian form
+    g0_norm = tf.sqrt(tf.maximum(tf.tensordot(mean, b, 1), 0.0) + 1e-12)
+    radius = c * g0_norm
+    if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
+        w = _cagrad_exact(g, b, radius)
+    else:
+        w = _cagrad_pgd(g, b, radius, max_iter, tol)
     gw_norm = tf.sqrt(tf.maximum(tf.tensordot(w, tf.linalg.matvec(g, w), 1), 0.0)) + 1e-8
     weights = mean + (radius / gw_norm) * w
     if rescale == 1:
@@ -436,7 +484,7 @@ REP_GRAD_AGGREGATORS = tuple(n for n, spec in _SPECS.items() if spec[1])
 _OPTIONS = {
     "sum": {}, "mean": {}, "weights": {"weights": None},
     "pcgrad": {}, "mgda": {"solver": "auto", "max_iter": 250, "tol": 1e-6},
-    "cagrad": {"c": 0.4, "rescale": 1, "max_iter": 200, "tol": 1e-7},
+    "cagrad": {"c": 0.4, "rescale": 1, "solver": "auto", "max_iter": 200, "tol": 1e-7},
     "upgrad": {"reg": 1e-4}, "imtl": {},
 }
 
@@ -505,6 +553,9 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
         _number(name, "c", merged["c"], 0.0, 1.0, closed_high=False)
         if merged["rescale"] not in (0, 1, 2) or isinstance(merged["rescale"], bool):
             raise ValueError(f"aggregator 'cagrad': rescale must be 0, 1 or 2, got {merged['rescale']!r}")
+        if merged["solver"] not in ("auto", "exact", "pgd"):
+            raise ValueError(f"aggregator 'cagrad': solver must be 'auto', 'exact' or 'pgd', "
+                             f"got {merged['solver']!r}")
         _number(name, "max_iter", merged["max_iter"], 1, integer=True)
         _number(name, "tol", merged["tol"], 0.0)
     if name == "upgrad":

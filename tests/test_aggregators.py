@@ -159,11 +159,16 @@ def test_cagrad_with_zero_radius_is_the_mean():
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("k,c,rescale,seed", [(2, 0.4, 1, 0), (3, 0.5, 0, 1), (5, 0.8, 2, 2)])
-def test_cagrad_equals_reference(k, c, rescale, seed):
-    g = _random_grads(k, 10, seed)
+@pytest.mark.parametrize("k,d,c,rescale,seed,solver", [
+    (2, 10, 0.4, 1, 0, "exact"), (3, 10, 0.5, 0, 1, "exact"), (5, 10, 0.8, 2, 2, "exact"),
+    (8, 20, 0.4, 1, 3, "exact"), (6, 3, 0.6, 1, 4, "exact"),
+    (2, 10, 0.4, 1, 0, "pgd"), (5, 10, 0.8, 2, 2, "pgd"),
+])
+def test_cagrad_equals_reference(k, d, c, rescale, seed, solver):
+    g = _random_grads(k, d, seed)
     expected = cagrad_reference(g, c, rescale)
-    result = _np(mh.aggregate(g, "cagrad", c=c, rescale=rescale, max_iter=5000, tol=0.0).direction)
+    result = _np(mh.aggregate(g, "cagrad", c=c, rescale=rescale, solver=solver, max_iter=5000,
+                              tol=0.0).direction)
     np.testing.assert_allclose(result, expected, atol=2e-3 * np.abs(expected).max())
 
 
@@ -272,6 +277,7 @@ def test_sum_mean_and_fixed_weights():
     ("weights", {"weights": [1.0]}, "1 entries but 2 heads"),
     ("cagrad", {"c": 1.0}, "c must be a number in \\[0.0, 1.0\\), got 1.0"),
     ("cagrad", {"rescale": 3}, "rescale must be 0, 1 or 2"),
+    ("cagrad", {"solver": "slsqp"}, "solver must be 'auto', 'exact' or 'pgd'"),
     ("mgda", {"max_iter": 0}, "max_iter must be an integer"),
     ("mgda", {"solver": "fw"}, "solver must be 'auto', 'exact' or 'frank_wolfe'"),
 ])
