@@ -115,6 +115,28 @@ def _no_op() -> None:
     return None
 
 
+class _InStepWriter(tf.summary.SummaryWriter):
+    """The train writer as the default writer inside the compiled step, minus the flush.
+
+    `SummaryWriter.as_default()` flushes the writer when the context exits, and
+    inside a traced function that is a `FlushSummaryWriter` op run on *every*
+    step, logging or not. The writer flushes itself when its queue fills, and
+    the Trainer flushes at the end of `fit`.
+    """
+
+    def __init__(self, writer: tf.summary.SummaryWriter) -> None:
+        self._resource = writer._resource  # noqa: SLF001 (what tf.summary.write reads)
+
+    def init(self) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class Monitor:
     """Writes per-head training summaries to `<log_dir>/train` and eval ones to `<log_dir>/eval`.
 
@@ -161,6 +183,8 @@ class Monitor:
         self.grad_cosine = bool(grad_cosine)
         self.log_dir = os.fspath(log_dir)
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
+        self._step_writer = (_InStepWriter(self._train_writer)
+                             if hasattr(self._train_writer, "_resource") else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
         # Set by `bind`.
         self._heads: tuple[str, ...] = ()
@@ -260,7 +284,7 @@ class Monitor:
         self._step, self._seen = step, []
         due = lambda: tf.logical_or(self._scalars_due(step), self._histograms_due(step))  # noqa: E731
         try:
-            with self._train_writer.as_default(step=step), tf.summary.record_if(due):
+            with self._step_writer.as_default(step=step), tf.summary.record_if(due):
                 yield
         finally:
             self._step, self._seen = None, []
@@ -278,7 +302,7 @@ class Monitor:
         # straight to the writer. `tf.summary.write` would wrap every tag in its
         # own `tf.cond` on `record_if`, which costs trace time per tag (seconds
         # with per-variable norms and histograms) and nothing else.
-        resource = getattr(self._train_writer, "_resource", None)
+        resource = getattr(self._step_writer, "_resource", None)
         if resource is None:  # a writer without the resource handle: the public path
             tf.summary.write(tag, tensor, metadata=metadata)
             return
