@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
+from multihead import tasks
 from multihead.cli import main
+from multihead.config import load_config
 from multihead.tasks.actor_critic import actor_critic_losses, nstep_returns, policy_gradient_loss
 
 pytest.importorskip("gymnasium")
@@ -148,7 +150,10 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path):
     assert all(np.isfinite(v) for v in metrics["final_loss"].values())
     assert [e["env_steps"] for e in metrics["evals"]] == [200, 400]
     assert (run_dir / "checkpoints" / "final.index").exists()
-    assert (run_dir / "checkpoints" / "final-target.index").exists()
+    fresh = tasks.prepare(load_config(CONFIG, sets))  # same architecture, untrained
+    mh.restore_checkpoint(str(run_dir / "checkpoints" / "final"), fresh.model,
+                          parts=["targets/value"], targets={"value": fresh.value_target})
+    assert int(fresh.value_target.counter) == metrics["target_updates"]  # the sync counter was saved
     assert {"loss/policy", "loss/value", "episode/return", "episode/length"} <= _events_tags(run_dir / "train")
 
 

@@ -12,7 +12,9 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_model
+from multihead import tasks
 from multihead.cli import main
+from multihead.config import load_config
 from multihead.tasks.dqn import dqn_loss, linear_epsilon, td_target
 
 pytest.importorskip("gymnasium")
@@ -137,7 +139,10 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
     assert metrics["episodes"] >= 1 and metrics["eval_episodes"] == 3
     assert (run_dir / "config.yaml").exists()
     assert (run_dir / "checkpoints" / "final.index").exists()
-    assert (run_dir / "checkpoints" / "final-target.index").exists()
+    fresh = tasks.prepare(load_config(CONFIG, sets))  # same architecture, untrained
+    mh.restore_checkpoint(str(run_dir / "checkpoints" / "final"), fresh.model,
+                          parts=["targets/q"], targets={"q": fresh.target})
+    assert int(fresh.target.counter) == metrics["target_updates"]  # the sync counter was saved
     assert {"loss/q", "episode/return", "episode/length"} <= _events_tags(run_dir / "train")
     assert "episode/return" in _events_tags(run_dir / "eval")
 

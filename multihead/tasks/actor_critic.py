@@ -238,10 +238,9 @@ class ActorCriticRunner:
         for env in envs:
             env.close()
         if run_dir is not None:
-            save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model, trainer=trainer)
-            if self.value_target is not None:
-                tf.train.Checkpoint(target=self.value_target).write(
-                    os.path.join(run_dir, "checkpoints", "final-target"))
+            targets = {ac.value_head: self.value_target} if self.value_target is not None else None
+            save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model, trainer=trainer,
+                            targets=targets)
         trainer.close()
         vt = self.value_target
         return {

@@ -201,8 +201,8 @@ class DQNRunner:
         wall = time.perf_counter() - start
         env.close()
         if run_dir is not None:
-            save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model, trainer=trainer)
-            tf.train.Checkpoint(target=self.target).write(os.path.join(run_dir, "checkpoints", "final-target"))
+            save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model, trainer=trainer,
+                            targets={head: self.target})
         trainer.close()
         return {
             "task": "dqn",
