@@ -34,6 +34,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import socket
 import tempfile
 import time
 import warnings
@@ -662,16 +663,20 @@ def rewind_events(log_dir: str | os.PathLike[str], saved_at: float) -> int:
     the resumed run logs those steps again. Event files holding records newer
     than `saved_at` are rewritten without them (atomically); files left with no
     record but the header are removed. Files holding no event newer than
-    `saved_at` are not touched (such as a new writer's file that has only its
-    header).
+    `saved_at` are not touched, nor are the files this process created after
+    `saved_at`: they belong to the resumed run's own writers.
 
     Returns:
         The number of events dropped.
     """
     dropped = 0
+    own = f".{socket.gethostname()}.{os.getpid()}."  # in the names of this process's event files
     pattern = os.path.join(os.fspath(log_dir), "**", "events.out.tfevents.*")
     for path in sorted(glob.glob(pattern, recursive=True)):
         events = _read_events(path)
+        created = events[0].wall_time if events else float("inf")
+        if own in os.path.basename(path) and created > saved_at:
+            continue
         late = [e for e in events if e.wall_time > saved_at and not e.HasField("file_version")]
         size_ok = _records_end(path, len(events))
         if not late and size_ok:

@@ -1,0 +1,206 @@
+"""Exact resume: a run stopped after a checkpoint and resumed equals the uninterrupted run bitwise."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.util import event_pb2
+
+import multihead as mh
+from conftest import make_model
+from multihead.checkpoints import CheckpointManager
+
+HEADS = ("a", "b")
+DATA = mh.mmoe_synthetic(tasks=list(HEADS), train_size=200, eval_size=40, input_dim=5, seed=1)
+
+
+def _trainer(seed, dropout, log_dir=None):
+    model = make_model(seed=seed, dropout=dropout)
+    keras.utils.set_random_seed(0)  # the run's seed, as `multihead train` sets it before fit
+    return mh.Trainer(model, {"a": mh.Objective("mse", keras.optimizers.Adam(1e-2)),
+                              "b": mh.Objective("mse", keras.optimizers.Adam(1e-2), every=3)},
+                      log_dir=log_dir, log_every=1, histograms_every=0)
+
+
+def _state(trainer):
+    """Every value that must match: weights, seed states, optimizer slots, step, data position."""
+    variables = list(trainer.model.variables)
+    variables += [v for h in HEADS for v in trainer.optimizers[h].variables]
+    variables += [trainer.step_variable, trainer.data_position.epoch, trainer.data_position.batch]
+    return [np.array(v.numpy()) for v in variables]
+
+
+def _fit(trainer, steps, manager=None):
+    return trainer.fit(DATA.train, steps, batch_size=16, verbose=False, checkpoints=manager)
+
+
+def _stopped_and_resumed(tmp_path, dropout, parts=None):
+    """Trains 27 steps with checkpoints every 10 (so 7 steps are lost), then resumes to 40
+    in fresh objects, restoring `parts` (None: the manager restores everything)."""
+    first = _trainer(seed=0, dropout=dropout)
+    _fit(first, 27, CheckpointManager(tmp_path, first.model, first, every=10))
+    resumed = _trainer(seed=5, dropout=dropout)  # other initial weights: the restore must fix them
+    manager = CheckpointManager(tmp_path, resumed.model, resumed, every=10)
+    if parts is None:
+        assert manager.restore_latest() == 20
+    else:
+        mh.restore_checkpoint(manager.latest_checkpoint, resumed.model, parts=parts, trainer=resumed)
+    history = _fit(resumed, 40 - resumed.global_step, manager)
+    return resumed, history
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_resume_in_fresh_objects_is_bitwise_the_uninterrupted_run(tmp_path, dropout):
+    uninterrupted = _trainer(seed=0, dropout=dropout)
+    full_history = _fit(uninterrupted, 40)
+    resumed, history = _stopped_and_resumed(tmp_path, dropout)
+    for a, b in zip(_state(uninterrupted), _state(resumed)):
+        np.testing.assert_array_equal(a, b)
+    for head in HEADS:  # the losses of steps 20..39 are the same numbers
+        assert history.train[head] == [(s, v) for s, v in full_history.train[head] if s >= 20]
+
+
+@pytest.mark.parametrize("missing", ["rng", "data"])
+def test_resume_without_the_rng_or_data_part_is_not_exact(tmp_path, missing):
+    """The control for the test above: each of these parts is needed (with Dropout)."""
+    uninterrupted = _trainer(seed=0, dropout=0.3)
+    _fit(uninterrupted, 40)
+    parts = [p for p in mh.available_parts(uninterrupted.model, uninterrupted) if p != missing]
+    resumed, _ = _stopped_and_resumed(tmp_path, 0.3, parts=parts)
+    assert resumed.global_step == 40
+    assert any(not np.array_equal(a, b.numpy())
+               for a, b in zip(uninterrupted.model.trainable_variables,
+                               resumed.model.trainable_variables))
+
+
+def _events(log_dir):
+    """(run, tag, step) -> list of serialized values, over every event file of the run.
+
+    The TensorBoard layout (`custom_scalars__config__`) is left out: every writer
+    writes it when it opens, and TensorBoard shows the latest one.
+    """
+    found = {}
+    for path in glob.glob(os.path.join(log_dir, "*", "events.out.tfevents.*")):
+        run = os.path.basename(os.path.dirname(path))
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                if value.tag == "custom_scalars__config__":
+                    continue
+                found.setdefault((run, value.tag, event.step), []).append(
+                    value.tensor.SerializeToString())
+    return found
+
+
+def test_resumed_tensorboard_logs_have_each_step_once(tmp_path):
+    uninterrupted = _trainer(seed=0, dropout=0.3, log_dir=tmp_path / "full")
+    _fit(uninterrupted, 30)
+    uninterrupted.close()
+
+    logs = tmp_path / "stopped"
+    first = _trainer(seed=0, dropout=0.3, log_dir=logs)
+    _fit(first, 17, CheckpointManager(tmp_path / "ckpt", first.model, first, every=10))
+    first.monitor.flush()  # steps 10..16 reach the disk, as they may before a crash
+    assert any(step == 16 for (_, _, step) in _events(logs))
+    resumed = _trainer(seed=0, dropout=0.3, log_dir=logs)
+    assert CheckpointManager(tmp_path / "ckpt", resumed.model, resumed).restore_latest() == 10
+    _fit(resumed, 20)
+    resumed.close()
+    first.close()  # the crashed run's writer writes nothing more (its file was rewritten)
+
+    full, stopped = _events(tmp_path / "full"), _events(logs)
+    duplicated = [key for key, values in stopped.items() if len(values) > 1]
+    assert not duplicated
+    assert stopped == full  # same tags at the same steps with bitwise the same values
+    assert {step for (run, tag, step) in stopped if tag == "loss/a"} == set(range(30))
+
+
+# -- a real crash: SIGKILL of `multihead train`, then `multihead train --resume` -----------
+
+CONFIG = """\
+seed: 3
+data: {kind: mmoe, train_size: 256, eval_size: 64, input_dim: 8}
+model:
+  trunk: {mlp: {units: [16, 16], activation: relu, dropout: 0.2}}
+  heads:
+    a: {layers: {mlp: {units: [8, 1], output_activation: linear}},
+        optimizer: {class_name: Adam, config: {learning_rate: 1e-3}}}
+    b: {layers: [{class_name: Dense, config: {units: 1}}], optimizer: sgd, every: 2}
+train: {steps: 1000000, batch_size: 32, eval_every: 25}
+log: {every: 5, histograms_every: 0}
+checkpoint: {every: 25, keep: 2}
+"""
+
+
+def _env():
+    env = dict(os.environ, TF_DETERMINISTIC_OPS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def _cli(*args, timeout=180):
+    result = subprocess.run([sys.executable, "-m", "multihead", *args], env=_env(),
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def _tensors(prefix):
+    reader = tf.train.load_checkpoint(prefix)
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+            if not key.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "run/"))}
+
+
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text(CONFIG)
+    stopped, full = tmp_path / "stopped", tmp_path / "full"
+    state_file = stopped / "checkpoints" / "checkpoint"
+    proc = subprocess.Popen([sys.executable, "-m", "multihead", "train", str(config),
+                             "--run-dir", str(stopped), "--quiet"], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not state_file.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 180 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = CheckpointManager.step_of(tf.train.latest_checkpoint(str(stopped / "checkpoints")))
+    total = (killed_at // 25 + 3) * 25  # at least 2 more checkpoints and evaluations
+
+    _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
+    _cli("train", str(config), "--run-dir", str(full), "--set", f"train.steps={total}", "--quiet")
+
+    resumed_state = _tensors(str(stopped / "checkpoints" / f"ckpt-{total}"))
+    full_state = _tensors(str(full / "checkpoints" / f"ckpt-{total}"))
+    assert set(resumed_state) == set(full_state)
+    assert any(key.startswith("rng/trunk/") for key in full_state)  # the dropout seed state
+    for key, value in full_state.items():
+        np.testing.assert_array_equal(resumed_state[key], value, err_msg=key)
+
+    resumed_events, full_events = _events(str(stopped)), _events(str(full))
+    counts = Counter({key: len(values) for key, values in resumed_events.items() if key[0] == "train"})
+    assert max(counts.values()) == 1  # no training step logged twice
+    # Same tags, steps and bitwise values, with the same multiplicity (the run writes
+    # its final train-set evaluation to the eval run at the last step, in both runs).
+    config_key = ("train", "config", 0)  # the config text: train.steps differs, by design
+    assert len(resumed_events.pop(config_key)) == len(full_events.pop(config_key)) == 1
+    assert resumed_events == full_events
+    assert {s for (run, tag, s) in full_events if (run, tag) == ("train", "loss/a")} == set(
+        range(0, total, 5))
