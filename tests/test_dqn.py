@@ -11,7 +11,6 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from conftest import make_model
 from multihead import tasks
 from multihead.cli import main
 from multihead.config import load_config
