@@ -219,6 +219,11 @@ def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
     return tf.stack(rows)
 
 
+def _gramian(stacked: Sequence[tf.Tensor]) -> tf.Tensor:
+    """`G G^T` summed over the per-variable `K x n` blocks of G (no concatenation)."""
+    return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in stacked])
+
+
 class AggregatedStep(TrainStep):
     """`TrainStep` whose trunk update is one optimizer applying the heads' aggregated gradient.
 
@@ -229,8 +234,7 @@ class AggregatedStep(TrainStep):
     logged as `agg_weight/<head>` (w_k), `agg_trunk_grad_norm/<head>` (|g_k|,
     in parameter space or, with `rep_grad`, at the trunk output),
     `agg_cosine/<a>__<b>` (cosine of g_a and g_b), `agg_projections` (PCGrad)
-    and `agg_update_norm` (|d|); the norms and cosines need the Gramian, which
-    constant-weight aggregators without `rep_grad` skip computing.
+    and `agg_update_norm` (|d|), all on the monitor's logging steps only.
     """
 
     def __init__(self, model: MultiHeadModel, heads: Sequence[HeadUpdate], schedule: str,
@@ -265,7 +269,7 @@ class AggregatedStep(TrainStep):
                 objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
             weighting_objective = weighting.objective(task) if weighting else None
 
-        trunk_grads, (weights, projections, gram) = self._aggregate(
+        trunk_grads, (weights, projections, gram), stacked = self._aggregate(
             tape, agg, objectives, feats, trunk_vars)
         norms = None if gram is None else tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
         if not isinstance(trunk_reg, float):
@@ -294,17 +298,18 @@ class AggregatedStep(TrainStep):
         del tape
         if self._monitor:
             def log() -> None:
+                # Constant weights need no Gramian to step: compute it on logging steps only.
+                g = gram if gram is not None else _gramian(stacked)
+                n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
+                cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
                 for i, head in enumerate(agg):
                     write_scalar(f"agg_weight/{head.name}", weights[i])
                     if loss_weights is not None:
                         write_scalar(f"agg_loss_weight/{head.name}", loss_weights[i])
-                    if norms is not None:
-                        write_scalar(f"agg_trunk_grad_norm/{head.name}", norms[i])
-                if gram is not None:
-                    cos = tf.math.divide_no_nan(gram, norms[:, None] * norms[None, :])
-                    for i in range(len(agg)):
-                        for j in range(i + 1, len(agg)):
-                            write_scalar(f"agg_cosine/{agg[i].name}__{agg[j].name}", cos[i, j])
+                    write_scalar(f"agg_trunk_grad_norm/{head.name}", n[i])
+                for i in range(len(agg)):
+                    for j in range(i + 1, len(agg)):
+                        write_scalar(f"agg_cosine/{agg[i].name}__{agg[j].name}", cos[i, j])
                 if trunk.aggregator.random_order:
                     write_scalar("agg_projections", projections)
                 write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
@@ -325,9 +330,10 @@ class AggregatedStep(TrainStep):
 
     def _aggregate(self, tape: tf.GradientTape, agg: Sequence[HeadUpdate],
                    objectives: Mapping[str, tf.Tensor], feats: Any, trunk_vars: list[keras.Variable],
-                   ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]]:
-        """The aggregated trunk gradient, and (weights, projections, Gramian of the heads'
-        gradients, None when no Gramian was needed)."""
+                   ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
+                              list[tf.Tensor]]:
+        """The aggregated trunk gradient; (weights, projections, Gramian of the heads'
+        gradients or None when the aggregator needs none); the per-target `K x n` gradients."""
         trunk = self._trunk
         rep_grad = trunk.policy.rep_grad
         targets_k = tf.nest.flatten(feats) if rep_grad else trunk_vars
@@ -346,7 +352,7 @@ class AggregatedStep(TrainStep):
                                       and trunk.weighting.needs_grad_norms)
         gram = None
         if needs_gram:
-            gram = tf.add_n([tf.matmul(s, s, transpose_b=True) for s in stacked])
+            gram = _gramian(stacked)
             extra = {}
             if trunk.aggregator.random_order:
                 k = len(agg)
@@ -363,4 +369,4 @@ class AggregatedStep(TrainStep):
                            for g, v in zip(trunk_grads, trunk_vars)]
         else:
             trunk_grads = combined
-        return trunk_grads, (weights, result.projections, gram)
+        return trunk_grads, (weights, result.projections, gram), stacked

@@ -298,6 +298,26 @@ def test_monitor_logs_weights_projections_and_trunk_gradient_cosines(tmp_path):
     assert "loss/a" in logged                                     # the per-head monitor still runs
 
 
+def test_constant_weights_log_conflicts_on_logging_steps_too(tmp_path):
+    heads = ("a", "b")
+    x, y = make_batch(heads, seed=4)
+    model = make_model(heads, seed=4)
+    with tf.GradientTape(persistent=True) as tape:
+        out = model(x)
+        losses = {h: _mse(y[h], out[h]) for h in heads}
+    ga, gb = (_flat(tape.gradient(losses[h], model.trunk_variables), model.trunk_variables).numpy()
+              for h in heads)
+    trainer = mh.Trainer(model, {h: mh.Objective("mse") for h in heads},
+                         trunk={"aggregator": "sum"}, log_dir=str(tmp_path), log_every=5)
+    trainer.step((x, y))
+    trainer.close()
+    logged = _scalars(str(tmp_path))
+    cosine = ga @ gb / np.linalg.norm(ga) / np.linalg.norm(gb)
+    assert logged["agg_cosine/a__b"][0] == pytest.approx(cosine, abs=1e-5)
+    assert logged["agg_weight/b"][0] == 1.0
+    assert "agg_projections" not in logged
+
+
 # -- validation ------------------------------------------------------------------------
 
 
