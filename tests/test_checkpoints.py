@@ -207,3 +207,25 @@ def test_manager_keeps_the_last_n_and_validates_arguments(tmp_path):
         CheckpointManager(tmp_path, make_model(), every=-1)
     fresh = make_model()
     assert CheckpointManager(tmp_path / "empty", fresh).restore_latest() is None
+
+
+@pytest.mark.parametrize("aggregator", ["pcgrad", "dwa"])
+def test_aggregated_trunk_update_state_is_a_part_and_resumes_exactly(tmp_path, aggregator):
+    """PCGrad's projection-order generator and DWA's loss history live in `trunk_update`."""
+    def trainer(seed):
+        model = make_model(seed=seed)
+        return mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-2)) for h in HEADS},
+                          trunk=mh.TrunkPolicy(aggregator=aggregator, options={}, seed=4))
+
+    original = trainer(1)
+    _train(original, 4)
+    assert "trunk_update" in mh.available_parts(original.model, original)
+    path = mh.save_checkpoint(tmp_path / "agg", original.model, trainer=original)
+    fresh = trainer(6)
+    mh.restore_checkpoint(path, fresh.model, trainer=fresh)
+    for a, b in zip(original.trunk_update.variables, fresh.trunk_update.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    _train(original, 4, start=4)
+    _train(fresh, 4, start=4)
+    for a, b in zip(original.model.weights, fresh.model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -204,3 +204,30 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
     assert resumed_events == full_events
     assert {s for (run, tag, s) in full_events if (run, tag) == ("train", "loss/a")} == set(
         range(0, total, 5))
+
+
+def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    from multihead.cli import main
+
+    config = tmp_path / "exp.yaml"
+    config.write_text(CONFIG.replace("steps: 1000000", "steps: 30"))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+
+    def files():
+        return sorted((p, p.stat().st_mtime_ns) for p in run.rglob("*"))
+
+    before = files()
+    for args, message in [
+        (["--resume", str(tmp_path / "nope")], "no config.yaml there"),
+        (["--resume", str(run), "--set", "seed=4"], "differs from"),
+        (["--resume", str(run), "--set", "model.trunk.mlp.units=[32, 16]"], "at model.trunk.mlp.units"),
+        (["--resume", str(run), "--set", "train.steps=20"], "latest checkpoint is at step 30"),
+        (["--resume", str(run), "--run-dir", str(tmp_path / "x")], "name different directories"),
+    ]:
+        assert main(["train", str(config), "--quiet", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert files() == before
+    assert not (tmp_path / "x").exists()
