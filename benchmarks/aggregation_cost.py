@@ -17,8 +17,8 @@ Timings are medians over repeats, the variants timed round-robin within each
 repeat so that load from other processes hits them alike. The machine is
 shared: read the ratios, not the milliseconds.
 
-    python benchmarks/aggregation_cost.py            # K = 2, 4, 8; 7 repeats of 50 steps
-    python benchmarks/aggregation_cost.py --quick    # K = 2, 8; 3 repeats of 20 steps
+    python benchmarks/aggregation_cost.py            # K = 2, 4, 8; 25 repeats of 20 steps
+    python benchmarks/aggregation_cost.py --quick    # K = 2, 8; 9 repeats of 10 steps
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="K = 2, 8; fewer repeats")
     args = parser.parse_args(argv)
-    ks, calls, repeats = ((2, 8), 20, 3) if args.quick else ((2, 4, 8), 50, 7)
+    ks, calls, repeats = ((2, 8), 10, 9) if args.quick else ((2, 4, 8), 20, 25)
     results = {k: run(k, calls, repeats) for k in ks}
     names = list(results[ks[0]])
     header = ["variant"] + [f"K={k} ms" for k in ks] + [f"K={k} /summed" for k in ks] + \

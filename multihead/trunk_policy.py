@@ -219,6 +219,22 @@ def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
     return tf.stack(rows)
 
 
+class _Computed:
+    """A stand-in tape for `TrainStep._apply` holding a head's already computed gradients.
+
+    The trunk and head parts of a head's gradient come from one backward pass; this
+    hands the head part to the base class's apply-and-monitor path without a second one.
+    """
+
+    def __init__(self, grads: Sequence[tf.Tensor | None]) -> None:
+        self._grads = list(grads)
+
+    def gradient(self, target: Any, sources: Sequence[Any]) -> list[tf.Tensor | None]:
+        del target
+        assert len(sources) == len(self._grads)
+        return self._grads
+
+
 def _gramian(stacked: Sequence[tf.Tensor]) -> tf.Tensor:
     """`G G^T` summed over the per-variable `K x n` blocks of G (no concatenation)."""
     return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in stacked])
@@ -269,7 +285,7 @@ class AggregatedStep(TrainStep):
                 objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
             weighting_objective = weighting.objective(task) if weighting else None
 
-        trunk_grads, (weights, projections, gram), stacked = self._aggregate(
+        trunk_grads, (weights, projections, gram), stacked, head_grads = self._aggregate(
             tape, agg, objectives, feats, trunk_vars)
         norms = None if gram is None else tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
         if not isinstance(trunk_reg, float):
@@ -287,7 +303,8 @@ class AggregatedStep(TrainStep):
 
         updated = {}
         for head in agg:  # head variables only: their var_list excludes the trunk
-            self._apply(head, objectives[head.name], losses[head.name], tape)
+            self._apply(head, objectives[head.name], losses[head.name],
+                        _Computed(head_grads[head.name]))
             updated[head.name] = tf.constant(True)
         for head in rest:
             def update(head: HeadUpdate = head) -> tf.Tensor:
@@ -331,21 +348,23 @@ class AggregatedStep(TrainStep):
     def _aggregate(self, tape: tf.GradientTape, agg: Sequence[HeadUpdate],
                    objectives: Mapping[str, tf.Tensor], feats: Any, trunk_vars: list[keras.Variable],
                    ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
-                              list[tf.Tensor]]:
+                              list[tf.Tensor], dict[str, list[tf.Tensor | None]]]:
         """The aggregated trunk gradient; (weights, projections, Gramian of the heads'
-        gradients or None when the aggregator needs none); the per-target `K x n` gradients."""
+        gradients or None when the aggregator needs none); the per-target `K x n` gradients;
+        head -> gradients of its own variables."""
         trunk = self._trunk
         rep_grad = trunk.policy.rep_grad
         targets_k = tf.nest.flatten(feats) if rep_grad else trunk_vars
-        per_head = []                                   # per head: grads of targets_k
-        for head in agg:
-            grads = tape.gradient(objectives[head.name], targets_k)
-            if all(g is None for g in grads):
+        per_head, head_grads = [], {}          # per head: grads of targets_k, and of its variables
+        for head in agg:  # one backward pass per head gives both parts
+            grads = tape.gradient(objectives[head.name], targets_k + list(head.var_list))
+            if all(g is None for g in grads[: len(targets_k)]):
                 raise ValueError(
                     f"the loss of head {head.name!r} does not depend on the trunk: check that the "
                     "loss uses the head's output, or set trains_trunk=False for this head"
                 )
-            per_head.append(grads)
+            per_head.append(grads[: len(targets_k)])
+            head_grads[head.name] = grads[len(targets_k):]
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(targets_k)]
         constant = trunk.aggregator.name in ("sum", "mean", "weights")
         needs_gram = not constant or (trunk.weighting is not None
@@ -369,4 +388,4 @@ class AggregatedStep(TrainStep):
                            for g, v in zip(trunk_grads, trunk_vars)]
         else:
             trunk_grads = combined
-        return trunk_grads, (weights, result.projections, gram), stacked
+        return trunk_grads, (weights, result.projections, gram), stacked, head_grads
