@@ -147,10 +147,10 @@ class LogConfig:
 
 @dataclasses.dataclass
 class CheckpointConfig:
-    """`checkpoint:` what the run saves."""
+    """`checkpoint:` what the run saves (`RUN_DIR/checkpoints/ckpt-<step>`, for --resume)."""
 
     every: int = _field(0, minimum=0, doc="periodic checkpoints; 0: only the final one")
-    keep: int = _field(3, minimum=1)
+    keep: int = _field(3, minimum=1, doc="how many of the newest checkpoints to keep")
 
 
 @dataclasses.dataclass
