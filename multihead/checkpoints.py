@@ -663,20 +663,24 @@ def rewind_events(log_dir: str | os.PathLike[str], saved_at: float) -> int:
     the resumed run logs those steps again. Event files holding records newer
     than `saved_at` are rewritten without them (atomically); files left with no
     record but the header are removed. Files holding no event newer than
-    `saved_at` are not touched, nor are the files this process created after
-    `saved_at`: they belong to the resumed run's own writers.
+    `saved_at` are not touched, nor are files a writer of this process still
+    has open (the resumed run's own, or a live trainer's: rewriting them would
+    lose its later events); close a trainer before rewinding its logs.
 
     Returns:
         The number of events dropped.
     """
     dropped = 0
+    in_use = _open_files()
     own = f".{socket.gethostname()}.{os.getpid()}."  # in the names of this process's event files
     pattern = os.path.join(os.fspath(log_dir), "**", "events.out.tfevents.*")
     for path in sorted(glob.glob(pattern, recursive=True)):
+        if in_use is not None and os.path.realpath(path) in in_use:
+            continue
         events = _read_events(path)
         created = events[0].wall_time if events else float("inf")
-        if own in os.path.basename(path) and created > saved_at:
-            continue
+        if in_use is None and own in os.path.basename(path) and created > saved_at:
+            continue  # without /proc: this process's files newer than the checkpoint are its own
         late = [e for e in events if e.wall_time > saved_at and not e.HasField("file_version")]
         size_ok = _records_end(path, len(events))
         if not late and size_ok:
@@ -698,6 +702,20 @@ def rewind_events(log_dir: str | os.PathLike[str], saved_at: float) -> int:
             if os.path.exists(tmp):
                 os.remove(tmp)
     return dropped
+
+
+def _open_files() -> set[str] | None:
+    """Real paths of the files this process has open (Linux), or None if unknown."""
+    fd_dir = "/proc/self/fd"
+    if not os.path.isdir(fd_dir):
+        return None
+    found = set()
+    for fd in os.listdir(fd_dir):
+        try:
+            found.add(os.path.realpath(os.readlink(os.path.join(fd_dir, fd))))
+        except OSError:
+            continue
+    return found
 
 
 def _records_end(path: str, count: int) -> bool:
