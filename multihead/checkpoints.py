@@ -127,7 +127,8 @@ class DataPosition(tf.Module):
                     raise ValueError(
                         f"cannot resume the data stream at epoch {epoch}, batch {skip}: this epoch "
                         f"has only {i} batches; resume with the data (and batch size and seed) "
-                        "the checkpoint was trained on"
+                        "the checkpoint was trained on, or, to train on other data, restore "
+                        "without the 'data' part"
                     )
             count = skip
             for batch in iterator:
@@ -167,7 +168,7 @@ def _seed_states(layer: keras.layers.Layer) -> list[Any]:
     return states
 
 
-def _target_map(trainer: Trainer | None, targets: Mapping[str, Any] | None) -> dict[str, Any]:
+def _target_map(targets: Mapping[str, Any] | None) -> dict[str, Any]:
     found = dict(targets or {})
     for name, target in found.items():
         if not isinstance(name, str) or not name or "/" in name:
@@ -196,7 +197,7 @@ def available_parts(model: MultiHeadModel, trainer: Trainer | None = None,
         parts.append("step")
         if getattr(trainer, "data_position", None) is not None:
             parts.append("data")
-    parts += [f"targets/{name}" for name in _target_map(trainer, targets)]
+    parts += [f"targets/{name}" for name in _target_map(targets)]
     return parts
 
 
@@ -429,7 +430,7 @@ def save_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
         The checkpoint prefix.
     """
     _check_ready(model, trainer)
-    targets = _target_map(trainer, targets)
+    targets = _target_map(targets)
     wanted = _expand(parts, available_parts(model, trainer, targets), trainer)
     ckpt = _root(_part_objects(model, trainer, targets, wanted))
     os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
@@ -467,7 +468,7 @@ def restore_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
         CheckpointReadError: the file is missing, truncated or corrupted.
     """
     _check_ready(model, trainer)
-    targets = _target_map(trainer, targets)
+    targets = _target_map(targets)
     wanted = _expand(parts, available_parts(model, trainer, targets), trainer)
     objects = _part_objects(model, trainer, targets, wanted)
     _restore_objects(os.fspath(path), objects)
@@ -539,7 +540,7 @@ class CheckpointManager:
         self.keep = keep
         self.model = model
         self.trainer = trainer
-        self._targets = _target_map(trainer, targets)
+        self._targets = _target_map(targets)
         self._clock = _RunClock()
         self._parts = available_parts(model, trainer, self._targets)
         self._objects = _part_objects(model, trainer, self._targets, self._parts)

@@ -157,9 +157,3 @@ def export_saved_model(model: MultiHeadModel, path: str | os.PathLike[str],
         input_spec=spec,
     )
 
-
-def signature_outputs(loaded: Any, inputs: Any, signature: str = "serving_default") -> dict[str, Any]:
-    """Runs a signature of a loaded export on `inputs` (array or tensor): `{head: array}`."""
-    fn = loaded.signatures[signature]
-    result = fn(**{INPUT_NAME: tf.convert_to_tensor(inputs, fn.structured_input_signature[1][INPUT_NAME].dtype)})
-    return {k: v.numpy() for k, v in result.items()}

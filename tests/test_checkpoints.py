@@ -229,3 +229,33 @@ def test_aggregated_trunk_update_state_is_a_part_and_resumes_exactly(tmp_path, a
     _train(fresh, 4, start=4)
     for a, b in zip(original.model.weights, fresh.model.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_data_position_fast_forwards_a_fresh_dataset_to_the_same_batches():
+    from multihead.checkpoints import DataPosition
+
+    data = make_batch(HEADS, n=50, seed=3)  # batches of 8: 7 per epoch (the last has 2)
+    original = DataPosition()
+    stream = original.cycle(mh.as_dataset(data, 8, seed=1))
+    for _ in range(17):
+        next(stream)
+    assert (int(original.epoch.numpy()), int(original.batch.numpy())) == (2, 3)  # 17 = 7 + 7 + 3
+    expected = [next(stream)[0].numpy() for _ in range(12)]  # crosses two epoch boundaries
+
+    restored = DataPosition()
+    restored.epoch.assign(2)
+    restored.batch.assign(3)
+    restored.mark_restored()
+    resumed = restored.cycle(mh.as_dataset(data, 8, seed=1))
+    for want in expected:
+        np.testing.assert_array_equal(next(resumed)[0].numpy(), want)
+
+    fresh = DataPosition()  # without a restore, each cycle starts at the first batch again
+    fresh.epoch.assign(2)
+    np.testing.assert_array_equal(next(fresh.cycle(mh.as_dataset(data, 8, seed=1)))[0].numpy(),
+                                  next(iter(mh.as_dataset(data, 8, seed=1)))[0].numpy())
+
+    restored.batch.assign(9)
+    restored.mark_restored()
+    with pytest.raises(ValueError, match="has only 7 batches.*without the 'data' part"):
+        next(restored.cycle(mh.as_dataset(data, 8, seed=1)))
