@@ -362,3 +362,15 @@ def test_config_trunk_errors_name_the_key(tmp_path):
                     "train: {trunk: {aggregator: mgda}}\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: model.heads.b.every: must be 1 with trunk"):
         load_config(path)
+
+
+def test_readme_section_example_runs():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    section = readme.split("## Trunk gradient aggregation", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    trainer = namespace["trainer"]
+    assert int(trainer.trunk_optimizer.iterations) == 200
+    assert trainer.trunk_update.policy.aggregator == "pcgrad"
