@@ -237,10 +237,10 @@ def _part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappi
         elif kind == "heads":
             objects[part] = model.heads[name]
         elif kind == "rng":
-            objects[part] = tf.train.Checkpoint(
-                trunk=_seed_states(model.trunk),
-                heads=tf.train.Checkpoint(**{h: _seed_states(model.heads[h]) for h in model.head_names}),
-            )
+            objects[part] = _group({
+                "trunk": _seed_states(model.trunk),
+                "heads": _group({h: _seed_states(model.heads[h]) for h in model.head_names}),
+            })
         elif kind == "optimizers":
             objects[part] = trainer.optimizers[name]
         elif kind == "trunk_update":
@@ -263,9 +263,16 @@ def _root(objects: Mapping[str, Any]) -> tf.train.Checkpoint:
             top.setdefault(kind, {})[name] = obj
         else:
             top[kind] = obj
-    return tf.train.Checkpoint(**{
-        k: tf.train.Checkpoint(**v) if isinstance(v, dict) else v for k, v in top.items()
-    })
+    return tf.train.Checkpoint(**{k: _group(v) if isinstance(v, dict) else v for k, v in top.items()})
+
+
+def _group(children: Mapping[str, Any]) -> Any:
+    """A node whose children are exactly `children` (a head may be called `save` or `read`:
+    a `tf.train.Checkpoint` node would lose its methods to such names)."""
+    node = tf.__internal__.tracking.AutoTrackable()
+    for name, child in children.items():
+        setattr(node, name, child)
+    return node
 
 
 def _check_ready(model: MultiHeadModel, trainer: Trainer | None) -> None:
