@@ -365,8 +365,11 @@ class _FileGraph:
                 found += [f"{child.local_name}/{n}" for n in self.children(child.node_id)]
             elif child.local_name not in ("save_counter",):
                 found.append(child.local_name)
-        return sorted(found, key=lambda p: _ORDER.index(p.split("/")[0]) if p.split("/")[0] in _ORDER
-                      else len(_ORDER))
+        def key(part: str) -> tuple[int, str]:
+            kind = part.split("/")[0]
+            return (_ORDER.index(kind) if kind in _ORDER else len(_ORDER), part)
+
+        return sorted(found, key=key)
 
 
 def _label(path: str, var: Any) -> str:
