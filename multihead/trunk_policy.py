@@ -134,9 +134,11 @@ def resolve_trunk(trunk: str | TrunkPolicy | Mapping[str, Any] | None) -> TrunkP
 class TrunkUpdate(tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
-    Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`)
-    saves the trunk optimizer's slots, the loss weighting's variables (e.g. the
-    uncertainty log-variances) and PCGrad's generator state, not the trunk.
+    Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`,
+    or the `trunk_update` part of `multihead.checkpoints`) saves the trunk
+    optimizer (its slots, its iteration count and, as every Keras optimizer
+    tracks them, the variables it was built on), the loss weighting's variables
+    (e.g. the uncertainty log-variances) and PCGrad's generator state.
 
     Attributes:
         policy: the `TrunkPolicy`.
@@ -165,7 +167,7 @@ class TrunkUpdate(tf.Module):
             self.aggregator = get_aggregator(policy.aggregator, num_heads=k, **policy.options)
             self.weighting = None
         self.rng = tf.random.Generator.from_seed(policy.seed)
-        # Not a checkpoint dependency: restoring the trunk optimizer must not restore the trunk.
+        # Not a dependency of this module itself (the optimizer already tracks its variables).
         self.var_list: tuple[keras.Variable, ...] = self._no_dependency(())
 
     @classmethod
