@@ -19,6 +19,13 @@ shared: read the ratios, not the milliseconds.
 
     python benchmarks/aggregation_cost.py            # K = 2, 4, 8; 25 repeats of 20 steps
     python benchmarks/aggregation_cost.py --quick    # K = 2, 8; 9 repeats of 10 steps
+
+`--results` instead trains every `experiments/aggregation_*.yaml` (MMoE synthetic
+data at task correlation 0.1; only the trunk update differs) for seeds 0, 1, 2
+with the config builders and `Trainer(trunk=build_trunk(config))`, and prints
+the final eval MSE of each head and their mean (`--quick`: 500 steps, seed 0):
+
+    python benchmarks/aggregation_cost.py --results
 """
 
 from __future__ import annotations
@@ -109,10 +116,48 @@ def run(k: int, calls: int, repeats: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def train_results(quick: bool) -> None:
+    """Final eval MSE of every experiments/aggregation_*.yaml config, per seed."""
+    import glob
+
+    from multihead.builders import build_data, build_model, build_objectives, build_trunk
+    from multihead.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = sorted(glob.glob(os.path.join(root, "experiments", "aggregation_*.yaml")))
+    seeds = [0] if quick else [0, 1, 2]
+    print("final eval MSE (y1, y2; mean of the heads)")
+    for path in paths:
+        cells, means = [], []
+        for seed in seeds:
+            overrides = [f"seed={seed}"] + (["train.steps=500"] if quick else [])
+            config = load_config(path, overrides)
+            keras.utils.set_random_seed(config.seed)
+            data = build_data(config)
+            model = build_model(config, (None,) + data.x_train.shape[1:])
+            trainer = mh.Trainer(model, build_objectives(config), schedule=config.train.schedule,
+                                 trunk=build_trunk(config))
+            history = trainer.fit(data.train, config.train.steps,
+                                  batch_size=config.train.batch_size, eval_data=data.eval,
+                                  verbose=False, seed=config.seed)
+            losses = [history.eval[-1][1][h]["loss"] for h in model.head_names]
+            cells.append("/".join(f"{v:.4f}" for v in losses))
+            means.append(sum(losses) / len(losses))
+        name = os.path.basename(path)
+        print(f"{name:32s} " + "  ".join(f"seed {s}: {c} ({m:.3f})" for s, c, m in
+                                          zip(seeds, cells, means))
+              + f"  mean {statistics.mean(means):.3f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="K = 2, 8; fewer repeats")
+    parser.add_argument("--results", action="store_true",
+                        help="train the experiments/aggregation_*.yaml configs and print eval MSE")
     args = parser.parse_args(argv)
+    if args.results:
+        train_results(args.quick)
+        return 0
     ks, calls, repeats = ((2, 8), 10, 9) if args.quick else ((2, 4, 8), 20, 25)
     results = {k: run(k, calls, repeats) for k in ks}
     names = list(results[ks[0]])
