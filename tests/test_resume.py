@@ -122,6 +122,20 @@ def test_resumed_tensorboard_logs_have_each_step_once(tmp_path):
     assert {step for (run, tag, step) in stopped if tag == "loss/a"} == set(range(30))
 
 
+def test_rewind_never_rewrites_a_file_a_live_writer_has_open(tmp_path):
+    from multihead.checkpoints import rewind_events
+
+    live = _trainer(seed=0, dropout=0.0, log_dir=tmp_path)
+    _fit(live, 4)
+    live.monitor.flush()
+    before = _events(tmp_path)
+    assert rewind_events(tmp_path, saved_at=0.0) == 0  # every event is newer, but the file is open
+    assert _events(tmp_path) == before
+    live.close()
+    assert rewind_events(tmp_path, saved_at=0.0) > 0  # closed (as after a crash): rewound
+    assert _events(tmp_path) == {}
+
+
 # -- a real crash: SIGKILL of `multihead train`, then `multihead train --resume` -----------
 
 CONFIG = """\
