@@ -558,6 +558,7 @@ class CheckpointManager:
         self._manager = tf.train.CheckpointManager(
             _root(self._objects), self.directory, max_to_keep=keep, checkpoint_name="ckpt")
         self._last_saved: int | None = None
+        self._last_seen: int | None = None
 
     @property
     def parts(self) -> list[str]:
@@ -587,10 +588,16 @@ class CheckpointManager:
     def maybe_save(self, step: int) -> str | None:
         """The checkpoint cadence: called after each training step with the global step.
 
+        Saves when a multiple of `every` was reached since the previous call, so a
+        caller that advances several steps at once (several steps per execution)
+        still saves once per period, at the first step it sees past the multiple.
+
         Returns:
-            The checkpoint written, or None if `step` is not a multiple of `every`.
+            The checkpoint written, or None.
         """
-        if self.every and step % self.every == 0 and step != self._last_saved:
+        previous = self._last_seen if self._last_seen is not None else step - 1
+        self._last_seen = step
+        if self.every and step // self.every > previous // self.every and step != self._last_saved:
             return self.save()
         return None
 
@@ -644,7 +651,7 @@ class CheckpointManager:
             if rewind_logs and monitor is not None:
                 rewind_events(monitor.log_dir, float(self._clock.saved_at.numpy()))
             step = self.step_of(path)
-            self._last_saved = step
+            self._last_saved = self._last_seen = step
             return step
         raise CheckpointReadError(
             f"no readable checkpoint in {self.directory!r} (tried {', '.join(candidates)})"

@@ -259,3 +259,15 @@ def test_data_position_fast_forwards_a_fresh_dataset_to_the_same_batches():
     restored.mark_restored()
     with pytest.raises(ValueError, match="has only 7 batches.*without the 'data' part"):
         next(restored.cycle(mh.as_dataset(data, 8, seed=1)))
+
+
+def test_cadence_saves_once_per_period_even_when_steps_jump(tmp_path):
+    model = make_model()
+    trainer = _trainer(model)
+    manager = CheckpointManager(tmp_path, model, trainer, every=5, keep=10)
+    saved = []
+    for step in [1, 2, 4, 5, 6, 9, 12, 13, 16, 20, 20]:  # e.g. 1-4 steps per execution
+        trainer.step_variable.assign(step)
+        if manager.maybe_save(step):
+            saved.append(step)
+    assert saved == [5, 12, 16, 20]  # first step at or past 5, 10, 15 and 20; 20 only once
