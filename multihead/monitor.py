@@ -22,8 +22,11 @@ section per head):
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
 
 Cost: on steps that do not log, no summary work runs. Every piece of work sits in
-a `tf.cond` on the step counter, evaluated in the graph, and the writer is also
-gated with `tf.summary.record_if` given a callable on the step variable.
+a `tf.cond` on the step counter, evaluated in the graph (one per step for the
+weights snapshot, one per head for its summaries), and the writer is also gated
+with `tf.summary.record_if` given a callable on the step variable. The writer is
+not flushed by the step (it flushes when its queue fills; `Trainer.fit` and
+`close` flush).
 
 Because a head with `every > 1` updates inside a `tf.cond`, its gradient cannot
 leave that branch as a tensor; the monitor passes what later heads need (the
@@ -41,6 +44,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import keras
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
@@ -50,6 +54,7 @@ _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=No
 _SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
 _HISTOGRAM_BYTES = _HISTOGRAM_METADATA.SerializeToString()
 HISTOGRAM_BINS = 30
+_LOWER_CONDS = bool(os.environ.get("MULTIHEAD_LOWER_MONITOR_CONDS"))  # for benchmarks only
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -142,8 +147,8 @@ class Monitor:
 
     The train step drives it: `bind` once (eagerly, before tracing), then inside
     the traced step body `with monitor.recording(step):` around the updates, and
-    for each head `before_update(...)` then `head_update(...)` around the
-    optimizer's `apply_gradients`. See the module docstring for the tags.
+    `head_update(...)` right after each head's optimizer applied its gradients.
+    See the module docstring for the tags.
 
     Example:
         >>> import keras, numpy as np, tempfile, multihead as mh
@@ -189,8 +194,10 @@ class Monitor:
         # Set by `bind`.
         self._heads: tuple[str, ...] = ()
         self._trunk_ids: set[int] = set()
-        self._before: dict[int, tf.Variable] = {}
+        self._before: dict[int, tf.Variable] = {}  # id(variable) -> its weights before the update
+        self._variables: dict[int, keras.Variable] = {}
         self._lr: dict[str, tf.Variable] = {}
+        self._optimizers: dict[str, keras.optimizers.Optimizer] = {}
         self._trunk_grad: dict[str, list[tf.Variable]] = {}
         self._trunk_norm: dict[str, tf.Variable] = {}
         self._recorded_at: dict[str, tf.Variable] = {}
@@ -204,6 +211,7 @@ class Monitor:
         self,
         var_lists: Mapping[str, Sequence[keras.Variable]],
         trunk_variables: Sequence[keras.Variable],
+        optimizers: Mapping[str, keras.optimizers.Optimizer],
     ) -> None:
         """Creates the monitor's buffers for these heads; call once, eagerly, before tracing.
 
@@ -211,15 +219,18 @@ class Monitor:
             var_lists: head -> the variables its optimizer is built on, in head order.
             trunk_variables: the trunk's trainable variables; a head's gradient is
                 split into its trunk part and its head part by variable identity.
+            optimizers: head -> its optimizer (for the learning rate it applies).
         """
         self._heads = tuple(var_lists)
+        self._optimizers = dict(optimizers)
         self._trunk_ids = {id(v) for v in trunk_variables}
         trunk_heads = [h for h, vs in var_lists.items() if any(id(v) in self._trunk_ids for v in vs)]
         with tf.init_scope():
-            self._before = {}
+            self._before, self._variables = {}, {}
             for variables in var_lists.values():
                 for v in variables:
                     if id(v) not in self._before:
+                        self._variables[id(v)] = v
                         self._before[id(v)] = tf.Variable(
                             tf.zeros(v.shape, v.dtype), trainable=False, name="monitor_before")
             self._lr = {h: tf.Variable(0.0, trainable=False, name="monitor_lr") for h in self._heads}
@@ -285,6 +296,7 @@ class Monitor:
         due = lambda: tf.logical_or(self._scalars_due(step), self._histograms_due(step))  # noqa: E731
         try:
             with self._step_writer.as_default(step=step), tf.summary.record_if(due):
+                self._gated(self._scalars_due(step), self._snapshot)
                 yield
         finally:
             self._step, self._seen = None, []
@@ -295,7 +307,22 @@ class Monitor:
         return self._step
 
     def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
+        """`fn()` only when `due`, as a functional `If` that is not lowered.
+
+        Inside a `tf.function` TensorFlow normally lowers `tf.cond` to
+        Switch/Merge nodes, and then every node of the branch not taken is still
+        visited (as dead) on every step: measurable on steps that log nothing.
+        An `If` kept functional only calls the branch taken.
+        """
+        graph = tf.compat.v1.get_default_graph()
+        start = len(graph.get_operations())
         tf.cond(due, fn, _no_op)
+        if _LOWER_CONDS:
+            return
+        for op in graph.get_operations()[start:]:
+            if op.type in ("If", "StatelessIf"):
+                op._set_attr("_lower_using_switch_merge",  # noqa: SLF001
+                             attr_value_pb2.AttrValue(b=False))
 
     def _emit(self, tag: str, tensor: tf.Tensor, metadata: bytes) -> None:
         # Only called inside a branch that is already gated on the step: write
@@ -315,25 +342,19 @@ class Monitor:
     def _emit_histogram(self, tag: str, values: tf.Tensor) -> None:
         self._emit(tag, histogram_buckets(values), _HISTOGRAM_BYTES)
 
-    def before_update(
-        self,
-        head: str,
-        variables: Sequence[keras.Variable],
-        optimizer: keras.optimizers.Optimizer,
-    ) -> None:
-        """Called right before head `head`'s optimizer applies its gradients.
+    def _snapshot(self) -> None:
+        """Before any update of a logging step: the weights and the learning rates.
 
-        On logging steps it keeps the weights and the learning rate about to be
-        used, for `update_ratio` and `lr`.
+        One `tf.cond` for the whole step rather than one per head before each
+        apply: every cond costs a little even when not taken. Each head's branch
+        in `head_update` then refreshes the weights it changed, so the next head
+        measures its update from there.
         """
-        step = self._current_step("before_update")
-
-        def snapshot() -> None:
-            for v in variables:
-                self._before[id(v)].assign(v)
+        for ref, buffer in self._before.items():
+            buffer.assign(self._variables[ref])
+        for head, optimizer in self._optimizers.items():
+            # Read before any apply of this step: the rate this step's update uses.
             self._lr[head].assign(tf.cast(optimizer.learning_rate, tf.float32))
-
-        self._gated(self._scalars_due(step), snapshot)
 
     def head_update(
         self,
@@ -344,7 +365,7 @@ class Monitor:
         optimizer: keras.optimizers.Optimizer,
     ) -> None:
         """Called right after head `head`'s optimizer applied `grads` to `variables`."""
-        del optimizer  # its learning rate was read by `before_update`
+        del optimizer  # its learning rate was read before the step's first update
         step = self._current_step("head_update")
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         trunk = [(g, v) for g, v in pairs if id(v) in self._trunk_ids]
@@ -366,18 +387,27 @@ class Monitor:
             before = [self._before[id(v)] for v in variables]
             update = [v - w for v, w in zip(variables, before)]
             self._emit_scalar(f"update_ratio/{head}",
-                         tf.math.divide_no_nan(global_norm(update), global_norm(before)))
+                              tf.math.divide_no_nan(global_norm(update), global_norm(before)))
+            for v, w in zip(variables, before):
+                w.assign(v)  # the next head's update starts from here
             if trunk:
                 self._write_cosines(head, [g for g, _ in trunk], trunk_norm, earlier, step)
             self._recorded_at[head].assign(step)
 
-        self._gated(self._scalars_due(step), scalars)
-        if self.histograms_every:
-            def histograms() -> None:
-                for g, v in pairs:
-                    self._emit_histogram(f"grad_hist/{head}/{v.path}", _dense(g))
+        if not self.histograms_every:
+            self._gated(self._scalars_due(step), scalars)
+            return
 
+        def histograms() -> None:
+            for g, v in pairs:
+                self._emit_histogram(f"grad_hist/{head}/{v.path}", _dense(g))
+
+        def either() -> None:
+            self._gated(self._scalars_due(step), scalars)
             self._gated(self._histograms_due(step), histograms)
+
+        # One cond per head on steps that log nothing, the two cadences nested inside.
+        self._gated(tf.logical_or(self._scalars_due(step), self._histograms_due(step)), either)
 
     def _write_cosines(self, head: str, trunk_grads: list[_Grad], norm: tf.Tensor,
                        earlier: list[str], step: tf.Tensor) -> None:
@@ -386,7 +416,7 @@ class Monitor:
                 dot = flat_dot(self._trunk_grad[other], trunk_grads)
                 first, second = sorted((other, head), key=self._heads.index)
                 self._emit_scalar(f"grad_cosine/{first}/{second}",
-                             cosine(dot, self._trunk_norm[other], norm))
+                                  cosine(dot, self._trunk_norm[other], norm))
 
             self._gated(tf.equal(self._recorded_at[other], step), write)
         if head in self._trunk_grad:

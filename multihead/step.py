@@ -71,7 +71,8 @@ class TrainStep:
         self._step = step
         self._monitor = monitor
         if monitor is not None:  # its buffers must exist before the first trace
-            monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables)
+            monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
+                         {h.name: h.optimizer for h in self._heads})
         self.trace_count = 0
         self._fn = tf.function(self._body, jit_compile=jit_compile, reduce_retracing=True)
 
@@ -117,8 +118,6 @@ class TrainStep:
                 f"the loss of head {head.name!r} does not depend on any variable of its "
                 "var_list (trunk + head): check that the loss uses the head's output"
             )
-        if self._monitor:
-            self._monitor.before_update(head.name, head.var_list, head.optimizer)
         head.optimizer.apply_gradients(zip(grads, head.var_list))
         if self._monitor:
             self._monitor.head_update(head.name, loss, grads, head.var_list, head.optimizer)
