@@ -365,6 +365,7 @@ class _FileGraph:
                 found += [f"{child.local_name}/{n}" for n in self.children(child.node_id)]
             elif child.local_name not in ("save_counter",):
                 found.append(child.local_name)
+
         def key(part: str) -> tuple[int, str]:
             kind = part.split("/")[0]
             return (_ORDER.index(kind) if kind in _ORDER else len(_ORDER), part)

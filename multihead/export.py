@@ -17,7 +17,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Any, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
