@@ -54,7 +54,6 @@ _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=No
 _SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
 _HISTOGRAM_BYTES = _HISTOGRAM_METADATA.SerializeToString()
 HISTOGRAM_BINS = 30
-_LOWER_CONDS = bool(os.environ.get("MULTIHEAD_LOWER_MONITOR_CONDS"))  # for benchmarks only
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -168,8 +167,8 @@ class Monitor:
         every: scalars (losses, norms, lr, update ratios, cosines) are written on
             steps `0, every, 2*every, ...`.
         histograms_every: gradient histograms are written on steps
-            `0, histograms_every, ...`; 0 disables them. Histograms are costly to
-            trace (seconds) and to write, so keep this a multiple of `every`.
+            `0, histograms_every, ...`; 0 disables them. A histogram step costs
+            a few times a plain step, so keep this a multiple of `every`.
         variable_norms: also write each variable's gradient norm.
         grad_cosine: write the cosine of every pair of heads' trunk gradients.
     """
@@ -286,6 +285,7 @@ class Monitor:
             return tf.constant(False)
         return tf.equal(step % self.histograms_every, 0)
 
+    @tf.autograph.experimental.do_not_convert
     @contextlib.contextmanager
     def recording(self, step: tf.Tensor) -> Iterator[None]:
         """Context for the body of one compiled step taken at counter value `step`."""
@@ -317,8 +317,6 @@ class Monitor:
         graph = tf.compat.v1.get_default_graph()
         start = len(graph.get_operations())
         tf.cond(due, fn, _no_op)
-        if _LOWER_CONDS:
-            return
         for op in graph.get_operations()[start:]:
             if op.type in ("If", "StatelessIf"):
                 op._set_attr("_lower_using_switch_merge",  # noqa: SLF001
@@ -356,6 +354,9 @@ class Monitor:
             # Read before any apply of this step: the rate this step's update uses.
             self._lr[head].assign(tf.cast(optimizer.learning_rate, tf.float32))
 
+    # Plain graph building, no data-dependent Python: autograph must not rewrite it
+    # (it mangled the per-pair closures of `_write_cosines`).
+    @tf.autograph.experimental.do_not_convert
     def head_update(
         self,
         head: str,
@@ -411,14 +412,16 @@ class Monitor:
 
     def _write_cosines(self, head: str, trunk_grads: list[_Grad], norm: tf.Tensor,
                        earlier: list[str], step: tf.Tensor) -> None:
-        for other in earlier:  # heads updated before this one in this step, if they were due
-            def write(other: str = other) -> None:
+        def writer(other: str) -> Callable[[], None]:
+            def write() -> None:
                 dot = flat_dot(self._trunk_grad[other], trunk_grads)
                 first, second = sorted((other, head), key=self._heads.index)
                 self._emit_scalar(f"grad_cosine/{first}/{second}",
                                   cosine(dot, self._trunk_norm[other], norm))
+            return write
 
-            self._gated(tf.equal(self._recorded_at[other], step), write)
+        for other in earlier:  # heads updated before this one in this step, if they were due
+            self._gated(tf.equal(self._recorded_at[other], step), writer(other))
         if head in self._trunk_grad:
             for buffer, g in zip(self._trunk_grad[head], trunk_grads):
                 buffer.assign(_dense(g))
