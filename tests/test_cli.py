@@ -88,3 +88,16 @@ def test_seeded_runs_are_reproducible(tmp_path):
         finals.append(json.loads((tmp_path / name / "metrics.json").read_text())["eval"])
     assert finals[0] == finals[1]
     assert np.isfinite(finals[0]["y1"]["loss"])
+
+
+def test_config_trunk_aggregation_reaches_the_trainer(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = os.path.join(ROOT, "experiments", "aggregation_pcgrad.yaml")
+    run_dir = tmp_path / "run"
+    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"] + SMALL) == 0
+    events = EventAccumulator(str(run_dir / "train"))
+    events.Reload()
+    tags = events.Tags()["tensors"]
+    assert "agg_projections" in tags and "agg_weight/y1" in tags  # PCGrad ran
+    assert "grad_norm/y1/trunk" not in tags  # heads no longer update the trunk themselves

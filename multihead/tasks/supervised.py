@@ -10,7 +10,7 @@ import keras
 import yaml
 
 from multihead.baselines import constant_baseline
-from multihead.builders import build_data, build_model, build_objectives
+from multihead.builders import build_data, build_model, build_objectives, build_trunk
 from multihead.checkpoints import CheckpointManager, save_checkpoint
 from multihead.config import ConfigError, ExperimentConfig
 from multihead.data import MultiTaskData
@@ -26,6 +26,7 @@ class SupervisedRunner:
     data: MultiTaskData
     model: MultiHeadModel
     objectives: dict[str, Objective]
+    trunk: Any = "per_head"
 
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False) -> dict[str, Any]:
         """Trains and writes the run; with `resume`, continues from the run's latest checkpoint."""
@@ -34,7 +35,7 @@ class SupervisedRunner:
                           log_dir=run_dir, log_every=cfg.log.every,
                           histograms_every=cfg.log.histograms_every,
                           log_variable_norms=cfg.log.variable_norms,
-                          jit_compile=cfg.train.jit_compile)
+                          jit_compile=cfg.train.jit_compile, trunk=self.trunk)
         if trainer.monitor is not None and not resume:  # the resolved config, as text at step 0
             trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
@@ -94,4 +95,4 @@ def prepare(config: ExperimentConfig) -> SupervisedRunner:
     data = build_data(config)
     model = build_model(config, (None,) + data.x_train.shape[1:])
     objectives = build_objectives(config)
-    return SupervisedRunner(config, data, model, objectives)
+    return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config))
