@@ -38,7 +38,7 @@ import socket
 import tempfile
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import keras
 import tensorflow as tf
@@ -79,67 +79,6 @@ class CheckpointReadError(ValueError):
 
 
 # -- state that only checkpoints need -----------------------------------------------------
-
-
-class DataPosition(tf.Module):
-    """Where `Trainer.fit` is in its stream of batches, as variables a checkpoint saves.
-
-    `fit` cycles a dataset epoch by epoch, one new iterator per epoch (a shuffled
-    dataset reshuffles each time). The position is the number of iterators
-    started before the current one (`epoch`) and the batches taken from the
-    current one (`batch`). After a restore the next `cycle` fast-forwards a fresh
-    dataset to that position: it starts (and drops) `epoch` iterators, which draws
-    the same reshuffle seeds as the original run, then skips `batch` batches. So a
-    resumed run sees exactly the batches the uninterrupted run saw, for any
-    dataset that is deterministic given its seeds (array data is shuffled by
-    `as_dataset` with a fixed seed).
-    """
-
-    def __init__(self) -> None:
-        super().__init__(name="data_position")
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch")
-        self._resume = False
-
-    def mark_restored(self) -> None:
-        """The next `cycle` continues from the (restored) position instead of restarting."""
-        self._resume = True
-
-    def cycle(self, dataset: tf.data.Dataset) -> Iterator[Any]:
-        """Batches of `dataset`, epoch after epoch, forever, counting the position.
-
-        Raises:
-            ValueError: the dataset yields no batch, or fewer than the restored
-                position needs (it is not the data the checkpoint was trained on).
-        """
-        epoch, skip = int(self.epoch.numpy()), int(self.batch.numpy())
-        if not self._resume:
-            epoch, skip = 0, 0
-            self.epoch.assign(0)
-            self.batch.assign(0)
-        self._resume = False
-        for _ in range(epoch):
-            iter(dataset)  # draws this epoch's reshuffle seed, as the original run did
-        while True:
-            iterator = iter(dataset)
-            for i in range(skip):
-                if next(iterator, None) is None:
-                    raise ValueError(
-                        f"cannot resume the data stream at epoch {epoch}, batch {skip}: this epoch "
-                        f"has only {i} batches; resume with the data (and batch size and seed) "
-                        "the checkpoint was trained on, or, to train on other data, restore "
-                        "without the 'data' part"
-                    )
-            count = skip
-            for batch in iterator:
-                count += 1
-                self.batch.assign_add(1, read_value=False)  # ~12 us, the cheapest eager update
-                yield batch
-            if count == 0:
-                raise ValueError("the training data yielded no batch")
-            epoch, skip = epoch + 1, 0
-            self.epoch.assign(epoch)
-            self.batch.assign(0)
 
 
 class _RunClock(tf.Module):

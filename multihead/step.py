@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import keras
 import tensorflow as tf
@@ -47,12 +47,38 @@ def _regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
     return tf.add_n(losses) if losses else 0.0
 
 
-class TrainStep:
-    """One compiled update of all due heads; call it with a batch `(inputs, targets)`.
+class StepOutput(NamedTuple):
+    """What one compiled step returns, per head in head order.
 
-    Returns `(losses, updated)`: dicts head -> loss (NaN where the head was not
-    evaluated) and head -> whether its optimizer applied an update.
+    Attributes:
+        step: the step counter before the step.
+        losses: `(K,)` float32, NaN where the head was not evaluated.
+        updated: `(K,)` bool, whether the head's optimizer applied an update.
     """
+
+    step: tf.Tensor
+    losses: tf.Tensor
+    updated: tf.Tensor
+
+
+class StepsOutput(NamedTuple):
+    """What `TrainStep.run` returns for several steps in one call.
+
+    Attributes:
+        first_step: the step counter before the first step.
+        count: how many steps ran (fewer than asked at the end of the data).
+        losses: `(max_steps, K)`; rows past `count` are zeros.
+        updated: `(max_steps, K)` bool; rows past `count` are False.
+    """
+
+    first_step: tf.Tensor
+    count: tf.Tensor
+    losses: tf.Tensor
+    updated: tf.Tensor
+
+
+class TrainStep:
+    """One compiled update of all due heads: `step(inputs, targets)` or `step.run(iterator, n)`."""
 
     def __init__(
         self,
@@ -74,10 +100,49 @@ class TrainStep:
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads})
         self.trace_count = 0
-        self._fn = tf.function(self._body, jit_compile=jit_compile, reduce_retracing=True)
+        self._one = tf.function(self._single, jit_compile=jit_compile, reduce_retracing=True)
+        # XLA cannot compile the data iterator, so the loop stays plain and each step
+        # in it is the same (optionally jit-compiled) function.
+        self._jit_body = tf.function(self._body, jit_compile=True) if jit_compile else self._body
+        self._many = tf.function(self._multi, reduce_retracing=True)
 
-    def __call__(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-        return self._fn(inputs, targets)
+    def __call__(self, inputs: Any, targets: Any) -> StepOutput:
+        """One step on one batch."""
+        return self._one(inputs, targets)
+
+    def run(self, iterator: Any, max_steps: int) -> StepsOutput:
+        """Up to `max_steps` steps in one compiled call, taking batches from `iterator`.
+
+        Fewer steps are run if the iterator is exhausted first (the end of an
+        epoch); `StepsOutput.count` says how many. Logging cadence and `every`
+        schedules are decided per step in the graph, exactly as with single steps.
+        """
+        return self._many(iterator, tf.constant(max_steps, tf.int32))
+
+    def _stack(self, values: Mapping[str, tf.Tensor], dtype: tf.DType) -> tf.Tensor:
+        return tf.stack([tf.cast(values[h.name], dtype) for h in self._heads])
+
+    def _single(self, inputs: Any, targets: Any) -> StepOutput:
+        step = self._step.read_value()
+        losses, updated = self._body(inputs, targets)
+        return StepOutput(step, self._stack(losses, tf.float32), self._stack(updated, tf.bool))
+
+    def _multi(self, iterator: Any, max_steps: tf.Tensor) -> StepsOutput:
+        first = self._step.read_value()
+        k = len(self._heads)
+        losses = tf.TensorArray(tf.float32, size=max_steps, element_shape=[k])
+        updated = tf.TensorArray(tf.bool, size=max_steps, element_shape=[k])
+        count = tf.constant(0)
+        for i in tf.range(max_steps):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            inputs, targets = batch.get_value()
+            step_losses, step_updated = self._jit_body(inputs, targets)
+            losses = losses.write(i, self._stack(step_losses, tf.float32))
+            updated = updated.write(i, self._stack(step_updated, tf.bool))
+            count = i + 1
+        return StepsOutput(first, count, losses.stack(), updated.stack())
 
     def _body(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
         self.trace_count += 1  # Python side effect: runs once per trace, not per step

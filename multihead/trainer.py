@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.checkpoints import CheckpointManager, DataPosition
-from multihead.data import as_dataset
+from multihead.checkpoints import CheckpointManager
+from multihead.data import DataPosition, as_dataset
 from multihead.model import MultiHeadModel
 from multihead.monitor import Monitor
 from multihead.objectives import (
@@ -59,6 +59,11 @@ class History:
     def losses(self, head: str) -> np.ndarray:
         """The training losses of `head`, one per update, as an array."""
         return np.array([loss for _, loss in self.train.get(head, [])])
+
+
+def _zeros_for_spec(spec: tf.TensorSpec) -> tf.Tensor:
+    """A one-example zero batch for a tensor spec (unknown dimensions become 1)."""
+    return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
 
 
 def _split_batch(batch: Any) -> tuple[Any, Any]:
@@ -154,6 +159,8 @@ class Trainer:
             if log_dir is not None else None
         )
         self._jit_compile = jit_compile
+        self._needs_targets = {h: needs_own_targets(loss) for h, loss in self.loss_fns.items()}
+        self._checked_keys: frozenset[str] | None = None
         self._train_step: TrainStep | None = None
         self._predict = tf.function(lambda x: self.model(x, training=False), reduce_retracing=True)
         if model.built:
@@ -231,8 +238,12 @@ class Trainer:
         return targets
 
     def _check_targets(self, targets: Any) -> None:
-        needs = {h: needs_own_targets(loss) for h, loss in self.loss_fns.items()}
-        check_targets(targets, list(self.objectives), needs, strict=all(needs.values()))
+        keys = frozenset(targets) if isinstance(targets, Mapping) else None
+        if keys is not None and keys == self._checked_keys:
+            return  # this key set was validated already: keep the per-step path lean
+        check_targets(targets, list(self.objectives), self._needs_targets,
+                      strict=all(self._needs_targets.values()))
+        self._checked_keys = keys
 
     def step(self, batch: Any) -> StepResult:
         """Runs one compiled update on `batch = (inputs, targets)`.
@@ -243,14 +254,13 @@ class Trainer:
         inputs, targets = _split_batch(batch)
         targets = self._targets(targets)
         self._check_targets(targets)
-        return self._run_step(inputs, targets)
+        output = self._ensure_built(inputs)(inputs, targets)
+        return self._result(int(output.step), output.losses.numpy(), output.updated.numpy())
 
-    def _run_step(self, inputs: Any, targets: Any) -> StepResult:
-        train_step = self._ensure_built(inputs)
-        step = self.global_step
-        losses, updated = train_step(inputs, targets)
-        done = tuple(h for h in self.objectives if bool(updated[h]))
-        return StepResult(step=step, losses={h: float(losses[h]) for h in done}, updated=done)
+    def _result(self, step: int, losses: np.ndarray, updated: np.ndarray) -> StepResult:
+        done = tuple(h for h, flag in zip(self.objectives, updated) if flag)
+        values = {h: float(v) for h, v, flag in zip(self.objectives, losses, updated) if flag}
+        return StepResult(step=step, losses=values, updated=done)
 
     def fit(
         self,
@@ -263,6 +273,7 @@ class Trainer:
         verbose: bool = True,
         seed: int | None = 0,
         checkpoints: CheckpointManager | None = None,
+        steps_per_execution: int = 1,
     ) -> History:
         """Trains for `steps` steps, cycling through `data` as often as needed.
 
@@ -272,53 +283,85 @@ class Trainer:
             steps: number of training steps.
             batch_size: batch size for array data.
             eval_data: data for `evaluate`, run every `eval_every` steps and at the end.
-            eval_every: evaluation period in steps (None: only at the end).
+            eval_every: evaluation period in (global) steps (None: only at the end).
             verbose: print a progress line (steps/s, ETA, per-head losses) to stderr.
             seed: shuffle seed for array data.
             checkpoints: saves a checkpoint whenever the global step is a multiple
                 of its `every` (after that step's evaluation). After
                 `checkpoints.restore_latest()`, `fit` continues the data stream
                 where the checkpoint left it, so the resumed run is exact.
+            steps_per_execution: steps run inside one compiled call (a loop over the
+                data iterator in the graph), so Python dispatch does not dominate
+                small models. Results, logging, evaluation and checkpoint steps are
+                exactly those of `steps_per_execution=1`: calls end at those steps.
 
         Returns:
             The per-head history of training losses and evaluations.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        for name, value in [("steps", steps), ("steps_per_execution", steps_per_execution)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if eval_every is not None and eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every!r}")
-        dataset = as_dataset(data, batch_size, shuffle=True, seed=seed)
-        batches = self.data_position.cycle(dataset)
+        dataset = self._labelled(as_dataset(data, batch_size, shuffle=True, seed=seed))
+        inputs_spec, targets_spec = dataset.element_spec
+        self._check_targets(targets_spec)
+        train_step = self._ensure_built(tf.nest.map_structure(_zeros_for_spec, inputs_spec))
         history = History(train={h: [] for h in self.objectives})
         progress = Progress(steps) if verbose else None
         start = time.perf_counter()
-        checked = False
-        for done in range(1, steps + 1):
-            inputs, targets = _split_batch(next(batches))
-            targets = self._targets(targets)
-            if not checked:
-                self._check_targets(targets)
-                checked = True
-            result = self._run_step(inputs, targets)
-            for head, loss in result.losses.items():
-                history.train[head].append((result.step, loss))
-                if not math.isfinite(loss):
-                    raise FloatingPointError(
-                        f"the loss of head {head!r} became {loss} at step {result.step}"
-                    )
-            if progress:
-                progress.update(done, result.losses, force=done == steps)
-            if eval_data is not None and (
-                    done == steps or (eval_every and self.global_step % eval_every == 0)):
-                metrics = self.evaluate(eval_data, batch_size=batch_size)
-                history.eval.append((self.global_step, metrics))
-            self._after_step(checkpoints)
+        done = 0
+        for iterator in self.data_position.epochs(dataset):
+            while done < steps:
+                periods = [eval_every if eval_data is not None else None,
+                           checkpoints.every if checkpoints is not None else None]
+                chunk = min([steps - done, steps_per_execution]
+                            + [p - self.global_step % p for p in periods if p])
+                out = train_step.run(iterator, chunk)
+                count = int(out.count)
+                if count == 0:
+                    break  # end of this epoch
+                self.data_position.advance(count)
+                losses, updated = out.losses.numpy(), out.updated.numpy()
+                for i in range(count):
+                    self._record(history, self._result(int(out.first_step) + i, losses[i], updated[i]))
+                done += count
+                if progress:
+                    last = self._result(0, losses[count - 1], updated[count - 1])
+                    progress.update(done, last.losses, force=done == steps)
+                if eval_data is not None and (
+                        done == steps or (eval_every and self.global_step % eval_every == 0)):
+                    metrics = self.evaluate(eval_data, batch_size=batch_size)
+                    history.eval.append((self.global_step, metrics))
+                self._after_step(checkpoints)
+            if done >= steps:
+                break
         if progress:
             progress.close(steps)
         history.wall_time = time.perf_counter() - start
         if self.monitor:
             self.monitor.flush()
         return history
+
+    def _labelled(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """A single-head dataset with bare labels becomes `(inputs, {head: labels})`."""
+        spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) == 2):
+            raise TypeError(
+                "the training data must yield pairs (inputs, targets) with targets a dict "
+                f"head -> labels; its elements are {spec}"
+            )
+        if not isinstance(spec[1], Mapping) and len(self.objectives) == 1:
+            head = next(iter(self.objectives))
+            return dataset.map(lambda x, y: (x, {head: y}))
+        return dataset
+
+    @staticmethod
+    def _record(history: History, result: StepResult) -> None:
+        for head, loss in result.losses.items():
+            history.train[head].append((result.step, loss))
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"the loss of head {head!r} became {loss} at step {result.step}")
 
     def _after_step(self, checkpoints: CheckpointManager | None) -> None:
         """Runs after every step of `fit` (and its evaluation): the checkpoint cadence."""

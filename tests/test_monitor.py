@@ -217,7 +217,7 @@ def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
     # Ops without outputs are not traced by tfdbg: check those in the step's graph. Writes
     # only exist inside the gated branches, and the writer is not flushed on every step.
     x, y = make_batch(("a", "b"), seed=0)
-    graph = on._train_step._fn.get_concrete_function(x, y).graph  # noqa: SLF001
+    graph = on._train_step._one.get_concrete_function(x, y).graph  # noqa: SLF001
     top_level = {op.type for op in graph.get_operations()}
     assert not {"WriteSummary", "FlushSummaryWriter"} & top_level
     assert "If" in top_level or "StatelessIf" in top_level

@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import multihead as mh
-from conftest import make_batch, make_model
+from conftest import make_batch, make_model, weights
 
 
 def _objectives(**overrides):
@@ -134,3 +134,37 @@ def test_per_head_losses_go_to_tensorboard_at_the_cadence(tmp_path):
     assert [s for s, _ in _scalars(train_dir, "loss/b")] == [0, 6]  # b updates on even steps only
     assert glob.glob(os.path.join(tmp_path, "eval", "events.*"))
     assert [s for s, _ in _scalars(os.path.join(tmp_path, "eval"), "loss/a")] == [10]
+
+
+def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
+    """Same weights, history, evaluations, logged steps and checkpoint steps as one step per call."""
+    from multihead.checkpoints import CheckpointManager
+
+    data = mh.mmoe_synthetic(tasks=["a", "b"], train_size=200, eval_size=50, input_dim=5, seed=3)
+    runs = {}
+    for spe in [1, 7]:
+        model = make_model(seed=4, dropout=0.2)
+        trainer = mh.Trainer(model, _objectives(b=mh.Objective("mse", every=2)),
+                             log_dir=str(tmp_path / f"spe{spe}"), log_every=3)
+        manager = CheckpointManager(str(tmp_path / f"ckpt{spe}"), model, trainer, every=5, keep=100)
+        history = trainer.fit(data.train, steps=40, batch_size=16, eval_data=data.eval,
+                              eval_every=10, verbose=False, checkpoints=manager,
+                              steps_per_execution=spe)  # 13 batches per epoch: calls cross epochs
+        trainer.close()
+        runs[spe] = (weights(model.trainable_variables), history,
+                     sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / f"ckpt{spe}" / "*.index"))),
+                     _scalars(str(tmp_path / f"spe{spe}" / "train"), "loss/b"))
+    (w1, h1, c1, s1), (w7, h7, c7, s7) = runs[1], runs[7]
+    for a, b in zip(w1, w7):
+        np.testing.assert_array_equal(a, b)
+    assert h1.train == h7.train and len(h7.train["b"]) == 20
+    assert [s for s, _ in h1.eval] == [s for s, _ in h7.eval] == [10, 20, 30, 40]
+    assert h1.eval == h7.eval
+    assert c1 == c7 and len(c7) == 8  # steps 5, 10, ..., 40
+    assert s1 == s7 and [s for s, _ in s7] == [0, 6, 12, 18, 24, 30, 36]
+
+
+def test_fit_with_steps_per_execution_traces_once():
+    trainer = mh.Trainer(make_model(), _objectives(b=mh.Objective("mse", every=3)))
+    trainer.fit(make_batch(n=64), steps=50, batch_size=8, steps_per_execution=6, verbose=False)
+    assert trainer.trace_count == 1 and trainer.global_step == 50
