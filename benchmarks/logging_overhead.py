@@ -3,6 +3,7 @@
     python benchmarks/logging_overhead.py            # ~3 min on 2 cores
     python benchmarks/logging_overhead.py --quick    # ~40 s
     python benchmarks/logging_overhead.py --cpu      # process CPU time, TF on one thread
+    python benchmarks/logging_overhead.py --width 1024   # a bigger trunk
 
 Identical trainers (same model, same batch) that differ only in their monitor are
 timed side by side in one process, calling the compiled train step directly (the
@@ -47,11 +48,11 @@ tf.get_logger().setLevel("ERROR")  # one trace per trainer is expected, not a re
 
 
 def make_trainer(heads: list[str], log_dir: str | None, every: int, histograms_every: int,
-                 input_dim: int) -> mh.Trainer:
+                 input_dim: int, width: int = 256) -> mh.Trainer:
     keras.utils.set_random_seed(0)
     model = mh.MultiHeadModel(
-        trunk=keras.Sequential([keras.layers.Dense(256, activation="relu"),
-                                keras.layers.Dense(256, activation="relu")]),
+        trunk=keras.Sequential([keras.layers.Dense(width, activation="relu"),
+                                keras.layers.Dense(width, activation="relu")]),
         heads={h: keras.layers.Dense(1) for h in heads},
     )
     model.build((None, input_dim))
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--histograms-every", type=int, default=1000)
     parser.add_argument("--heads", type=int, nargs="+", help="numbers of heads (default 2 4)")
+    parser.add_argument("--width", type=int, default=256, help="trunk width (default 256)")
     parser.add_argument("--repeats", type=int, help="windows per variant (default 40, quick 10)")
     args = parser.parse_args()
     if args.cpu:
@@ -92,7 +94,7 @@ def main() -> None:
     cadences = {"quiet": (never, never), "scalars": (1, 0), "all": (1, 1),
                 "default": (args.every, args.histograms_every)}
 
-    print(f"trunk Dense {input_dim}->256->256 relu, K Dense(1) heads, Adam, batch {batch}; "
+    print(f"trunk Dense {input_dim}->{args.width}->{args.width} relu, K Dense(1) heads, Adam, batch {batch}; "
           f"{'CPU time, 1 thread' if args.cpu else 'wall time'}; median over {repeats} repeats "
           f"of the ratio of a {window}-step window to the repeat's unmonitored windows")
     rows = [("K", "off ms/step", "off twin", "quiet", "scalars", "all", "default (direct)",
@@ -101,12 +103,13 @@ def main() -> None:
         for k in heads_list:
             heads = [f"y{i}" for i in range(k)]
             y = {h: tf.constant(rng.standard_normal((batch, 1)).astype("float32")) for h in heads}
-            off = make_trainer(heads, None, 1, 0, input_dim)
-            trainers = {name: make_trainer(heads, os.path.join(tmp, f"{k}-{name}"), *cad, input_dim)
+            off = make_trainer(heads, None, 1, 0, input_dim, args.width)
+            trainers = {name: make_trainer(heads, os.path.join(tmp, f"{k}-{name}"), *cad, input_dim,
+                                           args.width)
                         for name, cad in cadences.items()}
             for trainer in [off, *trainers.values()]:
                 trainer.step((x, y))  # trace and build outside the timing
-            trainers["off twin"] = make_trainer(heads, None, 1, 0, input_dim)  # the noise floor
+            trainers["off twin"] = make_trainer(heads, None, 1, 0, input_dim, args.width)  # the noise floor
             trainers["off twin"].step((x, y))
             off_times: list[float] = []
             ratios: dict[str, list[float]] = {name: [] for name in trainers}
