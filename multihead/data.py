@@ -240,12 +240,13 @@ def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
     if len(lengths) != 1:
         raise ValueError(f"inputs and targets have different numbers of examples: {sorted(lengths)}")
     n = lengths.pop()
-    ds = tf.data.Dataset.from_tensor_slices((inputs, targets))
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, (inputs, targets))
+    # Shuffle and batch example *indices*, then gather each batch in one op: slicing
+    # the arrays into examples and re-batching them costs per example and was the
+    # bottleneck of small models (~150 batches/s for 256 x 68 floats).
+    indices = tf.data.Dataset.range(n)
     if shuffle:
-        ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-
-
-def num_examples(targets: Mapping[str, Any]) -> int:
-    """Number of examples in a targets dict."""
-    return len(next(iter(targets.values())))
+        indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+    ds = indices.batch(batch_size).map(
+        lambda idx: tf.nest.map_structure(lambda a: tf.gather(a, idx), arrays))
+    return ds.prefetch(tf.data.AUTOTUNE)
