@@ -214,9 +214,10 @@ def step_table(ks, widths, sizes, repeats):
 
 def fit_table(k, width, size, steps, repeats, steps_per_execution):
     init = initial_weights(k, width)
+    arrays = batch(k, size * 64, seed=2)
     ds = pipeline(k, size)
     hand, tf1, trainer = HandTF2(init, width), TF1(init, width), multihead_trainer(init, width)
-    batches = [batch(k, size, seed=s) for s in range(8)]
+    rng = np.random.default_rng(0)
 
     def naive():
         for x, ys in ds.take(steps):
@@ -224,9 +225,12 @@ def fit_table(k, width, size, steps, repeats, steps_per_execution):
         return out
 
     def tf1_loop():
+        # The classic input path: a numpy permutation per epoch, fancy-indexed batches, feed_dict.
+        x_all, ys_all = arrays
+        order = rng.permutation(len(x_all))
         for i in range(steps):
-            x, ys = batches[i % len(batches)]
-            out = tf1.step(x, ys)
+            idx = order[(i * size) % len(x_all):][:size]
+            out = tf1.step(x_all[idx], {h: y[idx] for h, y in ys_all.items()})
         return out
 
     def fit(spe):
