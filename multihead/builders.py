@@ -143,6 +143,16 @@ def build_trunk(config: ExperimentConfig) -> Any:
                        seed=config.seed if trunk.seed is None else trunk.seed)
 
 
+def build_strategy(config: ExperimentConfig) -> Any:
+    """The `tf.distribute` strategy of `config.distribute`, or None (`strategy: none`)."""
+    from multihead.distribute import make_strategy
+
+    try:
+        return make_strategy(config.distribute.strategy, config.distribute.devices)
+    except ValueError as err:
+        raise ConfigError(f"distribute: {err}") from None
+
+
 def build_data(config: ExperimentConfig) -> MultiTaskData:
     """The synthetic data of `config.data`, one task per head unless `data.tasks` says otherwise."""
     data = config.data

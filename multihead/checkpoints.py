@@ -499,6 +499,8 @@ class CheckpointManager:
             _root(self._objects), self.directory, max_to_keep=keep, checkpoint_name="ckpt")
         self._last_saved: int | None = None
         self._last_seen: int | None = None
+        # Non-chief workers of a multi-worker run do not write into `directory`.
+        self._chief = bool(getattr(trainer, "is_chief", True)) if trainer is not None else True
 
     @property
     def parts(self) -> list[str]:
@@ -552,6 +554,16 @@ class CheckpointManager:
         return path
 
     def _write(self, step: int) -> str:
+        if not self._chief:
+            # As tf.distribute's multi-worker guide does: a non-chief worker writes to a
+            # scratch directory it deletes, so that it takes part in whatever collective
+            # reads saving involves, and only the chief's checkpoint remains.
+            scratch = tempfile.mkdtemp(prefix="multihead-worker-ckpt-")
+            try:
+                _root(self._objects).write(os.path.join(scratch, f"ckpt-{step}"))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return os.path.join(self.directory, f"ckpt-{step}")
         return self._manager.save(checkpoint_number=step)
 
     def restore_latest(self, rewind_logs: bool = True) -> int | None:

@@ -94,7 +94,8 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 #: Config keys that may change when a run is resumed (the rest must equal the run's config).
-_RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep")
+_RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep",
+                      "distribute.strategy", "distribute.devices")
 
 
 def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> str:

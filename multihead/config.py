@@ -199,6 +199,17 @@ class ActorCriticConfig:
 
 
 @dataclasses.dataclass
+class DistributeConfig:
+    """`distribute:` scale-out through tf.distribute (task supervised; see README)."""
+
+    strategy: str = _field("none", choices=("none", "mirrored", "multi_worker"),
+                           doc="mirrored: the devices of this machine; multi_worker: the "
+                               "workers named by the TF_CONFIG environment variable")
+    devices: Union[list[str], None] = _field(
+        None, doc="mirrored only, e.g. [/gpu:0, /gpu:1]; default: every GPU, else every CPU device")
+
+
+@dataclasses.dataclass
 class ExperimentConfig:
     """A whole experiment file."""
 
@@ -212,6 +223,7 @@ class ExperimentConfig:
     train: TrainConfig = _field(TrainConfig())
     log: LogConfig = _field(LogConfig())
     checkpoint: CheckpointConfig = _field(CheckpointConfig())
+    distribute: DistributeConfig = _field(DistributeConfig())
 
 
 # -- validation ------------------------------------------------------------------------
@@ -310,6 +322,7 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         if not config.model.heads:
             raise ConfigError("model.heads: at least one head is required")
         config.train.trunk = _check_trunk(config)
+        _check_distribute(config)
         for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
                                ("actor_critic", ("actor_critic",))):
             if getattr(config, section) is not None and config.task not in tasks:
@@ -318,6 +331,36 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         return config
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _check_distribute(config: ExperimentConfig) -> None:
+    """`distribute` against the task and the training options it does not support."""
+    dist = config.distribute
+    if dist.devices is not None and dist.strategy != "mirrored":
+        raise ConfigError(f"distribute.devices: only used with strategy mirrored, but strategy is "
+                          f"{dist.strategy!r}; remove devices")
+    if dist.devices is not None and not dist.devices:
+        raise ConfigError("distribute.devices: the list is empty; name devices such as /gpu:0 "
+                          "or remove the key")
+    if dist.strategy == "none":
+        return
+    if config.task != "supervised":
+        raise ConfigError(f"distribute.strategy: {dist.strategy} is only supported with task "
+                          f"supervised, but task is {config.task!r}; set distribute.strategy: none")
+    if config.train.jit_compile:
+        raise ConfigError("train.jit_compile: true is not supported with distribute.strategy "
+                          f"{dist.strategy}; set it to false")
+    trunk = config.train.trunk
+    if isinstance(trunk, TrunkConfig):
+        from multihead.loss_weighting import LOSS_WEIGHTINGS  # TF import: only when used
+
+        if trunk.rep_grad:
+            raise ConfigError("train.trunk.rep_grad: true is not supported with distribute."
+                              f"strategy {dist.strategy}; set it to false")
+        if trunk.aggregator in LOSS_WEIGHTINGS:
+            raise ConfigError(f"train.trunk.aggregator: {trunk.aggregator} (a loss weighting) is "
+                              f"not supported with distribute.strategy {dist.strategy}; use a "
+                              "gradient aggregator such as sum, mean, pcgrad or mgda")
 
 
 def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:

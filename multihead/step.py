@@ -11,6 +11,9 @@ Two schedules:
 
 A head with `every=n` is due on steps where `step % n == 0`; the test is made in
 the graph on the step variable, so mixed cadences never retrace the step.
+
+With a `tf.distribute` strategy, gradients are taken and all-reduced in replica
+context and applied in cross-replica context (see `multihead.distribute`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import keras
 import tensorflow as tf
 
+from multihead import distribute
 from multihead.model import MultiHeadModel
 from multihead.monitor import Monitor
 from multihead.objectives import HeadLoss
@@ -88,6 +92,7 @@ class TrainStep:
         step: tf.Variable,
         monitor: Monitor | None = None,
         jit_compile: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -96,6 +101,10 @@ class TrainStep:
         self._schedule = schedule
         self._step = step
         self._monitor = monitor
+        self._strategy = strategy
+        if strategy is not None and jit_compile:
+            raise ValueError("jit_compile=True is not supported with a tf.distribute strategy; "
+                             "set jit_compile=False")
         if monitor is not None:  # its buffers must exist before the first trace
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads})
@@ -107,7 +116,10 @@ class TrainStep:
         self._many = tf.function(self._multi, reduce_retracing=True)
 
     def __call__(self, inputs: Any, targets: Any) -> StepOutput:
-        """One step on one batch."""
+        """One step on one batch (split across the replicas under a strategy)."""
+        if self._strategy is not None:
+            distribute.check_not_in_scope(self._strategy)
+            inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
         return self._one(inputs, targets)
 
     def run(self, iterator: Any, max_steps: int) -> StepsOutput:
@@ -116,7 +128,10 @@ class TrainStep:
         Fewer steps are run if the iterator is exhausted first (the end of an
         epoch); `StepsOutput.count` says how many. Logging cadence and `every`
         schedules are decided per step in the graph, exactly as with single steps.
+        Under a strategy, `iterator` iterates a distributed dataset.
         """
+        if self._strategy is not None:
+            distribute.check_not_in_scope(self._strategy)
         return self._many(iterator, tf.constant(max_steps, tf.int32))
 
     def _stack(self, values: Mapping[str, tf.Tensor], dtype: tf.DType) -> tf.Tensor:
@@ -149,7 +164,9 @@ class TrainStep:
         step = self._step.read_value()
         recording = self._monitor.recording(step) if self._monitor else contextlib.nullcontext()
         with recording:
-            if self._schedule == "simultaneous":
+            if self._strategy is not None:
+                result = self._replicated(inputs, targets, step)
+            elif self._schedule == "simultaneous":
                 result = self._simultaneous(inputs, targets, step)
             else:
                 result = self._sequential(inputs, targets, step)
@@ -163,6 +180,10 @@ class TrainStep:
                 f"the loss of head {head.name!r} must be a scalar, got shape {loss.shape}; "
                 "reduce it (e.g. tf.reduce_mean) inside the loss function"
             )
+        if self._strategy is not None and getattr(head.loss, "elementwise", False):
+            # A Keras Loss object in replica context already divides its batch mean by the
+            # number of replicas; undo it: `distribute.replica_scale` does the scaling.
+            loss = loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype)
         return tf.cast(loss, tf.float32)
 
     def _objective(self, head: HeadUpdate, loss: tf.Tensor, trunk_reg: Any) -> tf.Tensor:
@@ -177,28 +198,51 @@ class TrainStep:
 
     def _apply(self, head: HeadUpdate, objective: tf.Tensor, loss: tf.Tensor,
                tape: tf.GradientTape) -> None:
+        self._apply_gradients(head, self._gradients(head, objective, tape), loss)
+
+    def _gradients(self, head: HeadUpdate, objective: tf.Tensor,
+                   tape: tf.GradientTape) -> list[tf.Tensor | None]:
         grads = tape.gradient(objective, list(head.var_list))
         if all(g is None for g in grads):
             raise ValueError(
                 f"the loss of head {head.name!r} does not depend on any variable of its "
                 "var_list (trunk + head): check that the loss uses the head's output"
             )
+        return grads
+
+    def _apply_gradients(self, head: HeadUpdate, grads: Sequence[tf.Tensor | None],
+                         loss: tf.Tensor) -> None:
         head.optimizer.apply_gradients(zip(grads, head.var_list))
         if self._monitor:
             self._monitor.head_update(head.name, loss, grads, head.var_list, head.optimizer)
 
-    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
+    def _forward(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        """One forward pass (inside the caller's tape): per-head losses and objectives."""
         model = self._model
+        feats = model.features(inputs, training=True)
+        stopped = tf.nest.map_structure(tf.stop_gradient, feats)
+        trunk_reg = _regularization(model.trunk)
+        losses, objectives = {}, {}
+        for head in self._heads:
+            output = model.head_output(head.name, feats if head.trains_trunk else stopped,
+                                       training=True)
+            losses[head.name] = self._head_loss(head, inputs, targets, output)
+            objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
+        return losses, objectives
+
+    def _head_forward(self, head: HeadUpdate, inputs: Any, targets: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        """One head's forward pass (inside the caller's tape): its loss and objective."""
+        model = self._model
+        feats = model.features(inputs, training=True)
+        if not head.trains_trunk:
+            feats = tf.nest.map_structure(tf.stop_gradient, feats)
+        output = model.head_output(head.name, feats, training=True)
+        loss = self._head_loss(head, inputs, targets, output)
+        return loss, self._objective(head, loss, _regularization(model.trunk))
+
+    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
         with tf.GradientTape(persistent=True) as tape:
-            feats = model.features(inputs, training=True)
-            stopped = tf.nest.map_structure(tf.stop_gradient, feats)
-            trunk_reg = _regularization(model.trunk)
-            losses, objectives = {}, {}
-            for head in self._heads:
-                output = model.head_output(head.name, feats if head.trains_trunk else stopped,
-                                           training=True)
-                losses[head.name] = self._head_loss(head, inputs, targets, output)
-                objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
+            losses, objectives = self._forward(inputs, targets)
         updated = {}
         for head in self._heads:
             def update(head: HeadUpdate = head) -> tf.Tensor:
@@ -210,18 +254,69 @@ class TrainStep:
         return losses, updated
 
     def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor):
-        model = self._model
         losses, updated = {}, {}
         for head in self._heads:
             def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor]:
                 with tf.GradientTape() as tape:
-                    feats = model.features(inputs, training=True)
-                    if not head.trains_trunk:
-                        feats = tf.nest.map_structure(tf.stop_gradient, feats)
-                    output = model.head_output(head.name, feats, training=True)
-                    loss = self._head_loss(head, inputs, targets, output)
-                    objective = self._objective(head, loss, _regularization(model.trunk))
+                    loss, objective = self._head_forward(head, inputs, targets)
                 self._apply(head, objective, loss, tape)
+                return loss, tf.constant(True)
+
+            def skipped() -> tuple[tf.Tensor, tf.Tensor]:
+                return tf.constant(float("nan")), tf.constant(False)
+
+            losses[head.name], updated[head.name] = self._when_due(head, step, update, skipped)
+        return losses, updated
+
+    # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
+
+    def _replicated(self, inputs: Any, targets: Any, step: tf.Tensor):
+        """The step under a strategy; `inputs`, `targets` are per-replica values."""
+        if self._schedule == "simultaneous":
+            return self._replicated_simultaneous(inputs, targets, step)
+        return self._replicated_sequential(inputs, targets, step)
+
+    def _replicated_simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
+        def gradients(inputs: Any, targets: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+            scale = distribute.replica_scale(inputs)
+            with tf.GradientTape(persistent=True) as tape:
+                losses, objectives = self._forward(inputs, targets)
+                scaled = {h: objective * scale for h, objective in objectives.items()}
+            # Every head's gradient, due or not: an all-reduce cannot sit in a tf.cond here.
+            grads = {h.name: self._gradients(h, scaled[h.name], tape) for h in self._heads}
+            del tape
+            return distribute.all_reduce_sum(
+                ({h: loss * scale for h, loss in losses.items()}, grads))
+
+        strategy = self._strategy
+        losses, grads = distribute.first_replica(strategy, strategy.run(gradients, (inputs, targets)))
+        updated = {}
+        for head in self._heads:
+            def update(head: HeadUpdate = head) -> tf.Tensor:
+                self._apply_gradients(head, grads[head.name], losses[head.name])
+                return tf.constant(True)
+
+            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        return losses, updated
+
+    def _replicated_sequential(self, inputs: Any, targets: Any, step: tf.Tensor):
+        strategy = self._strategy
+        losses, updated = {}, {}
+        for head in self._heads:
+            def gradient(inputs: Any, targets: Any, head: HeadUpdate = head) -> Any:
+                scale = distribute.replica_scale(inputs)
+                with tf.GradientTape() as tape:
+                    loss, objective = self._head_forward(head, inputs, targets)
+                    objective = objective * scale
+                return distribute.all_reduce_sum(
+                    (loss * scale, self._gradients(head, objective, tape)))
+
+            def update(head: HeadUpdate = head, gradient: Callable[..., Any] = gradient,
+                       ) -> tuple[tf.Tensor, tf.Tensor]:
+                # strategy.run inside a cross-replica tf.cond: the branch holds whole
+                # replica functions, so their all-reduces are not inside replica control flow.
+                loss, grads = distribute.first_replica(strategy, strategy.run(gradient, (inputs, targets)))
+                self._apply_gradients(head, grads, loss)
                 return loss, tf.constant(True)
 
             def skipped() -> tuple[tf.Tensor, tf.Tensor]:

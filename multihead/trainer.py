@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead import distribute
 from multihead.checkpoints import CheckpointManager
 from multihead.data import DataPosition, as_dataset
 from multihead.model import MultiHeadModel
@@ -106,6 +107,16 @@ class Trainer:
             optimizer applies an aggregate of the heads' trunk gradients and each
             head's optimizer is built on its own variables only (see
             `multihead.trunk_policy`). Needs `schedule="simultaneous"`.
+        strategy: a `tf.distribute` strategy (`MirroredStrategy`,
+            `MultiWorkerMirroredStrategy`; see `multihead.distribute.make_strategy`),
+            or None for one device. Build the model and create optimizer objects
+            (and target networks) inside `strategy.scope()`; optimizers given by
+            name are created there by the trainer. Call `step` and `fit` outside
+            the scope. Each batch is the *global* batch, split across replicas;
+            losses are batch means, so results match single-device training on
+            the same global batch. Only the chief logs to TensorBoard and writes
+            checkpoints. Not supported with a strategy: `jit_compile`, trunk
+            aggregation with `rep_grad` or a loss weighting.
     """
 
     def __init__(
@@ -119,6 +130,7 @@ class Trainer:
         histograms_every: int = 1000,
         log_variable_norms: bool = False,
         trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
+        strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         if not isinstance(model, MultiHeadModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
@@ -140,23 +152,35 @@ class Trainer:
         self.objectives = {h: objectives[h] for h in model.head_names}
         self.schedule = schedule
         self.loss_fns = {h: resolve_loss(o.loss, h) for h, o in self.objectives.items()}
-        self.optimizers = {h: resolve_optimizer(o.optimizer, h) for h, o in self.objectives.items()}
-        self._check_distinct_optimizers()
-        #: The aggregated trunk update (trunk optimizer, loss weighting, RNG), None for per_head.
-        self.trunk_update = TrunkUpdate.create(trunk, self.objectives, schedule, self.optimizers)
+        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+            raise TypeError(f"strategy must be a tf.distribute.Strategy or None, got {strategy!r}")
+        if strategy is not None and jit_compile:
+            raise ValueError("jit_compile=True is not supported with a strategy; set jit_compile=False")
+        #: The `tf.distribute` strategy, or None.
+        self.strategy = strategy
+        with distribute.scope(strategy):  # optimizers given by name are created in the scope
+            self.optimizers = {h: resolve_optimizer(o.optimizer, h) for h, o in self.objectives.items()}
+            self._check_distinct_optimizers()
+            #: The aggregated trunk update (trunk optimizer, loss weighting, RNG), None for per_head.
+            self.trunk_update = TrunkUpdate.create(trunk, self.objectives, schedule, self.optimizers)
+        if strategy is not None:
+            self._check_strategy(strategy)
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
         # Resolve metric specs now so a bad metric name fails at construction.
         for head, objective in self.objectives.items():
             for spec in objective.metrics:
                 resolve_metric(spec, head)
-        self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
-        self.data_position = DataPosition()
+        with distribute.scope(strategy):
+            self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
+            self.data_position = DataPosition()
+        #: False on the non-chief workers of a multi-worker run (they neither log nor save).
+        self.is_chief = distribute.is_chief(strategy)
         self.monitor = (
             Monitor(os.fspath(log_dir), every=log_every, histograms_every=histograms_every,
                     variable_norms=log_variable_norms)
-            if log_dir is not None else None
+            if log_dir is not None and self.is_chief else None
         )
         self._jit_compile = jit_compile
         self._needs_targets = {h: needs_own_targets(loss) for h, loss in self.loss_fns.items()}
@@ -167,6 +191,20 @@ class Trainer:
             self._build()
 
     # -- construction -------------------------------------------------------------------
+
+    def _check_strategy(self, strategy: tf.distribute.Strategy) -> None:
+        for head, opt in self.optimizers.items():
+            if getattr(opt, "_distribution_strategy", strategy) is not strategy:
+                raise ValueError(
+                    f"the optimizer of head {head!r} was created outside strategy.scope(); create "
+                    "it inside `with strategy.scope():` or give its name (e.g. 'adam')")
+        policy = self.trunk_update.policy if self.trunk_update is not None else None
+        if policy is not None and (policy.rep_grad or policy.is_loss_weighting):
+            what = "rep_grad=True" if policy.rep_grad else f"aggregator={policy.aggregator!r}"
+            raise ValueError(
+                f"trunk aggregation with {what} is not supported with a strategy yet; use a "
+                "gradient aggregator (sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl) "
+                "in parameter space, or train on one device")
 
     def _check_distinct_optimizers(self) -> None:
         seen: dict[int, str] = {}
@@ -180,6 +218,23 @@ class Trainer:
 
     def _build(self) -> None:
         """Partitions the variables and builds each optimizer eagerly on its var_list."""
+        if self.strategy is not None:
+            distribute.check_created_in_scope(self.strategy, self.model.weights, "model")
+        with distribute.scope(self.strategy):  # optimizer slots become mirrored variables
+            heads = self._build_heads()
+        if self.trunk_update is not None:
+            with distribute.scope(self.strategy):
+                self.trunk_update.build(self.model.trunk_variables)
+            self._train_step = AggregatedStep(self.model, heads, self.schedule, self.step_variable,
+                                              self.monitor, self._jit_compile, self.trunk_update,
+                                              strategy=self.strategy)
+            return
+        self._train_step = TrainStep(
+            self.model, heads, self.schedule, self.step_variable, self.monitor, self._jit_compile,
+            strategy=self.strategy,
+        )
+
+    def _build_heads(self) -> list[HeadUpdate]:
         heads = []
         for head, objective in self.objectives.items():
             aggregated = self.trunk_update is not None  # then the trunk has its own optimizer
@@ -203,19 +258,13 @@ class Trainer:
                 every=objective.every,
                 trains_trunk=objective.trains_trunk,
             ))
-        if self.trunk_update is not None:
-            self.trunk_update.build(self.model.trunk_variables)
-            self._train_step = AggregatedStep(self.model, heads, self.schedule, self.step_variable,
-                                              self.monitor, self._jit_compile, self.trunk_update)
-            return
-        self._train_step = TrainStep(
-            self.model, heads, self.schedule, self.step_variable, self.monitor, self._jit_compile
-        )
+        return heads
 
     def _ensure_built(self, inputs: Any) -> TrainStep:
         if self._train_step is None:
             if not self.model.built:
-                self.model(inputs)  # eager call creates the variables before any trace
+                with distribute.scope(self.strategy):
+                    self.model(inputs)  # eager call creates the variables before any trace
             self._build()
         assert self._train_step is not None
         return self._train_step
@@ -307,6 +356,8 @@ class Trainer:
         inputs_spec, targets_spec = dataset.element_spec
         self._check_targets(targets_spec)
         train_step = self._ensure_built(tf.nest.map_structure(_zeros_for_spec, inputs_spec))
+        if self.strategy is not None:  # each global batch is split across the replicas
+            dataset = self.strategy.experimental_distribute_dataset(dataset)
         history = History(train={h: [] for h in self.objectives})
         progress = Progress(steps) if verbose else None
         start = time.perf_counter()

@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from multihead import distribute
 from multihead.aggregators import (
     AGGREGATORS,
     REP_GRAD_AGGREGATORS,
@@ -257,8 +258,11 @@ class AggregatedStep(TrainStep):
 
     def __init__(self, model: MultiHeadModel, heads: Sequence[HeadUpdate], schedule: str,
                  step: tf.Variable, monitor: Monitor | None, jit_compile: bool,
-                 trunk: TrunkUpdate) -> None:
-        super().__init__(model, heads, schedule, step, monitor, jit_compile)
+                 trunk: TrunkUpdate, strategy: tf.distribute.Strategy | None = None) -> None:
+        super().__init__(model, heads, schedule, step, monitor, jit_compile, strategy)
+        if strategy is not None and (trunk.policy.rep_grad or trunk.weighting is not None):
+            raise ValueError("trunk aggregation with rep_grad or a loss weighting is not "
+                             "supported with a strategy; use a gradient aggregator")
         self._trunk = trunk
         if not trunk.var_list:
             raise ValueError("build the TrunkUpdate (trunk.build(...)) before the step")
@@ -316,25 +320,97 @@ class AggregatedStep(TrainStep):
             updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
         del tape
         if self._monitor:
-            def log() -> None:
-                # Constant weights need no Gramian to step: compute it on logging steps only.
-                g = gram if gram is not None else _gramian(stacked)
-                n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
-                cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
-                for i, head in enumerate(agg):
-                    write_scalar(f"agg_weight/{head.name}", weights[i])
-                    if loss_weights is not None:
-                        write_scalar(f"agg_loss_weight/{head.name}", loss_weights[i])
-                    write_scalar(f"agg_trunk_grad_norm/{head.name}", n[i])
-                for i in range(len(agg)):
-                    for j in range(i + 1, len(agg)):
-                        write_scalar(f"agg_cosine/{agg[i].name}__{agg[j].name}", cos[i, j])
-                if trunk.aggregator.random_order:
-                    write_scalar("agg_projections", projections)
-                write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
-                    [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
+            self._log_aggregation(step, agg, weights, loss_weights, gram, stacked, projections,
+                                  trunk_grads)
+        return losses, updated
 
-            self._when_logging(step, log)
+    def _log_aggregation(self, step: tf.Tensor, agg: Sequence[HeadUpdate], weights: tf.Tensor,
+                         loss_weights: tf.Tensor | None, gram: tf.Tensor | None,
+                         stacked: Sequence[tf.Tensor], projections: tf.Tensor,
+                         trunk_grads: Sequence[tf.Tensor]) -> None:
+        trunk = self._trunk
+
+        def log() -> None:
+            # Constant weights need no Gramian to step: compute it on logging steps only.
+            g = gram if gram is not None else _gramian(stacked)
+            n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
+            cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
+            for i, head in enumerate(agg):
+                write_scalar(f"agg_weight/{head.name}", weights[i])
+                if loss_weights is not None:
+                    write_scalar(f"agg_loss_weight/{head.name}", loss_weights[i])
+                write_scalar(f"agg_trunk_grad_norm/{head.name}", n[i])
+            for i in range(len(agg)):
+                for j in range(i + 1, len(agg)):
+                    write_scalar(f"agg_cosine/{agg[i].name}__{agg[j].name}", cos[i, j])
+            if trunk.aggregator.random_order:
+                write_scalar("agg_projections", projections)
+            write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
+                [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
+
+        self._when_logging(step, log)
+
+    def _replicated_simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
+        """Under a strategy: every head's gradient all-reduced in replica context, then the
+        aggregation (on the global gradients) and all updates in cross-replica context."""
+        model, trunk, strategy = self._model, self._trunk, self._strategy
+        agg = [h for h in self._heads if h.trains_trunk]
+        rest = [h for h in self._heads if not h.trains_trunk]
+        trunk_vars = list(model.trunk_variables)
+
+        def gradients(inputs: Any, targets: Any) -> Any:
+            scale = distribute.replica_scale(inputs)
+            with tf.GradientTape(persistent=True) as tape:
+                feats = model.features(inputs, training=True)
+                stopped = tf.nest.map_structure(tf.stop_gradient, feats)
+                trunk_reg = _regularization(model.trunk)
+                has_reg = not isinstance(trunk_reg, float)
+                losses, objectives = {}, {}
+                for head in self._heads:
+                    output = model.head_output(head.name, feats if head.trains_trunk else stopped,
+                                               training=True)
+                    losses[head.name] = self._head_loss(head, inputs, targets, output)
+                for head in agg:
+                    objectives[head.name] = (head.weight * losses[head.name]
+                                             + _regularization(model.heads[head.name]))
+                for head in rest:
+                    objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
+                objectives = {h: objective * scale for h, objective in objectives.items()}
+                trunk_reg = trunk_reg * scale
+            grads = {}
+            for head in agg:  # trunk part and head part from one backward pass
+                grads[head.name] = tape.gradient(objectives[head.name],
+                                                 trunk_vars + list(head.var_list))
+                if all(g is None for g in grads[head.name][: len(trunk_vars)]):
+                    raise ValueError(
+                        f"the loss of head {head.name!r} does not depend on the trunk: check that "
+                        "the loss uses the head's output, or set trains_trunk=False for this head")
+            for head in rest:
+                grads[head.name] = self._gradients(head, objectives[head.name], tape)
+            reg = tape.gradient(trunk_reg, trunk_vars) if has_reg else None
+            del tape
+            return distribute.all_reduce_sum(
+                ({h: loss * scale for h, loss in losses.items()}, grads, reg))
+
+        losses, grads, reg_grads = distribute.first_replica(
+            strategy, strategy.run(gradients, (inputs, targets)))
+        per_head = [grads[h.name][: len(trunk_vars)] for h in agg]
+        trunk_grads, (weights, projections, gram), stacked = self._combine(agg, per_head, trunk_vars)
+        if reg_grads is not None:
+            trunk_grads = [g if r is None else g + r for g, r in zip(trunk_grads, reg_grads)]
+        trunk.optimizer.apply_gradients(zip(list(trunk_grads), trunk.var_list))
+        updated = {}
+        for head in agg:  # head variables only: their var_list excludes the trunk
+            self._apply_gradients(head, grads[head.name][len(trunk_vars):], losses[head.name])
+            updated[head.name] = tf.constant(True)
+        for head in rest:
+            def update(head: HeadUpdate = head) -> tf.Tensor:
+                self._apply_gradients(head, grads[head.name], losses[head.name])
+                return tf.constant(True)
+
+            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        if self._monitor:
+            self._log_aggregation(step, agg, weights, None, gram, stacked, projections, trunk_grads)
         return losses, updated
 
     def _when_logging(self, step: tf.Tensor, fn: Any) -> None:
@@ -367,6 +443,22 @@ class AggregatedStep(TrainStep):
                 )
             per_head.append(grads[: len(targets_k)])
             head_grads[head.name] = grads[len(targets_k):]
+        combined, result, stacked = self._combine(agg, per_head, targets_k)
+        if rep_grad:
+            trunk_grads = tape.gradient(tf.nest.flatten(feats), trunk_vars, output_gradients=combined)
+            trunk_grads = [g if g is not None else tf.zeros_like(v)
+                           for g, v in zip(trunk_grads, trunk_vars)]
+        else:
+            trunk_grads = combined
+        return trunk_grads, result, stacked, head_grads
+
+    def _combine(self, agg: Sequence[HeadUpdate], per_head: Sequence[Sequence[tf.Tensor | None]],
+                 targets_k: Sequence[Any],
+                 ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
+                            list[tf.Tensor]]:
+        """The heads' gradients of `targets_k` combined by the aggregator's weights;
+        (weights, projections, Gramian or None); the per-target `K x n` gradients."""
+        trunk = self._trunk
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(targets_k)]
         constant = trunk.aggregator.name in ("sum", "mean", "weights")
         needs_gram = not constant or (trunk.weighting is not None
@@ -384,10 +476,4 @@ class AggregatedStep(TrainStep):
         weights = result.weights
         combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
                     for s, t in zip(stacked, targets_k)]
-        if rep_grad:
-            trunk_grads = tape.gradient(tf.nest.flatten(feats), trunk_vars, output_gradients=combined)
-            trunk_grads = [g if g is not None else tf.zeros_like(v)
-                           for g, v in zip(trunk_grads, trunk_vars)]
-        else:
-            trunk_grads = combined
-        return trunk_grads, (weights, result.projections, gram), stacked, head_grads
+        return combined, (weights, result.projections, gram), stacked

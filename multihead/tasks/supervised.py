@@ -10,10 +10,17 @@ import keras
 import yaml
 
 from multihead.baselines import constant_baseline
-from multihead.builders import build_data, build_model, build_objectives, build_trunk
+from multihead.builders import (
+    build_data,
+    build_model,
+    build_objectives,
+    build_strategy,
+    build_trunk,
+)
 from multihead.checkpoints import CheckpointManager, save_checkpoint
 from multihead.config import ConfigError, ExperimentConfig
 from multihead.data import MultiTaskData
+from multihead.distribute import scope
 from multihead.model import MultiHeadModel
 from multihead.objectives import Objective
 from multihead.trainer import Trainer
@@ -27,6 +34,7 @@ class SupervisedRunner:
     model: MultiHeadModel
     objectives: dict[str, Objective]
     trunk: Any = "per_head"
+    strategy: Any = None
 
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False) -> dict[str, Any]:
         """Trains and writes the run; with `resume`, continues from the run's latest checkpoint."""
@@ -35,7 +43,8 @@ class SupervisedRunner:
                           log_dir=run_dir, log_every=cfg.log.every,
                           histograms_every=cfg.log.histograms_every,
                           log_variable_norms=cfg.log.variable_norms,
-                          jit_compile=cfg.train.jit_compile, trunk=self.trunk)
+                          jit_compile=cfg.train.jit_compile, trunk=self.trunk,
+                          strategy=self.strategy)
         if trainer.monitor is not None and not resume:  # the resolved config, as text at step 0
             trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
@@ -62,7 +71,9 @@ class SupervisedRunner:
                 trainer.loss_fns[head], head, self.data.y_train[head], self.data.y_eval[head],
                 output_shape,
             )
-        save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model, trainer=trainer)
+        if trainer.is_chief:  # the other workers of a multi-worker run write nothing
+            save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
+                            trainer=trainer)
         trainer.close()
         return {
             "task": "supervised",
@@ -91,8 +102,11 @@ def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
 
 
 def prepare(config: ExperimentConfig) -> SupervisedRunner:
+    strategy = build_strategy(config)  # first: a multi-worker strategy precedes any TF work
     keras.utils.set_random_seed(config.seed)
     data = build_data(config)
-    model = build_model(config, (None,) + data.x_train.shape[1:])
+    with scope(strategy):  # mirrored variables
+        model = build_model(config, (None,) + data.x_train.shape[1:])
     objectives = build_objectives(config)
-    return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config))
+    return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config),
+                            strategy=strategy)
