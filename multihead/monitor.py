@@ -186,6 +186,10 @@ class Monitor:
         self.variable_norms = bool(variable_norms)
         self.grad_cosine = bool(grad_cosine)
         self.log_dir = os.fspath(log_dir)
+        #: Keep the step conds functional (`If`, unlowered). A distributed step turns this off:
+        #: an unlowered `If` reading mirrored variables cannot be placed (resource edges
+        #: to several devices).
+        self.functional_conds = True
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
         self._step_writer = (_InStepWriter(self._train_writer)
                              if hasattr(self._train_writer, "_resource") else self._train_writer)
@@ -314,6 +318,9 @@ class Monitor:
         visited (as dead) on every step: measurable on steps that log nothing.
         An `If` kept functional only calls the branch taken.
         """
+        if not self.functional_conds:
+            tf.cond(due, fn, _no_op)
+            return
         graph = tf.compat.v1.get_default_graph()
         start = len(graph.get_operations())
         tf.cond(due, fn, _no_op)

@@ -105,6 +105,8 @@ class TrainStep:
         if strategy is not None and jit_compile:
             raise ValueError("jit_compile=True is not supported with a tf.distribute strategy; "
                              "set jit_compile=False")
+        if monitor is not None and strategy is not None:
+            monitor.functional_conds = False  # see Monitor.functional_conds
         if monitor is not None:  # its buffers must exist before the first trace
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads})
