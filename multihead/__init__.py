@@ -20,6 +20,7 @@ from multihead.checkpoints import (  # noqa: E402
     save_checkpoint,
 )
 from multihead.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
+from multihead.distribute import make_strategy  # noqa: E402
 from multihead.export import ExportResult, export_saved_model  # noqa: E402
 from multihead.model import MultiHeadModel  # noqa: E402
 from multihead.monitor import Monitor  # noqa: E402
@@ -64,6 +65,7 @@ __all__ = [
     "export_saved_model",
     "import_tf1_checkpoint",
     "load_report",
+    "make_strategy",
     "mmoe_synthetic",
     "restore_checkpoint",
     "save_checkpoint",

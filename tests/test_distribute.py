@@ -64,7 +64,8 @@ cases = {"simultaneous/per_head/every1": ("simultaneous", "per_head", 1),
          "simultaneous/per_head/every2": ("simultaneous", "per_head", 2),
          "sequential/per_head/every3": ("sequential", "per_head", 3),
          "simultaneous/mgda": ("simultaneous", {"optimizer": "sgd", "aggregator": "mgda"}, 1),
-         "simultaneous/sum": ("simultaneous", {"optimizer": "adam", "aggregator": "sum"}, 1)}
+         "simultaneous/sum": ("simultaneous", {"optimizer": "adam", "aggregator": "sum"}, 1),
+         "simultaneous/pcgrad": ("simultaneous", {"optimizer": "adam", "aggregator": "pcgrad"}, 1)}
 result["fit"], result["updates"] = {}, {}
 for key, (schedule, trunk, every_b) in cases.items():
     runs = []
@@ -77,6 +78,25 @@ for key, (schedule, trunk, every_b) in cases.items():
     result["fit"][key] = max(diff(m1.weights, m2.weights),
                              diff(t1.optimizers["a"].variables, t2.optimizers["a"].variables))
     result["updates"][key] = [int(t.optimizers["b"].iterations.numpy()) for t in (t1, t2)]
+    first_single = m1
+
+# A single-device trainer made after (and beside) mirrored ones is not affected by them:
+# bitwise what the first single-device run of the last case gave.
+again, t = trainer(False, schedule, trunk, every_b)
+t.fit((X, Y), 8, batch_size=16, verbose=False, steps_per_execution=3)
+result["single_after_mirrored"] = diff(first_single.weights, again.weights)
+
+# fit's data position under a strategy: 5 steps, checkpoint, restore into a new mirrored
+# trainer, 5 more steps (crossing an epoch of 6 batches) == 10 uninterrupted steps.
+whole, t = trainer(True, every_b=2)
+t.fit((X, Y), 10, batch_size=16, verbose=False, steps_per_execution=4)
+half, t = trainer(True, every_b=2)
+t.fit((X, Y), 5, batch_size=16, verbose=False, steps_per_execution=4)
+path = mh.save_checkpoint(os.path.join(out, "ckpt", "half"), half, trainer=t)
+resumed, t = trainer(True, every_b=2)
+mh.restore_checkpoint(path, resumed, trainer=t)
+t.fit((X, Y), 5, batch_size=16, verbose=False, steps_per_execution=4)
+result["resume"] = diff(whole.weights, resumed.weights)
 
 # Trainer.step on a global batch of 15 (shares of 7 and 8) and the reported losses.
 runs = [trainer(d, "sequential", every_b=2) for d in (False, True)]
@@ -149,13 +169,21 @@ def test_mirrored_training_equals_single_device_for_every_schedule_and_trunk_pol
     assert mirrored["replicas"] == 2
     assert set(mirrored["fit"]) == {"simultaneous/per_head/every1", "simultaneous/per_head/every2",
                                     "sequential/per_head/every3", "simultaneous/mgda",
-                                    "simultaneous/sum"}
+                                    "simultaneous/sum", "simultaneous/pcgrad"}
     for case, gap in mirrored["fit"].items():
         assert gap < 1e-5, (case, gap)
     # 8 steps: every=2 updates at 0,2,4,6; every=3 at 0,3,6 -- under both runs
     assert mirrored["updates"]["simultaneous/per_head/every2"] == [4, 4]
     assert mirrored["updates"]["sequential/per_head/every3"] == [3, 3]
     assert mirrored["updates"]["simultaneous/per_head/every1"] == [8, 8]
+
+
+def test_single_device_trainer_beside_mirrored_ones_is_unaffected(mirrored):
+    assert mirrored["single_after_mirrored"] == 0.0
+
+
+def test_mirrored_fit_resumes_at_its_data_position(mirrored):
+    assert mirrored["resume"] < 1e-6
 
 
 def test_mirrored_step_on_uneven_global_batch_and_its_losses(mirrored):
