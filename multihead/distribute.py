@@ -71,20 +71,26 @@ def make_strategy(kind: str = "none", devices: Sequence[str] | None = None,
             if isinstance(devices, str) or not devices:
                 raise ValueError(f"distribute devices must be a non-empty list such as "
                                  f"['/gpu:0', '/gpu:1'], got {devices!r}")
-            known = {d.name.lower() for d in tf.config.list_logical_devices()}
+            known = {_device_key(d.name) for d in tf.config.list_logical_devices()}
             for device in devices:
-                spec = tf.DeviceSpec.from_string(device)
-                name = f"/job:localhost/replica:0/task:0/device:{(spec.device_type or '').upper()}:" \
-                       f"{spec.device_index if spec.device_index is not None else 0}"
-                if name.lower() not in known:
+                if _device_key(device) not in known:
                     raise ValueError(f"distribute device {device!r} does not exist; this machine "
-                                     f"has {sorted(known)}")
+                                     f"has {[f'/{t.lower()}:{i}' for t, i in sorted(known)]}")
         else:
             gpus = tf.config.list_logical_devices("GPU")
             devices = [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
         return tf.distribute.MirroredStrategy(list(devices))
     _tf_config()
     return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _device_key(name: str) -> tuple[str, int]:
+    """`("CPU", 0)` for `/cpu:0`, `/device:CPU:0` or `/job:localhost/.../device:CPU:0`."""
+    try:
+        spec = tf.DeviceSpec.from_string(name)
+    except (ValueError, TypeError):
+        raise ValueError(f"distribute device {name!r} is not a device name such as /gpu:0") from None
+    return (spec.device_type or "").upper(), spec.device_index or 0
 
 
 def _tf_config() -> dict[str, Any]:

@@ -345,9 +345,10 @@ def test_trainer_refuses_optimizers_and_models_made_outside_the_scope():
     import keras
     import tensorflow as tf
 
-    from conftest import make_model
+    from conftest import make_batch, make_model
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    strategy = make_strategy("mirrored", devices=["/cpu:0"])
+    assert strategy.num_replicas_in_sync == 1 and is_chief(strategy)
     model = make_model()
     with pytest.raises(ValueError, match="was created outside strategy.scope"):
         mh.Trainer(model, {"a": mh.Objective("mse", keras.optimizers.Adam()),
@@ -356,3 +357,14 @@ def test_trainer_refuses_optimizers_and_models_made_outside_the_scope():
         mh.Trainer(model, {"a": mh.Objective("mse"), "b": mh.Objective("mse")}, strategy=strategy)
     plain = mh.Trainer(make_model(), {"a": mh.Objective("mse"), "b": mh.Objective("mse")})
     assert plain.strategy is None and plain.is_chief
+
+    with strategy.scope():
+        mirrored = mh.Trainer(make_model(), {"a": mh.Objective("mse"), "b": mh.Objective("mse")},
+                              strategy=strategy)
+        with pytest.raises(RuntimeError, match="outside `with strategy.scope"):
+            mirrored.step(make_batch())
+    for _ in range(3):  # one replica: the same arithmetic as one device
+        assert mirrored.step(make_batch()).losses == pytest.approx(plain.step(make_batch()).losses,
+                                                                  rel=1e-6)
+    for a, b in zip(mirrored.model.weights, plain.model.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
