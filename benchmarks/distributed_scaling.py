@@ -114,8 +114,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=256, help="global batch size")
     parser.add_argument("--epoch-batches", type=int, default=400,
-                        help="batches per epoch (fit starts one iterator per epoch: ~40 ms for a "
-                             "distributed dataset on this machine against ~6 ms)")
+                        help="batches per epoch (fit starts one iterator per epoch, which costs "
+                             "more for a distributed dataset)")
     parser.add_argument("--modes", default="single,mirrored-1,mirrored-2,workers-2")
     args = parser.parse_args()
     print(f"global batch {args.batch}, {args.steps} timed steps, {args.epoch_batches} batches per "
