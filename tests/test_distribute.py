@@ -86,6 +86,23 @@ again, t = trainer(False, schedule, trunk, every_b)
 t.fit((X, Y), 8, batch_size=16, verbose=False, steps_per_execution=3)
 result["single_after_mirrored"] = diff(first_single.weights, again.weights)
 
+# A target network made in the scope, read by a research loss inside the replica function
+# and synced eagerly outside it.
+gaps = []
+for distributed in (False, True):
+    with scope(strategy if distributed else None):
+        model = make_model(seed=5)
+        target = mh.TargetNetwork(model, heads=["b"], tau=0.5)
+        td = lambda i, t, o: tf.reduce_mean(tf.square(t["b"] + 0.5 * target(i)["b"] - o))
+        t = mh.Trainer(model, {"a": mh.Objective("mse", "adam"), "b": mh.Objective(td, "adam")},
+                       strategy=strategy if distributed else None)
+    for s in range(3):
+        t.step(make_batch(seed=s))
+        target.update()
+    gaps.append((model, target))
+(m1, g1), (m2, g2) = gaps
+result["target"] = max(diff(m1.weights, m2.weights), diff(g1.variables, g2.variables))
+
 # fit's data position under a strategy: 5 steps, checkpoint, restore into a new mirrored
 # trainer, 5 more steps (crossing an epoch of 6 batches) == 10 uninterrupted steps.
 whole, t = trainer(True, every_b=2)
@@ -180,6 +197,10 @@ def test_mirrored_training_equals_single_device_for_every_schedule_and_trunk_pol
 
 def test_single_device_trainer_beside_mirrored_ones_is_unaffected(mirrored):
     assert mirrored["single_after_mirrored"] == 0.0
+
+
+def test_mirrored_research_loss_reading_a_target_network_equals_single_device(mirrored):
+    assert mirrored["target"] < 1e-5
 
 
 def test_mirrored_fit_resumes_at_its_data_position(mirrored):
