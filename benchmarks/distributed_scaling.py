@@ -27,7 +27,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 _WORKER = r'''
 import json, os, sys, time

@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import keras
+import yaml
 
-from multihead.config import ConfigError, ExperimentConfig, suggest
+from multihead.config import ConfigError, ExperimentConfig, suggest, to_dict
 from multihead.data import MultiTaskData, mmoe_synthetic
 from multihead.model import MultiHeadModel
 from multihead.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
+from multihead.trainer import Trainer
 
 _MLP_KEYS = ("units", "activation", "output_activation", "dropout", "kernel_regularizer")
 
@@ -179,3 +181,23 @@ def build_data(config: ExperimentConfig) -> MultiTaskData:
         )
     except ValueError as err:
         raise ConfigError(f"data: {err}") from None
+
+
+def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: Mapping[str, Objective],
+                  run_dir: str | None, trunk: Any = "per_head", strategy: Any = None,
+                  write_config: bool = True) -> Trainer:
+    """The `Trainer` of a run: schedule, logging and XLA settings from `config`.
+
+    TensorBoard events go to `run_dir` (unless `log.tensorboard` is false or
+    `run_dir` is None); with `write_config`, the resolved config is written as the
+    `config` text summary at step 0.
+    """
+    cfg = config
+    trainer = Trainer(model, objectives, schedule=cfg.train.schedule,
+                      log_dir=run_dir if cfg.log.tensorboard else None, log_every=cfg.log.every,
+                      histograms_every=cfg.log.histograms_every,
+                      log_variable_norms=cfg.log.variable_norms,
+                      jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy)
+    if trainer.monitor is not None and write_config:
+        trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return trainer

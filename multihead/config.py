@@ -143,6 +143,7 @@ class LogConfig:
     histograms_every: int = _field(1000, minimum=0,
                                    doc="gradient histograms every this many steps; 0: never")
     variable_norms: bool = _field(False, doc="also log each variable's gradient norm")
+    tensorboard: bool = _field(True, doc="write TensorBoard events; false is needed for XLA")
 
 
 @dataclasses.dataclass
@@ -323,6 +324,9 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
             raise ConfigError("model.heads: at least one head is required")
         config.train.trunk = _check_trunk(config)
         _check_distribute(config)
+        if config.train.jit_compile and config.log.tensorboard:
+            raise ConfigError("train.jit_compile: XLA cannot compile the TensorBoard summaries in "
+                              "the step; set log.tensorboard: false to train with XLA")
         for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
                                ("actor_critic", ("actor_critic",))):
             if getattr(config, section) is not None and config.task not in tasks:

@@ -19,7 +19,7 @@ The paper's settings are d = 100, c = 1, m = 10 and eps ~ N(0, 0.01) (noise_std 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf

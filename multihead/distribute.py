@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 

@@ -8,7 +8,6 @@ import os
 import time
 from typing import Any, Mapping, NamedTuple
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -156,6 +155,11 @@ class Trainer:
             raise TypeError(f"strategy must be a tf.distribute.Strategy or None, got {strategy!r}")
         if strategy is not None and jit_compile:
             raise ValueError("jit_compile=True is not supported with a strategy; set jit_compile=False")
+        if log_dir is not None and jit_compile:
+            raise ValueError(
+                "jit_compile=True cannot be combined with TensorBoard logging (log_dir): XLA cannot "
+                "compile the summary ops in the step; pass log_dir=None to train with XLA"
+            )
         #: The `tf.distribute` strategy, or None.
         self.strategy = strategy
         with distribute.scope(strategy):  # optimizers given by name are created in the scope

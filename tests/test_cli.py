@@ -101,3 +101,11 @@ def test_config_trunk_aggregation_reaches_the_trainer(tmp_path):
     tags = events.Tags()["tensors"]
     assert "agg_projections" in tags and "agg_weight/y1" in tags  # PCGrad ran
     assert "grad_norm/y1/trunk" not in tags  # heads no longer update the trunk themselves
+
+
+def test_xla_run_without_tensorboard(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", QUICKSTART, "--run-dir", str(run_dir), "--quiet", "--set", "train.jit_compile=true",
+            "--set", "log.tensorboard=false"] + SMALL
+    assert main(args) == 0
+    assert (run_dir / "metrics.json").exists() and not (run_dir / "train").exists()

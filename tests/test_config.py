@@ -75,3 +75,11 @@ def test_load_config_reads_yaml_safely(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="cannot read the config"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_xla_needs_tensorboard_off():
+    with pytest.raises(ConfigError, match="set log.tensorboard: false to train with XLA"):
+        from_dict(_with("train.jit_compile", "true"))
+    raw = _with("train.jit_compile", "true")
+    apply_override(raw, "log.tensorboard=false")
+    assert from_dict(raw).train.jit_compile

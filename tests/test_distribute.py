@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
@@ -364,7 +363,6 @@ def test_cli_reports_bad_distribute_input_in_one_line(tmp_path):
 
 def test_trainer_refuses_optimizers_and_models_made_outside_the_scope():
     import keras
-    import tensorflow as tf
 
     from conftest import make_batch, make_model
 

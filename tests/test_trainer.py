@@ -168,3 +168,8 @@ def test_fit_with_steps_per_execution_traces_once():
     trainer = mh.Trainer(make_model(), _objectives(b=mh.Objective("mse", every=3)))
     trainer.fit(make_batch(n=64), steps=50, batch_size=8, steps_per_execution=6, verbose=False)
     assert trainer.trace_count == 1 and trainer.global_step == 50
+
+
+def test_xla_with_tensorboard_is_refused_early(tmp_path):
+    with pytest.raises(ValueError, match="XLA cannot compile the summary ops"):
+        mh.Trainer(make_model(), _objectives(), log_dir=str(tmp_path), jit_compile=True)

@@ -17,11 +17,10 @@ from typing import Any, Callable
 import keras
 import numpy as np
 import tensorflow as tf
-import yaml
 
-from multihead.builders import build_model, build_objectives, build_trunk
+from multihead.builders import build_model, build_objectives, build_trainer, build_trunk
 from multihead.checkpoints import save_checkpoint
-from multihead.config import ConfigError, DQNConfig, EnvConfig, ExperimentConfig, to_dict
+from multihead.config import ConfigError, DQNConfig, EnvConfig, ExperimentConfig
 from multihead.model import MultiHeadModel
 from multihead.objectives import HeadLoss, Objective, resolve_loss
 from multihead.replay import ReplayBuffer
@@ -34,7 +33,6 @@ from multihead.tasks.rl import (
     evaluate,
     reject_metrics,
 )
-from multihead.trainer import Trainer
 
 DEFAULT_TARGET_EVERY = 500
 
@@ -142,13 +140,8 @@ class DQNRunner:
         """
         cfg, dqn, seed = self.config, self.dqn, self.config.seed
         head = dqn.head
-        trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
-                          log_dir=run_dir, log_every=cfg.log.every,
-                          histograms_every=cfg.log.histograms_every,
-                          log_variable_norms=cfg.log.variable_norms,
-                          jit_compile=cfg.train.jit_compile, trunk=self.trunk)
-        if trainer.monitor is not None:  # the resolved config, as text at step 0
-            trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
+                                strategy=None, write_config=True)
         q_values = tf.function(lambda x: self.model(x, training=False)[head], reduce_retracing=True)
 
         def greedy(obs: np.ndarray) -> np.ndarray:

@@ -7,7 +7,6 @@ import os
 from typing import Any
 
 import keras
-import yaml
 
 from multihead.baselines import constant_baseline
 from multihead.builders import (
@@ -15,6 +14,7 @@ from multihead.builders import (
     build_model,
     build_objectives,
     build_strategy,
+    build_trainer,
     build_trunk,
 )
 from multihead.checkpoints import CheckpointManager, save_checkpoint
@@ -23,8 +23,6 @@ from multihead.data import MultiTaskData
 from multihead.distribute import scope
 from multihead.model import MultiHeadModel
 from multihead.objectives import Objective
-from multihead.trainer import Trainer
-from multihead.config import to_dict
 
 
 @dataclasses.dataclass
@@ -39,14 +37,8 @@ class SupervisedRunner:
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False) -> dict[str, Any]:
         """Trains and writes the run; with `resume`, continues from the run's latest checkpoint."""
         cfg = self.config
-        trainer = Trainer(self.model, self.objectives, schedule=cfg.train.schedule,
-                          log_dir=run_dir, log_every=cfg.log.every,
-                          histograms_every=cfg.log.histograms_every,
-                          log_variable_norms=cfg.log.variable_norms,
-                          jit_compile=cfg.train.jit_compile, trunk=self.trunk,
-                          strategy=self.strategy)
-        if trainer.monitor is not None and not resume:  # the resolved config, as text at step 0
-            trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
+                                strategy=self.strategy, write_config=not resume)
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
                                         every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         if resume:
