@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -288,18 +287,25 @@ def scaling_table(ks, width, size, repeats):
     return rows
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM). Unlike `ru_maxrss`, it is not carried over
+    from the process that forked us, so separate processes compare cleanly."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def memory_child(variant, k, width, size):
     init = initial_weights(k, width)
     x, ys = batch(k, size)
     xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
     runner = HandTF2(init, width) if variant == "a" else multihead_trainer(init, width)
     step = (lambda: runner.step(xt, yt)) if variant == "a" else (lambda: runner.step((xt, yt)))
-    step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for _ in range(20):
         step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_kib": peak, "after_first_step_kib": before}))
+    print(json.dumps({"peak_mib": _peak_rss_mib()}))
 
 
 def memory_table(k, width, size):
@@ -308,7 +314,7 @@ def memory_table(k, width, size):
     for variant in ["a", "mh"]:
         out = subprocess.run([sys.executable, __file__, "--memory-child", variant, str(k), str(width),
                               str(size)], capture_output=True, text=True, timeout=600, check=True)
-        peaks[variant] = json.loads(out.stdout.strip().splitlines()[-1])["peak_kib"] / 1024
+        peaks[variant] = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
         rows.append([variant, f"{peaks[variant]:.0f}"])
     rows.append(["mh / (a)", f"{peaks['mh'] / peaks['a']:.3f}"])
     return rows

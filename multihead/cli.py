@@ -145,8 +145,16 @@ def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     if not args.quiet:
         print(f"resuming {run_dir}", file=sys.stderr)
     metrics = runner.run(run_dir, verbose=not args.quiet, resume=True)
-    _write_atomic(os.path.join(run_dir, "config.yaml"),
-                  yaml.safe_dump(to_dict(config), sort_keys=False))  # train.steps may have grown
+    _write_config(run_dir, config)  # train.steps may have grown
+    return _finish(run_dir, metrics)
+
+
+def _write_config(run_dir: str, config: ExperimentConfig) -> None:
+    _write_atomic(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
+    """Writes `metrics.json` and prints the summary of a finished run."""
     _write_atomic(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
     if "eval" in metrics:
         _print_table(metrics, sys.stdout)
@@ -198,8 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     created = not os.path.exists(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     try:
-        _write_atomic(os.path.join(run_dir, "config.yaml"),
-                      yaml.safe_dump(to_dict(config), sort_keys=False))
+        _write_config(run_dir, config)
         if not args.quiet:
             print(f"run directory: {run_dir}", file=sys.stderr)
         metrics = runner.run(run_dir, verbose=not args.quiet)
@@ -207,11 +214,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if created and not os.path.exists(os.path.join(run_dir, "checkpoints")):
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping was written
         raise
-    _write_atomic(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
-    if "eval" in metrics:
-        _print_table(metrics, sys.stdout)
-    print(f"wrote {run_dir} (tensorboard --logdir {run_dir})")
-    return 0
+    return _finish(run_dir, metrics)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -218,18 +218,26 @@ class TrainStep:
         if self._monitor:
             self._monitor.head_update(head.name, loss, grads, head.var_list, head.optimizer)
 
-    def _forward(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-        """One forward pass (inside the caller's tape): per-head losses and objectives."""
+    def _head_losses(self, inputs: Any, targets: Any) -> tuple[Any, dict[str, tf.Tensor]]:
+        """One forward pass (inside the caller's tape): the trunk output and each head's loss.
+
+        A head with `trains_trunk=False` reads the trunk output through `stop_gradient`.
+        """
         model = self._model
         feats = model.features(inputs, training=True)
         stopped = tf.nest.map_structure(tf.stop_gradient, feats)
-        trunk_reg = _regularization(model.trunk)
-        losses, objectives = {}, {}
+        losses = {}
         for head in self._heads:
             output = model.head_output(head.name, feats if head.trains_trunk else stopped,
                                        training=True)
             losses[head.name] = self._head_loss(head, inputs, targets, output)
-            objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
+        return feats, losses
+
+    def _forward(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        """One forward pass (inside the caller's tape): per-head losses and objectives."""
+        _, losses = self._head_losses(inputs, targets)
+        trunk_reg = _regularization(self._model.trunk)
+        objectives = {h.name: self._objective(h, losses[h.name], trunk_reg) for h in self._heads}
         return losses, objectives
 
     def _head_forward(self, head: HeadUpdate, inputs: Any, targets: Any) -> tuple[tf.Tensor, tf.Tensor]:

@@ -274,14 +274,9 @@ class AggregatedStep(TrainStep):
         trunk_vars = list(model.trunk_variables)
         weighting = trunk.weighting
         with tf.GradientTape(persistent=True) as tape:
-            feats = model.features(inputs, training=True)
-            stopped = tf.nest.map_structure(tf.stop_gradient, feats)
+            feats, losses = self._head_losses(inputs, targets)
             trunk_reg = _regularization(model.trunk)
-            losses, objectives = {}, {}
-            for head in self._heads:
-                output = model.head_output(head.name, feats if head.trains_trunk else stopped,
-                                           training=True)
-                losses[head.name] = self._head_loss(head, inputs, targets, output)
+            objectives = {}
             task = tf.stack([h.weight * losses[h.name] for h in agg])
             loss_weights = weighting.weights(task) if weighting else None
             for i, head in enumerate(agg):
@@ -361,15 +356,10 @@ class AggregatedStep(TrainStep):
         def gradients(inputs: Any, targets: Any) -> Any:
             scale = distribute.replica_scale(inputs)
             with tf.GradientTape(persistent=True) as tape:
-                feats = model.features(inputs, training=True)
-                stopped = tf.nest.map_structure(tf.stop_gradient, feats)
+                _, losses = self._head_losses(inputs, targets)
                 trunk_reg = _regularization(model.trunk)
                 has_reg = not isinstance(trunk_reg, float)
-                losses, objectives = {}, {}
-                for head in self._heads:
-                    output = model.head_output(head.name, feats if head.trains_trunk else stopped,
-                                               training=True)
-                    losses[head.name] = self._head_loss(head, inputs, targets, output)
+                objectives = {}
                 for head in agg:
                     objectives[head.name] = (head.weight * losses[head.name]
                                              + _regularization(model.heads[head.name]))
