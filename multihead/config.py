@@ -132,6 +132,8 @@ class TrainConfig:
     schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
     jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
+    steps_per_execution: int = _field(1, minimum=1,
+                                      doc="steps per compiled call; changes nothing but speed")
     trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
 
 

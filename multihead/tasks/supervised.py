@@ -48,7 +48,8 @@ class SupervisedRunner:
         if remaining > 0:
             history = trainer.fit(self.data.train, remaining, batch_size=cfg.train.batch_size,
                                   eval_data=self.data.eval, eval_every=cfg.train.eval_every,
-                                  verbose=verbose, seed=cfg.seed, checkpoints=checkpoints)
+                                  verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
+                                  steps_per_execution=cfg.train.steps_per_execution)
             final_eval, wall_time = history.eval[-1][1], history.wall_time
         else:
             final_eval = trainer.evaluate(self.data.eval, batch_size=cfg.train.batch_size)
