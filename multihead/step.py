@@ -46,6 +46,15 @@ class HeadUpdate:
     trains_trunk: bool
 
 
+def _not_updated() -> tf.Tensor:
+    return tf.constant(False)
+
+
+def _skipped() -> tuple[tf.Tensor, tf.Tensor]:
+    """A head that was not due: no loss evaluated, no update."""
+    return tf.constant(float("nan")), tf.constant(False)
+
+
 def _regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
     losses = layer.losses
     return tf.add_n(losses) if losses else 0.0
@@ -198,6 +207,22 @@ class TrainStep:
             return update()
         return tf.cond(tf.equal(step % head.every, 0), update, skipped)
 
+    def _update_due(self, heads: Sequence[HeadUpdate], step: tf.Tensor,
+                    apply: Callable[[HeadUpdate], None]) -> dict[str, tf.Tensor]:
+        """Runs `apply(head)` for each of `heads` that is due at `step` (in the graph).
+
+        Returns:
+            head name -> whether it was updated.
+        """
+        updated = {}
+        for head in heads:
+            def update(head: HeadUpdate = head) -> tf.Tensor:
+                apply(head)
+                return tf.constant(True)
+
+            updated[head.name] = self._when_due(head, step, update, _not_updated)
+        return updated
+
     def _apply(self, head: HeadUpdate, objective: tf.Tensor, loss: tf.Tensor,
                tape: tf.GradientTape) -> None:
         self._apply_gradients(head, self._gradients(head, objective, tape), loss)
@@ -253,13 +278,8 @@ class TrainStep:
     def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
         with tf.GradientTape(persistent=True) as tape:
             losses, objectives = self._forward(inputs, targets)
-        updated = {}
-        for head in self._heads:
-            def update(head: HeadUpdate = head) -> tf.Tensor:
-                self._apply(head, objectives[head.name], losses[head.name], tape)
-                return tf.constant(True)
-
-            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        updated = self._update_due(
+            self._heads, step, lambda h: self._apply(h, objectives[h.name], losses[h.name], tape))
         del tape
         return losses, updated
 
@@ -272,10 +292,7 @@ class TrainStep:
                 self._apply(head, objective, loss, tape)
                 return loss, tf.constant(True)
 
-            def skipped() -> tuple[tf.Tensor, tf.Tensor]:
-                return tf.constant(float("nan")), tf.constant(False)
-
-            losses[head.name], updated[head.name] = self._when_due(head, step, update, skipped)
+            losses[head.name], updated[head.name] = self._when_due(head, step, update, _skipped)
         return losses, updated
 
     # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
@@ -300,13 +317,8 @@ class TrainStep:
 
         strategy = self._strategy
         losses, grads = distribute.first_replica(strategy, strategy.run(gradients, (inputs, targets)))
-        updated = {}
-        for head in self._heads:
-            def update(head: HeadUpdate = head) -> tf.Tensor:
-                self._apply_gradients(head, grads[head.name], losses[head.name])
-                return tf.constant(True)
-
-            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        updated = self._update_due(
+            self._heads, step, lambda h: self._apply_gradients(h, grads[h.name], losses[h.name]))
         return losses, updated
 
     def _replicated_sequential(self, inputs: Any, targets: Any, step: tf.Tensor):
@@ -329,10 +341,7 @@ class TrainStep:
                 self._apply_gradients(head, grads, loss)
                 return loss, tf.constant(True)
 
-            def skipped() -> tuple[tf.Tensor, tf.Tensor]:
-                return tf.constant(float("nan")), tf.constant(False)
-
-            losses[head.name], updated[head.name] = self._when_due(head, step, update, skipped)
+            losses[head.name], updated[head.name] = self._when_due(head, step, update, _skipped)
         return losses, updated
 
 

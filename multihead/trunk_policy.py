@@ -307,12 +307,8 @@ class AggregatedStep(TrainStep):
             self._apply(head, objectives[head.name], losses[head.name],
                         _Computed(head_grads[head.name]))
             updated[head.name] = tf.constant(True)
-        for head in rest:
-            def update(head: HeadUpdate = head) -> tf.Tensor:
-                self._apply(head, objectives[head.name], losses[head.name], tape)
-                return tf.constant(True)
-
-            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        updated.update(self._update_due(
+            rest, step, lambda h: self._apply(h, objectives[h.name], losses[h.name], tape)))
         del tape
         if self._monitor:
             self._log_aggregation(step, agg, weights, loss_weights, gram, stacked, projections,
@@ -393,12 +389,8 @@ class AggregatedStep(TrainStep):
         for head in agg:  # head variables only: their var_list excludes the trunk
             self._apply_gradients(head, grads[head.name][len(trunk_vars):], losses[head.name])
             updated[head.name] = tf.constant(True)
-        for head in rest:
-            def update(head: HeadUpdate = head) -> tf.Tensor:
-                self._apply_gradients(head, grads[head.name], losses[head.name])
-                return tf.constant(True)
-
-            updated[head.name] = self._when_due(head, step, update, lambda: tf.constant(False))
+        updated.update(self._update_due(
+            rest, step, lambda h: self._apply_gradients(h, grads[h.name], losses[h.name])))
         if self._monitor:
             self._log_aggregation(step, agg, weights, None, gram, stacked, projections, trunk_grads)
         return losses, updated

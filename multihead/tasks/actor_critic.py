@@ -30,6 +30,8 @@ from multihead.tasks.rl import (
     check_tau,
     env_factory,
     evaluate,
+    greedy_policy,
+    head_outputs,
     reject_metrics,
 )
 
@@ -166,11 +168,8 @@ class ActorCriticRunner:
         cfg, ac, seed = self.config, self.ac, self.config.seed
         trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
                                 strategy=None, write_config=True)
-        logits_fn = tf.function(lambda x: self.model(x, training=False)[ac.policy_head],
-                                reduce_retracing=True)
-
-        def greedy(obs: np.ndarray) -> np.ndarray:
-            return np.argmax(logits_fn(obs).numpy(), axis=-1)
+        logits_fn = head_outputs(self.model, ac.policy_head)
+        greedy = greedy_policy(logits_fn)
 
         total = cfg.train.steps
         eval_every = cfg.train.eval_every or total

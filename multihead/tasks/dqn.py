@@ -31,6 +31,8 @@ from multihead.tasks.rl import (
     check_tau,
     env_factory,
     evaluate,
+    greedy_policy,
+    head_outputs,
     reject_metrics,
 )
 
@@ -142,10 +144,7 @@ class DQNRunner:
         head = dqn.head
         trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
                                 strategy=None, write_config=True)
-        q_values = tf.function(lambda x: self.model(x, training=False)[head], reduce_retracing=True)
-
-        def greedy(obs: np.ndarray) -> np.ndarray:
-            return np.argmax(q_values(obs).numpy(), axis=-1)
+        greedy = greedy_policy(head_outputs(self.model, head))
 
         total = cfg.train.steps
         eval_every = cfg.train.eval_every or total

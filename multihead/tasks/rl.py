@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable, TextIO
 
 import numpy as np
+import tensorflow as tf
 
 from multihead.config import ConfigError, EnvConfig
 from multihead.model import MultiHeadModel
@@ -174,3 +175,13 @@ class Episodes:
         line = (f"env step {env_step:>7}/{self.total_steps}  {rate:6.0f} steps/s  episodes {self.count:>5}  "
                 f"recent mean return {self.recent_mean:6.1f}")
         print(line + (f"  {extra}" if extra else ""), file=self.stream, flush=True)
+
+
+def head_outputs(model: MultiHeadModel, head: str) -> Callable[[np.ndarray], tf.Tensor]:
+    """Compiled inference of one head (no training-mode layers), for acting in environments."""
+    return tf.function(lambda x: model(x, training=False)[head], reduce_retracing=True)
+
+
+def greedy_policy(outputs: Callable[[np.ndarray], tf.Tensor]) -> Callable[[np.ndarray], np.ndarray]:
+    """The action of highest Q value / logit for each observation of a batch."""
+    return lambda obs: np.argmax(outputs(obs).numpy(), axis=-1)
