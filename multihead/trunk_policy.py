@@ -277,10 +277,14 @@ class AggregatedStep(TrainStep):
             feats, losses = self._head_losses(inputs, targets)
             trunk_reg = _regularization(model.trunk)
             objectives = {}
-            task = tf.stack([h.weight * losses[h.name] for h in agg])
+            own = [h.weight * losses[h.name] for h in agg]
+            task = tf.stack(own)
             loss_weights = weighting.weights(task) if weighting else None
             for i, head in enumerate(agg):
-                scaled = task[i] * loss_weights[i] if weighting else task[i]
+                # From the head's own loss, not `task[i]`: the gradient of a slice of a stack
+                # reaches every stacked loss (as zeros), so each of the K backward passes would
+                # go through all K heads (K^2 head backward passes, 1.3x the step at K=8).
+                scaled = own[i] * loss_weights[i] if weighting else own[i]
                 objectives[head.name] = scaled + _regularization(model.heads[head.name])
             for head in rest:
                 objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
