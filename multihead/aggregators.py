@@ -88,6 +88,12 @@ def _no_projection() -> tf.Tensor:
     return tf.constant(0, tf.int32)
 
 
+def _quadratic_forms(w: tf.Tensor, q: tf.Tensor) -> tf.Tensor:
+    """`w_r^T q w_r` for every row `w_r` of `w` (`(..., K)`): a matmul, not a 3-operand einsum
+    (which runs as two slow einsum kernels on these tiny shapes)."""
+    return tf.reduce_sum(tf.matmul(w, q) * w, axis=-1)
+
+
 # -- constant weights ------------------------------------------------------------------
 
 
@@ -161,32 +167,49 @@ def _min_norm_line(v1v1: tf.Tensor, v1v2: tf.Tensor, v2v2: tf.Tensor) -> tf.Tens
     return tf.clip_by_value(gamma, 0.0, 1.0)
 
 
+def _face_systems(q: tf.Tensor, faces: np.ndarray) -> tf.Tensor:
+    """`(S, K, K)`: `q` restricted to the coordinates of each row of `faces` (0/1 masks),
+    the identity on the others.
+
+    Each system is positive definite when `q` is, so one batched solve handles them all.
+    """
+    outer = faces[:, :, None] * faces[:, None, :]
+    off_diagonal = np.eye(faces.shape[1], dtype=np.float32)[None] * (1.0 - faces)[:, None, :]
+    return tf.constant(outer) * q[None] + tf.constant(off_diagonal)
+
+
+def _min_norm_face(a: tf.Tensor) -> tf.Tensor:
+    """The min-norm weights from `a_S = q_SS^-1 1_S` (zero off S), one row per face S.
+
+    On face S the KKT conditions `q_SS w_S = lambda 1, 1.w = 1` give `w = a / 1.a`,
+    with objective `w^T q w = 1 / 1.a` (`1.a = a^T q a > 0`). The optimum is the
+    feasible (`w >= 0`) candidate with the largest `1.a`.
+    """
+    total = tf.reduce_sum(a, axis=1)
+    feasible = tf.logical_and(tf.reduce_all(a >= -1e-6 * total[:, None], axis=1),
+                              tf.reduce_all(tf.math.is_finite(a), axis=1))
+    best = tf.argmax(tf.where(feasible, total, -np.inf), output_type=tf.int32)
+    return tf.maximum(a[best] / total[best], 0.0)
+
+
 def simplex_qp(gram: tf.Tensor, reg: float = 1e-6) -> tf.Tensor:
     """Solves `min_{w >= 0, sum w = 1} w^T gram w` exactly (the min-norm point's weights).
 
     The optimum lies in the relative interior of some face of the simplex, where
     it solves the KKT system `gram_SS w_S = lambda 1, 1^T w_S = 1` of that face's
-    support S. All 2^K - 1 supports are solved in one batched solve; the best
-    feasible (w >= 0) candidate is the optimum. `reg * I` is added so that
-    affinely dependent gradients (K > D, duplicates) keep the systems regular.
+    support S, i.e. `w_S` is proportional to `gram_SS^-1 1`. All 2^K - 1 supports
+    are solved in one batched `K x K` solve; the best feasible (w >= 0) candidate
+    is the optimum (`_min_norm_face`). `reg * I` is added so that affinely
+    dependent gradients (K > D, duplicates) keep the systems regular.
 
     Args:
         gram: `K x K` positive semi-definite matrix, normalised (max diagonal 1).
         reg: ridge added to `gram`.
     """
     k = _k(gram)
-    masks = tf.constant(_free_masks(k)[1:])                                # (S, K), S = 2^K - 1
-    q = gram + reg * tf.eye(k)
-    top = masks[:, :, None] * q[None] * masks[:, None, :] + tf.linalg.diag(1.0 - masks)
-    top = tf.concat([top, masks[:, :, None]], axis=2)                      # (S, K, K+1)
-    bottom = tf.concat([masks, tf.zeros_like(masks[:, :1])], axis=1)[:, None, :]
-    system = tf.concat([top, bottom], axis=1)                              # (S, K+1, K+1)
-    rhs = tf.tile(tf.one_hot([k], k + 1)[None, :, :], [tf.shape(masks)[0], 1, 1])
-    w = tf.linalg.solve(system, tf.transpose(rhs, [0, 2, 1]))[:, :k, 0]    # (S, K)
-    feasible = tf.logical_and(tf.reduce_all(w >= -1e-6, axis=1),
-                              tf.reduce_all(tf.math.is_finite(w), axis=1))
-    objective = tf.where(feasible, tf.einsum("si,ij,sj->s", w, q, w), np.inf)
-    return tf.maximum(w[tf.argmin(objective, output_type=tf.int32)], 0.0)
+    faces = _free_masks(k)[1:]                                            # (S, K), S = 2^K - 1
+    a = tf.linalg.solve(_face_systems(gram + reg * tf.eye(k), faces), tf.constant(faces[:, :, None]))
+    return _min_norm_face(a[:, :, 0])
 
 
 def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
@@ -258,11 +281,10 @@ def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e
     feasible candidate over all supports and the min-norm point is the optimum.
     """
     k = _k(g)
-    masks = tf.constant(_free_masks(k)[1:])                                # (S, K)
-    q = g + reg * tf.eye(k)
-    system = masks[:, :, None] * q[None] * masks[:, None, :] + tf.linalg.diag(1.0 - masks)
+    faces = _free_masks(k)[1:]
+    masks = tf.constant(faces)                                             # (S, K)
     rhs = tf.stack([masks, masks * b[None, :]], axis=2)                    # (S, K, 2)
-    sol = tf.linalg.solve(system, rhs)
+    sol = tf.linalg.solve(_face_systems(g + reg * tf.eye(k), faces), rhs)
     a, c = sol[:, :, 0], sol[:, :, 1]
     a_sum, c_sum = tf.reduce_sum(a, 1), tf.reduce_sum(c, 1)
     b_c = tf.reduce_sum(masks * b[None, :] * c, 1)
@@ -270,11 +292,12 @@ def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e
     root = tf.sqrt(tf.maximum(disc, 1e-30))
     mu = (c_sum + root) / a_sum
     w = (mu[:, None] * a - c) / root[:, None]
-    w = tf.concat([w, simplex_qp(g)[None, :]], axis=0)
+    # `a` is also what `simplex_qp(g, reg)` solves for: its min-norm point costs no second solve.
+    w = tf.concat([w, _min_norm_face(a)[None, :]], axis=0)
     feasible = tf.reduce_all(tf.math.is_finite(w), axis=1) & tf.reduce_all(w >= -1e-6, axis=1)
     feasible &= tf.concat([disc > 0, [True]], axis=0)
     w = tf.where(feasible[:, None], tf.maximum(w, 0.0), 1.0 / k)
-    norms = tf.sqrt(tf.maximum(tf.einsum("si,ij,sj->s", w, g, w), 0.0))
+    norms = tf.sqrt(tf.maximum(_quadratic_forms(w, g), 0.0))
     objective = tf.where(feasible, tf.linalg.matvec(w, b) + radius * norms, np.inf)
     return w[tf.argmin(objective, output_type=tf.int32)]
 
@@ -371,9 +394,10 @@ def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
         `P x K` minimisers.
     """
     k = _k(gram)
-    masks = tf.constant(_free_masks(k))                                   # (S, K)
+    faces = _free_masks(k)
+    a = _face_systems(gram, faces)                                        # (S, K, K)
+    masks = tf.constant(faces)                                            # (S, K)
     bound = 1.0 - masks
-    a = masks[:, :, None] * gram[None] * masks[:, None, :] + tf.linalg.diag(bound)  # (S, K, K)
     # rhs[s, :, p] = -m_s * (gram @ (bound_s * lower_p)): free coords see the fixed ones.
     fixed = bound[:, None, :] * lower[None, :, :]                         # (S, P, K)
     rhs = -masks[:, :, None] * tf.linalg.matmul(gram, fixed, transpose_b=True)  # (S, K, P)
@@ -381,7 +405,7 @@ def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
     cand = masks[:, None, :] * tf.transpose(free, [0, 2, 1]) + fixed      # (S, P, K)
     scale = tf.reduce_max(tf.abs(lower)) + 1.0
     feasible = tf.reduce_all(cand >= lower[None] - 1e-5 * scale, axis=-1)  # (S, P)
-    objective = tf.einsum("spi,ij,spj->sp", cand, gram, cand)
+    objective = _quadratic_forms(cand, gram)
     objective = tf.where(feasible, objective, np.inf)
     best = tf.argmin(objective, axis=0, output_type=tf.int32)             # (P,)
     return tf.gather_nd(cand, tf.stack([best, tf.range(tf.shape(lower)[0])], axis=1))
