@@ -68,3 +68,22 @@ def test_as_dataset_batches_and_checks_lengths():
         mh.as_dataset((x, {"a": np.zeros((9, 1))}), batch_size=4)
     with pytest.raises(ValueError, match="batch_size"):
         mh.as_dataset((x, {"a": np.zeros((10, 1))}))
+
+
+def test_as_dataset_epochs_are_reproducible_permutations():
+    x = np.arange(10, dtype="float32")[:, None]
+    data = (x, {"a": x * 2})
+
+    def epochs(seed, count=3):
+        ds = mh.as_dataset(data, batch_size=4, seed=seed)
+        return [np.concatenate([b[0].numpy()[:, 0] for b in ds]) for _ in range(count)]
+
+    first = epochs(seed=0)
+    for order in first:  # each epoch: every example exactly once, in batches of 4, 4, 2
+        np.testing.assert_array_equal(np.sort(order), np.arange(10))
+    assert not np.array_equal(first[0], first[1])  # reshuffled every epoch
+    for a, b in zip(first, epochs(seed=0)):
+        np.testing.assert_array_equal(a, b)  # the same seed replays the same orders
+    assert any(not np.array_equal(a, b) for a, b in zip(first, epochs(seed=1)))
+    batch = next(iter(mh.as_dataset(data, batch_size=4, seed=0)))
+    np.testing.assert_array_equal(batch[1]["a"].numpy(), batch[0].numpy() * 2)  # rows stay paired
