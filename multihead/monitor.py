@@ -21,12 +21,18 @@ section per head):
 * `grad_hist/<head>/<variable path>`: gradient histograms, at their own cadence.
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
 
-Cost: on steps that do not log, no summary work runs. Every piece of work sits in
-a `tf.cond` on the step counter, evaluated in the graph (one per step for the
-weights snapshot, one per head for its summaries), and the writer is also gated
-with `tf.summary.record_if` given a callable on the step variable. The writer is
-not flushed by the step (it flushes when its queue fills; `Trainer.fit` and
-`close` flush).
+Cost: on steps that do not log, no monitoring work runs at all. The train step
+is compiled twice: a variant with the monitor (`Monitor.monitored`), run on
+logging steps, and one without a single monitoring op, run on the others; the
+choice is made in Python from the step counter (`TrainStep.run` splits a
+multi-step call at logging steps). An in-graph conditional that is not taken
+still costs ~10-25 us per step, so gating in the graph is left to the pieces of
+a logging step (scalars at `every`, histograms at `histograms_every`). Under a
+`tf.distribute` strategy the monitored variant runs every step, each piece gated
+in the graph (`Monitor.distributed`). Summary writes by user code
+(`multihead.write_scalar` in a research loss) follow the scalar cadence through
+`tf.summary.record_if`. The writer is not flushed by the step (it flushes when
+its queue fills; `Trainer.fit` and `close` flush).
 
 Because a head with `every > 1` updates inside a `tf.cond`, its gradient cannot
 leave that branch as a tensor; the monitor passes what later heads need (the
@@ -38,9 +44,8 @@ trunk per head but the last (set `grad_cosine=False` to drop the latter).
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import keras
 import tensorflow as tf
@@ -49,6 +54,7 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 _Grad = tf.Tensor | tf.IndexedSlices | None
+T = TypeVar("T")
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
 _SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
@@ -145,7 +151,7 @@ class Monitor:
     """Writes per-head training summaries to `<log_dir>/train` and eval ones to `<log_dir>/eval`.
 
     The train step drives it: `bind` once (eagerly, before tracing), then inside
-    the traced step body `with monitor.recording(step):` around the updates, and
+    the traced step body `monitor.monitored(step, update)` around the updates, and
     `head_update(...)` right after each head's optimizer applied its gradients.
     See the module docstring for the tags.
 
@@ -186,10 +192,12 @@ class Monitor:
         self.variable_norms = bool(variable_norms)
         self.grad_cosine = bool(grad_cosine)
         self.log_dir = os.fspath(log_dir)
-        #: Keep the step conds functional (`If`, unlowered). A distributed step turns this off:
-        #: an unlowered `If` reading mirrored variables cannot be placed (resource edges
-        #: to several devices).
-        self.functional_conds = True
+        #: Set when the step runs under a `tf.distribute` strategy (by `TrainStep`). Then
+        #: the monitored step variant runs every step, gated piece by piece in the graph
+        #: (its all-reduces must be the same ops on every worker, monitored or not), and
+        #: the gates are lowered conds: an unlowered `If` reading mirrored variables
+        #: cannot be placed (resource edges to several devices).
+        self.distributed = False
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
         self._step_writer = (_InStepWriter(self._train_writer)
                              if hasattr(self._train_writer, "_resource") else self._train_writer)
@@ -204,7 +212,7 @@ class Monitor:
         self._trunk_grad: dict[str, list[tf.Variable]] = {}
         self._trunk_norm: dict[str, tf.Variable] = {}
         self._recorded_at: dict[str, tf.Variable] = {}
-        # Valid only while a step body is being traced inside `recording`.
+        # Set only while `monitored` traces a step body.
         self._step: tf.Tensor | None = None
         self._seen: list[str] = []
 
@@ -289,45 +297,83 @@ class Monitor:
             return tf.constant(False)
         return tf.equal(step % self.histograms_every, 0)
 
+    def logs_at(self, step: int) -> bool:
+        """Whether step `step` writes scalars or histograms."""
+        return step % self.every == 0 or bool(self.histograms_every and step % self.histograms_every == 0)
+
+    def quiet_steps_from(self, step: int) -> int:
+        """How many consecutive steps from `step` (a step that does not log) do not log."""
+        gaps = [self.every - step % self.every]
+        if self.histograms_every:
+            gaps.append(self.histograms_every - step % self.histograms_every)
+        return min(gaps)
+
     @tf.autograph.experimental.do_not_convert
-    @contextlib.contextmanager
-    def recording(self, step: tf.Tensor) -> Iterator[None]:
-        """Context for the body of one compiled step taken at counter value `step`."""
+    def monitored(self, step: tf.Tensor, update: Callable[[], T]) -> T:
+        """The body of one compiled step taken at counter value `step`, monitored.
+
+        `update()` builds the step's updates and returns its results; the
+        `head_update` calls inside it write the summaries of `step`, each piece
+        gated in the graph on its cadence. The train step compiles this variant
+        for logging steps, and runs a second one without any monitoring op on the
+        others (under a strategy it runs this one on every step). Summaries that
+        user code writes (`multihead.write_scalar` in a research loss) follow the
+        scalar cadence through `tf.summary.record_if`.
+        """
         if not self._heads:
             raise RuntimeError("Monitor.bind(var_lists, trunk_variables) must be called "
                                "(eagerly) before the step is traced")
+        if self._step is not None:
+            raise RuntimeError("Monitor.monitored cannot be nested")
+        scalars_due = self._scalars_due(step)
         self._step, self._seen = step, []
-        due = lambda: tf.logical_or(self._scalars_due(step), self._histograms_due(step))  # noqa: E731
         try:
-            with self._step_writer.as_default(step=step), tf.summary.record_if(due):
-                self._gated(self._scalars_due(step), self._snapshot)
-                yield
+            with self._step_writer.as_default(step=step), tf.summary.record_if(lambda: scalars_due):
+                self._gated(scalars_due, self._snapshot)
+                return update()
         finally:
             self._step, self._seen = None, []
 
+    @property
+    def active(self) -> bool:
+        """True while `monitored` traces a step body: monitoring ops belong there."""
+        return self._step is not None
+
+    def when_scalars(self, fn: Callable[[], None]) -> None:
+        """Inside `monitored`, runs `fn` (summary writes, literal tags) on scalar logging
+        steps only; elsewhere does nothing."""
+        if not self.active:
+            return
+
+        def body() -> None:
+            with tf.compat.v1.name_scope(None):
+                fn()
+
+        self._gated(self._scalars_due(self._current_step("when_scalars")), body)
+
     def _current_step(self, method: str) -> tf.Tensor:
         if self._step is None:
-            raise RuntimeError(f"Monitor.{method} must be called inside `with monitor.recording(step)`")
+            raise RuntimeError(f"Monitor.{method} must be called inside `Monitor.monitored`")
         return self._step
 
-    def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
-        """`fn()` only when `due`, as a functional `If` that is not lowered.
+    def _gated(self, due: tf.Tensor, fn: Callable[[], T], otherwise: Callable[[], T] = _no_op) -> T:
+        """`fn()` if `due` else `otherwise()`, as a functional `If` that is not lowered.
 
         Inside a `tf.function` TensorFlow normally lowers `tf.cond` to
         Switch/Merge nodes, and then every node of the branch not taken is still
         visited (as dead) on every step: measurable on steps that log nothing.
         An `If` kept functional only calls the branch taken.
         """
-        if not self.functional_conds:
-            tf.cond(due, fn, _no_op)
-            return
+        if self.distributed:
+            return tf.cond(due, fn, otherwise)
         graph = tf.compat.v1.get_default_graph()
         start = len(graph.get_operations())
-        tf.cond(due, fn, _no_op)
+        result = tf.cond(due, fn, otherwise)
         for op in graph.get_operations()[start:]:
             if op.type in ("If", "StatelessIf"):
                 op._set_attr("_lower_using_switch_merge",  # noqa: SLF001
                              attr_value_pb2.AttrValue(b=False))
+        return result
 
     def _emit(self, tag: str, tensor: tf.Tensor, metadata: bytes) -> None:
         # Only called inside a branch that is already gated on the step: write
@@ -348,12 +394,10 @@ class Monitor:
         self._emit(tag, histogram_buckets(values), _HISTOGRAM_BYTES)
 
     def _snapshot(self) -> None:
-        """Before any update of a logging step: the weights and the learning rates.
+        """Before any update of a scalar logging step: the weights and the learning rates.
 
-        One `tf.cond` for the whole step rather than one per head before each
-        apply: every cond costs a little even when not taken. Each head's branch
-        in `head_update` then refreshes the weights it changed, so the next head
-        measures its update from there.
+        Each head's `head_update` then refreshes the weights it changed, so the
+        next head measures its update from there.
         """
         for ref, buffer in self._before.items():
             buffer.assign(self._variables[ref])
@@ -374,6 +418,8 @@ class Monitor:
     ) -> None:
         """Called right after head `head`'s optimizer applied `grads` to `variables`."""
         del optimizer  # its learning rate was read before the step's first update
+        if not self.active:
+            return  # the branch of a step that does not log
         step = self._current_step("head_update")
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         trunk = [(g, v) for g, v in pairs if id(v) in self._trunk_ids]
@@ -402,20 +448,13 @@ class Monitor:
                 self._write_cosines(head, [g for g, _ in trunk], trunk_norm, earlier, step)
             self._recorded_at[head].assign(step)
 
-        if not self.histograms_every:
-            self._gated(self._scalars_due(step), scalars)
-            return
+        self._gated(self._scalars_due(step), scalars)
+        if self.histograms_every:
+            def histograms() -> None:
+                for g, v in pairs:
+                    self._emit_histogram(f"grad_hist/{head}/{v.path}", _dense(g))
 
-        def histograms() -> None:
-            for g, v in pairs:
-                self._emit_histogram(f"grad_hist/{head}/{v.path}", _dense(g))
-
-        def either() -> None:
-            self._gated(self._scalars_due(step), scalars)
             self._gated(self._histograms_due(step), histograms)
-
-        # One cond per head on steps that log nothing, the two cadences nested inside.
-        self._gated(tf.logical_or(self._scalars_due(step), self._histograms_due(step)), either)
 
     def _write_cosines(self, head: str, trunk_grads: list[_Grad], norm: tf.Tensor,
                        earlier: list[str], step: tf.Tensor) -> None:

@@ -170,8 +170,8 @@ def test_scalar_and_histogram_cadence_and_histogram_contents(tmp_path):
 
 def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
     """tfdbg records every op the compiled step executes. With the monitor on, a step that
-    does not log executes exactly the ops of the same step without a monitor, plus the
-    in-graph cadence test; a logging step executes the norms and the summary writes."""
+    does not log executes exactly the ops of the same step without a monitor (plus reading
+    the step counter); a logging step executes the norms and the summary writes."""
     from tensorflow.python.debug.lib import debug_events_reader
 
     dump = str(tmp_path / "dump")
@@ -214,13 +214,25 @@ def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
     assert {"Sqrt", "Square", "Sum"} <= set(extra[3]), extra[3]        # scalars: norms
     assert "HistogramFixedWidth" not in extra[3]
     assert "HistogramFixedWidth" in extra[6] and "HistogramFixedWidth" in extra[0]
-    # Ops without outputs are not traced by tfdbg: check those in the step's graph. Writes
-    # only exist inside the gated branches, and the writer is not flushed on every step.
+    # Ops without outputs are not traced by tfdbg: check those in the compiled graphs.
+    # Steps that do not log run a variant without a single summary op, and no flush.
     x, y = make_batch(("a", "b"), seed=0)
-    graph = on._train_step._one.get_concrete_function(x, y).graph  # noqa: SLF001
-    top_level = {op.type for op in graph.get_operations()}
-    assert not {"WriteSummary", "FlushSummaryWriter"} & top_level
-    assert "If" in top_level or "StatelessIf" in top_level
+    variants = on._train_step._variants  # noqa: SLF001
+    quiet = _op_types(variants[False][0].get_concrete_function(x, y).graph)
+    monitored = variants[True][0].get_concrete_function(x, y).graph
+    assert not {"WriteSummary", "FlushSummaryWriter", "If", "StatelessIf"} & quiet
+    assert "WriteSummary" in _op_types(monitored) and "FlushSummaryWriter" not in _op_types(monitored)
+    # In the monitored variant, writes sit only in branches gated on the step.
+    assert "WriteSummary" not in {op.type for op in monitored.get_operations()}
+
+
+def _op_types(graph) -> set[str]:
+    """Op types of `graph` and of every function it calls (cond branches included)."""
+    graph_def = graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
 
 
 def test_head_that_does_not_train_the_trunk_has_no_trunk_norm_and_no_cosine(tmp_path):
@@ -298,11 +310,10 @@ def test_bad_cadence_fails_at_construction(tmp_path, kwargs, match):
     assert not os.path.exists(tmp_path / "train")  # nothing written
 
 
-def test_monitor_methods_outside_recording_explain_what_to_do(tmp_path):
+def test_monitoring_before_bind_explains_what_to_do(tmp_path):
     monitor = mh.Monitor(str(tmp_path))
     with pytest.raises(RuntimeError, match="bind"):
-        with monitor.recording(tf.constant(0, tf.int64)):
-            pass
+        monitor.monitored(tf.constant(0, tf.int64), lambda: None)
     monitor.close()
 
 
