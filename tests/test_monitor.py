@@ -168,6 +168,25 @@ def test_scalar_and_histogram_cadence_and_histogram_contents(tmp_path):
     np.testing.assert_array_equal(hist[:, 2], np.histogram(grad0.astype(np.float64), edges)[0])
 
 
+def test_cadence_follows_the_step_counter_when_it_is_set_from_outside(tmp_path):
+    """Which steps log is decided from the step counter itself, so a counter moved by a
+    restored checkpoint (or by hand) logs at the right steps, with `fit` and `step` alike."""
+    trainer = mh.Trainer(make_model(("a", "b"), seed=0),
+                         {"a": mh.Objective("mse", "sgd"), "b": mh.Objective("mse", "sgd")},
+                         log_dir=str(tmp_path), log_every=5, histograms_every=0)
+    batch = make_batch(("a", "b"), seed=0)
+    trainer.step(batch)                                       # step 0: logs
+    trainer.step_variable.assign(8)
+    trainer.step(batch)                                       # step 8: quiet
+    trainer.step(batch)                                       # step 9: quiet
+    trainer.step(batch)                                       # step 10: logs
+    trainer.step_variable.assign(13)
+    x, y = batch
+    trainer.fit((x, y), steps=9, batch_size=4, steps_per_execution=4, verbose=False)  # 13..21
+    trainer.close()
+    assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [0, 10, 15, 20]
+
+
 def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
     """tfdbg records every op the compiled step executes. With the monitor on, a step that
     does not log executes exactly the ops of the same step without a monitor (plus reading
