@@ -88,10 +88,16 @@ def _no_projection() -> tf.Tensor:
     return tf.constant(0, tf.int32)
 
 
+def _rows_times(w: tf.Tensor, q: tf.Tensor) -> tf.Tensor:
+    """`w @ q` for `w` of shape `(..., K)`, as one 2-D matmul (a broadcasting batched matmul
+    costs ~70 us on these tiny shapes)."""
+    return tf.reshape(tf.matmul(tf.reshape(w, [-1, q.shape[0]]), q), tf.shape(w))
+
+
 def _quadratic_forms(w: tf.Tensor, q: tf.Tensor) -> tf.Tensor:
-    """`w_r^T q w_r` for every row `w_r` of `w` (`(..., K)`): a matmul, not a 3-operand einsum
+    """`w_r^T q w_r` for every row `w_r` of `w` (`(..., K)`), without a 3-operand einsum
     (which runs as two slow einsum kernels on these tiny shapes)."""
-    return tf.reduce_sum(tf.matmul(w, q) * w, axis=-1)
+    return tf.reduce_sum(_rows_times(w, q) * w, axis=-1)
 
 
 # -- constant weights ------------------------------------------------------------------
@@ -394,21 +400,28 @@ def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
         `P x K` minimisers.
     """
     k = _k(gram)
+    gram = tf.convert_to_tensor(gram, tf.float32)
+    lower_t = tf.transpose(tf.convert_to_tensor(lower, tf.float32))      # (K, P): column p = bound p
     faces = _free_masks(k)
-    a = _face_systems(gram, faces)                                        # (S, K, K)
-    masks = tf.constant(faces)                                            # (S, K)
-    bound = 1.0 - masks
-    # rhs[s, :, p] = -m_s * (gram @ (bound_s * lower_p)): free coords see the fixed ones.
-    fixed = bound[:, None, :] * lower[None, :, :]                         # (S, P, K)
-    rhs = -masks[:, :, None] * tf.linalg.matmul(gram, fixed, transpose_b=True)  # (S, K, P)
-    free = tf.linalg.solve(a, rhs)                                        # (S, K, P)
-    cand = masks[:, None, :] * tf.transpose(free, [0, 2, 1]) + fixed      # (S, P, K)
-    scale = tf.reduce_max(tf.abs(lower)) + 1.0
-    feasible = tf.reduce_all(cand >= lower[None] - 1e-5 * scale, axis=-1)  # (S, P)
-    objective = _quadratic_forms(cand, gram)
-    objective = tf.where(feasible, objective, np.inf)
+    masks = tf.constant(faces[:, :, None])                                # (S, K, 1)
+    # Every candidate is laid out (S, K, P), as the batched solve wants it: transposing
+    # (S, P, K) tensors or broadcasting batched matmuls cost ~70 us each on these shapes.
+    fixed = (1.0 - masks) * lower_t[None]                                 # bound coords at their bound
+    # gram @ fixed_s = (gram * bound_s) @ lower_t, for every face in one 2-D matmul.
+    bound_cols = tf.constant((1.0 - faces)[:, None, :])                   # (S, 1, K)
+    gram_fixed = tf.reshape(tf.matmul(tf.reshape(gram[None] * bound_cols, [-1, k]), lower_t),
+                            tf.shape(fixed))
+    # Free coords see the fixed ones: gram_FF w_F = -(gram @ fixed)_F.
+    free = tf.linalg.solve(_face_systems(gram, faces), -masks * gram_fixed)
+    cand = masks * free + fixed                                           # (S, K, P)
+    scale = tf.reduce_max(tf.abs(lower_t)) + 1.0
+    feasible = tf.reduce_all(cand >= lower_t[None] - 1e-5 * scale, axis=1)  # (S, P)
+    # The solve makes the gradient gram @ cand vanish on the free coordinates, so
+    # cand^T gram cand = cand . (gram @ cand) = cand . (gram @ fixed) (gram is symmetric).
+    objective = tf.where(feasible, tf.reduce_sum(cand * gram_fixed, axis=1), np.inf)
     best = tf.argmin(objective, axis=0, output_type=tf.int32)             # (P,)
-    return tf.gather_nd(cand, tf.stack([best, tf.range(tf.shape(lower)[0])], axis=1))
+    # out[p] = cand[best[p], :, p]
+    return tf.gather(tf.gather(cand, best), tf.range(tf.shape(best)[0]), axis=2, batch_dims=1)
 
 
 def upgrad_weighting(gram: tf.Tensor, reg: float = 1e-4) -> Weighting:
