@@ -50,6 +50,12 @@ from multihead.step import HeadUpdate, TrainStep, _regularization
 
 PER_HEAD = "per_head"
 
+#: Up to this many heads the Gramian is summed from pairwise inner products and the
+#: heads' gradients are combined by a direct weighted sum; above, from `K x n` stacks
+#: (one matmul each). Measured (4 trunk variables, 82k parameters): K=2 30 vs 90 us,
+#: K=3 70 vs 90 us, K=4 160 vs 150 us.
+_PAIRWISE_MAX_HEADS = 3
+
 #: Every name `TrunkPolicy(aggregator=...)` accepts.
 TRUNK_AGGREGATORS = AGGREGATORS + LOSS_WEIGHTINGS
 
@@ -238,14 +244,29 @@ class _Computed:
         return self._grads
 
 
-def _weighted_sum(grads: Sequence[tf.Tensor | None], weights: Sequence[float], like: Any) -> tf.Tensor:
-    """`sum_k weights[k] grads[k]` for weights known when tracing (None = no dependence).
+def _weighted_sum(grads: Sequence[tf.Tensor | None], weights: Sequence[float | tf.Tensor],
+                  like: Any) -> tf.Tensor:
+    """`sum_k weights[k] grads[k]` (None = no dependence), without a `K x n` stack.
 
-    For constant weights this beats `weights @ stack(grads)`: stacking copies the K
-    gradients into a `K x n` matrix first (at K=2 the copy costs as much as the sum).
+    `weights` are Python floats when known at trace time (a weight of 1 costs no
+    multiply) or scalar tensors.
     """
-    terms = [g if w == 1.0 else w * g for g, w in zip(grads, weights) if g is not None]
+    terms = [g if isinstance(w, float) and w == 1.0 else w * g
+             for g, w in zip(grads, weights) if g is not None]
     return tf.add_n(terms) if terms else tf.zeros_like(like)
+
+
+def _pairwise_gramian(per_head: Sequence[Sequence[tf.Tensor | None]]) -> tf.Tensor:
+    """`G G^T` from the K(K+1)/2 inner products of the heads' gradients (no stacking)."""
+    k = len(per_head)
+
+    def dot(a: int, b: int) -> tf.Tensor:
+        terms = [tf.reduce_sum(x * y) for x, y in zip(per_head[a], per_head[b])
+                 if x is not None and y is not None]
+        return tf.add_n(terms) if terms else tf.constant(0.0)
+
+    upper = {(a, b): dot(a, b) for a in range(k) for b in range(a, k)}
+    return tf.stack([tf.stack([upper[min(a, b), max(a, b)] for b in range(k)]) for a in range(k)])
 
 
 def _gramian(stacked: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -455,24 +476,27 @@ class AggregatedStep(TrainStep):
         """The heads' gradients of `targets_k` combined by the aggregator's weights;
         (weights, projections, Gramian or None); the per-target `K x n` gradients."""
         trunk = self._trunk
+        k = len(agg)
+        # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
+        pairwise = k <= _PAIRWISE_MAX_HEADS
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(targets_k)]
         constant = trunk.aggregator.name in ("sum", "mean", "weights")
         needs_gram = not constant or (trunk.weighting is not None
                                       and trunk.weighting.needs_grad_norms)
         gram = None
         if needs_gram:
-            gram = _gramian(stacked)
+            gram = _pairwise_gramian(per_head) if pairwise else _gramian(stacked)
             extra = {}
             if trunk.aggregator.random_order:
-                k = len(agg)
                 extra["order"] = tf.argsort(trunk.rng.uniform([k, k]), axis=1)
             result = trunk.aggregator(gram, **extra)
         else:
-            result = trunk.aggregator(tf.zeros([len(agg), len(agg)]))
+            result = trunk.aggregator(tf.zeros([k, k]))
         weights = result.weights
         static = tf.get_static_value(weights)
-        if static is not None:  # constant weights: `stacked` is only read on logging steps
-            combined = [_weighted_sum([g[j] for g in per_head], static.tolist(), t)
+        if static is not None or pairwise:  # then `stacked` is only read on logging steps
+            terms = static.tolist() if static is not None else tf.unstack(weights)
+            combined = [_weighted_sum([g[j] for g in per_head], terms, t)
                         for j, t in enumerate(targets_k)]
         else:
             combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
