@@ -192,10 +192,12 @@ def _min_norm_face(a: tf.Tensor) -> tf.Tensor:
     feasible (`w >= 0`) candidate with the largest `1.a`.
     """
     total = tf.reduce_sum(a, axis=1)
-    feasible = tf.logical_and(tf.reduce_all(a >= -1e-6 * total[:, None], axis=1),
-                              tf.reduce_all(tf.math.is_finite(a), axis=1))
+    w = a / total[:, None]
+    # A finite sum has finite terms; a negative one (rounding garbage) never wins: every
+    # vertex (singleton face) is feasible with 1.a = 1 / gram_ii > 0.
+    feasible = tf.logical_and(tf.reduce_all(w >= -1e-6, axis=1), tf.math.is_finite(total))
     best = tf.argmax(tf.where(feasible, total, -np.inf), output_type=tf.int32)
-    return tf.maximum(a[best] / total[best], 0.0)
+    return tf.maximum(tf.gather(w, best), 0.0)
 
 
 def simplex_qp(gram: tf.Tensor, reg: float = 1e-6) -> tf.Tensor:
@@ -283,8 +285,9 @@ def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e
     `b_S + (radius / t) g_SS w_S = mu 1` with `t = |g_w|` and `1.w = 1`. With
     `a = g_SS^-1 1`, `c = g_SS^-1 b_S`, `A = 1.a`, `C = 1.c`, `B = b_S.c` this gives
     `w = (mu a - c) / sqrt(D)`, `D = C^2 - A (B - radius^2)`, `mu = (C + sqrt(D)) / A`.
-    Where `g_w = 0` (0 in the hull), the min-norm point is optimal. The best
-    feasible candidate over all supports and the min-norm point is the optimum.
+    Where `g_w = 0` (0 in the hull), every such w is optimal (F = 0), the min-norm
+    point among them; the faces' min-norm candidates `a / 1.a` (as in `simplex_qp`)
+    cover it. The best feasible candidate of all is the optimum.
     """
     k = _k(g)
     faces = _free_masks(k)[1:]
@@ -297,15 +300,14 @@ def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e
     disc = c_sum**2 - a_sum * (b_c - radius**2)
     root = tf.sqrt(tf.maximum(disc, 1e-30))
     mu = (c_sum + root) / a_sum
-    w = (mu[:, None] * a - c) / root[:, None]
-    # `a` is also what `simplex_qp(g, reg)` solves for: its min-norm point costs no second solve.
-    w = tf.concat([w, _min_norm_face(a)[None, :]], axis=0)
+    # Smooth KKT points, then the min-norm candidates (from the same solve).
+    w = tf.concat([(mu[:, None] * a - c) / root[:, None], a / a_sum[:, None]], axis=0)
     feasible = tf.reduce_all(tf.math.is_finite(w), axis=1) & tf.reduce_all(w >= -1e-6, axis=1)
-    feasible &= tf.concat([disc > 0, [True]], axis=0)
+    feasible &= tf.concat([disc > 0, tf.ones_like(disc > 0)], axis=0)
     w = tf.where(feasible[:, None], tf.maximum(w, 0.0), 1.0 / k)
     norms = tf.sqrt(tf.maximum(_quadratic_forms(w, g), 0.0))
-    objective = tf.where(feasible, tf.linalg.matvec(w, b) + radius * norms, np.inf)
-    return w[tf.argmin(objective, output_type=tf.int32)]
+    objective = tf.where(feasible, tf.reduce_sum(w * b, axis=1) + radius * norms, np.inf)
+    return tf.gather(w, tf.argmin(objective, output_type=tf.int32))
 
 
 def _cagrad_pgd(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, max_iter: int,
@@ -359,8 +361,8 @@ def cagrad_weighting(gram: tf.Tensor, c: float = 0.4, rescale: int = 1, solver: 
         return Weighting(mean, _no_projection())
     scale = tf.reduce_max(tf.linalg.diag_part(gram))
     g = tf.math.divide_no_nan(gram, scale)             # argmin is scale invariant
-    b = tf.linalg.matvec(g, mean)                       # G g0 in Gramian form
-    g0_norm = tf.sqrt(tf.maximum(tf.tensordot(mean, b, 1), 0.0) + 1e-12)
+    b = tf.reduce_mean(g, axis=1)                       # G g0 in Gramian form
+    g0_norm = tf.sqrt(tf.maximum(tf.reduce_mean(b), 0.0) + 1e-12)
     radius = c * g0_norm
     if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
         w = _cagrad_exact(g, b, radius)
