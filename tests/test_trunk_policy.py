@@ -12,13 +12,14 @@ import multihead as mh
 from conftest import make_batch, make_model, weights
 from multihead.builders import build_trunk
 from multihead.config import ConfigError, load_config
+from multihead.trunk_policy import _PAIRWISE_MAX_HEADS
 
 HEADS = ("a", "b", "c")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _head_opts():
-    return {h: keras.optimizers.Adam(1e-2) for h in HEADS}
+def _head_opts(heads=HEADS):
+    return {h: keras.optimizers.Adam(1e-2) for h in heads}
 
 
 def _trunk_opt():
@@ -43,32 +44,33 @@ def _unflat(vector, variables):
     return out
 
 
-def _reference(model, name, options, batches, rep_grad=False, seed=0):
+def _reference(model, name, options, batches, rep_grad=False, seed=0, head_names=HEADS):
     """By hand: one persistent tape, each head's trunk gradient flattened into a K x D matrix
     (or K x (batch*features) at the trunk output), `mh.aggregate` on it, one trunk optimizer
     on the trunk variables and one Adam per head on the head's variables."""
-    heads, trunk_opt = _head_opts(), _trunk_opt()
+    heads, trunk_opt = _head_opts(head_names), _trunk_opt()
+    k = len(head_names)
     trunk_vars = model.trunk_variables
-    for h in HEADS:
+    for h in head_names:
         heads[h].build(model.head_variables(h))
     trunk_opt.build(trunk_vars)
     rng = tf.random.Generator.from_seed(seed)
     for x, y in batches:
         with tf.GradientTape(persistent=True) as tape:
             feats = model.trunk(x, training=True)
-            losses = {h: _mse(y[h], model.heads[h](feats, training=True)) for h in HEADS}
+            losses = {h: _mse(y[h], model.heads[h](feats, training=True)) for h in head_names}
         extra = {}
         if name == "pcgrad":
-            extra["order"] = tf.argsort(rng.uniform([3, 3]), axis=1)
+            extra["order"] = tf.argsort(rng.uniform([k, k]), axis=1)
         if rep_grad:
-            g = tf.stack([tf.reshape(tape.gradient(losses[h], feats), [-1]) for h in HEADS])
+            g = tf.stack([tf.reshape(tape.gradient(losses[h], feats), [-1]) for h in head_names])
             w = mh.aggregate(g, name, **options, **extra).weights
             combined = tf.reshape(tf.linalg.matvec(g, w, transpose_a=True), feats.shape)
             trunk_grads = tape.gradient(feats, trunk_vars, output_gradients=combined)
         else:
-            g = tf.stack([_flat(tape.gradient(losses[h], trunk_vars), trunk_vars) for h in HEADS])
+            g = tf.stack([_flat(tape.gradient(losses[h], trunk_vars), trunk_vars) for h in head_names])
             trunk_grads = _unflat(mh.aggregate(g, name, **options, **extra).direction, trunk_vars)
-        for h in HEADS:
+        for h in head_names:
             head_vars = model.head_variables(h)
             heads[h].apply_gradients(zip(tape.gradient(losses[h], head_vars), head_vars))
         trunk_opt.apply_gradients(zip(trunk_grads, trunk_vars))
@@ -83,15 +85,26 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,options,rep_grad", CASES)
-def test_aggregated_step_equals_hand_written_reference(name, options, rep_grad):
-    batches = [make_batch(HEADS, seed=s) for s in range(4)]
-    ours, ref = make_model(HEADS, seed=4), make_model(HEADS, seed=4)
-    trainer = mh.Trainer(ours, {h: mh.Objective("mse", o) for h, o in _head_opts().items()},
+# Up to trunk_policy._PAIRWISE_MAX_HEADS heads the step sums the Gramian from pairwise inner
+# products; with one head more it stacks the heads' gradients: both ways are checked.
+MORE_HEADS = tuple("abcdefgh"[: _PAIRWISE_MAX_HEADS + 1])
+assert len(HEADS) <= _PAIRWISE_MAX_HEADS
+MORE_HEADS_CASES = [  # constant weights never need the Gramian
+    ("pcgrad", {}, False), ("mgda", {}, False), ("cagrad", {"c": 0.5}, False),
+    ("upgrad", {}, False), ("mgda", {}, True), ("imtl", {}, True),
+]
+
+
+@pytest.mark.parametrize("name,options,rep_grad,heads",
+                         [c + (HEADS,) for c in CASES] + [c + (MORE_HEADS,) for c in MORE_HEADS_CASES])
+def test_aggregated_step_equals_hand_written_reference(name, options, rep_grad, heads):
+    batches = [make_batch(heads, seed=s) for s in range(4)]
+    ours, ref = make_model(heads, seed=4), make_model(heads, seed=4)
+    trainer = mh.Trainer(ours, {h: mh.Objective("mse", o) for h, o in _head_opts(heads).items()},
                          trunk=mh.TrunkPolicy(_trunk_opt(), name, options, rep_grad=rep_grad))
     for batch in batches:
         trainer.step(batch)
-    _reference(ref, name, options, batches, rep_grad=rep_grad)
+    _reference(ref, name, options, batches, rep_grad=rep_grad, head_names=heads)
     for a, b in zip(ours.trainable_variables, ref.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
     assert trainer.trace_count == 1
