@@ -133,6 +133,23 @@ def test_mgda_2d_solvers_agree_with_the_closed_form():
                                    [0.8, 0.2], atol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["zero", "duplicate", "collinear"])
+def test_mgda_exact_solver_on_degenerate_gradients(case):
+    # Singular Gramians: each face's system gram_SS + reg I must stay regular and the
+    # selection must still return a point of the simplex that is the min-norm point.
+    rng = np.random.default_rng(3)
+    v, u = rng.standard_normal(6), rng.standard_normal(6)
+    g = {"zero": np.zeros((3, 6)),                       # every point is the min-norm point
+         "duplicate": np.stack([v, v, u, u]),            # the hull of {v, u}
+         "collinear": np.stack([v, -2.0 * v, 3.0 * v]),  # 0 is in the hull: d* = 0
+         }[case].astype(np.float32)
+    result = mh.aggregate(g, "mgda", solver="exact")
+    weights, direction = _np(result.weights), _np(result.direction)
+    assert np.all(np.isfinite(weights)) and np.all(weights >= 0) and abs(weights.sum() - 1) < 1e-5
+    expected = min_norm_reference(g)
+    assert direction @ direction == pytest.approx(expected @ expected, abs=1e-5)
+
+
 # -- CAGrad ----------------------------------------------------------------------------
 
 
