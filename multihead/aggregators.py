@@ -154,8 +154,8 @@ def pcgrad_weighting(gram: tf.Tensor, order: tf.Tensor | None = None) -> Weighti
     sq_norms = tf.linalg.diag_part(gram)
     for pos in range(k):
         j = order[:, pos]                                    # (K,) the head each row projects on
-        gram_j = tf.gather(gram, j, axis=1)                  # (K, K): column j_i for row i
-        dots = tf.reduce_sum(coeffs * tf.transpose(gram_j), axis=1)   # g_i' . g_{j_i}
+        rows_j = tf.gather(gram, j)                          # row i: gram[j_i] (= column j_i)
+        dots = tf.reduce_sum(coeffs * rows_j, axis=1)        # g_i' . g_{j_i}
         conflict = tf.logical_and(dots < 0.0, tf.not_equal(j, rows))
         scale = tf.where(conflict, tf.math.divide_no_nan(dots, tf.gather(sq_norms, j)), 0.0)
         coeffs -= scale[:, None] * tf.one_hot(j, k)
@@ -470,7 +470,7 @@ def imtl_weighting(gram: tf.Tensor) -> Weighting:
     # g_a . (u_1 - u_b) for b = 2..K
     g_dot_u = cos_part[:, :1] - cos_part[:, 1:]                  # (K, K-1)
     du = g_dot_u[:1, :] - g_dot_u[1:, :]                         # (K-1, K-1): (g_1 - g_a).(u_1 - u_b)
-    alpha_rest = tf.linalg.solve(tf.transpose(du), tf.transpose(g_dot_u[:1, :]))[:, 0]
+    alpha_rest = tf.linalg.solve(du, g_dot_u[0][:, None], adjoint=True)[:, 0]
     # alpha_rest solves alpha^T (D U^T) = g_1 U^T, i.e. (D U^T)^T alpha = (g_1 U^T)^T.
     alpha = tf.concat([[1.0 - tf.reduce_sum(alpha_rest)], alpha_rest], axis=0)
     return Weighting(alpha, _no_projection())
