@@ -18,6 +18,7 @@ context and applied in cross-replica context (see `multihead.distribute`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -30,6 +31,7 @@ from multihead.monitor import Monitor
 from multihead.objectives import HeadLoss
 
 SCHEDULES = ("simultaneous", "sequential")
+_MOVED = "multihead: the step counter moved since the last step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,7 @@ class TrainStep:
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads})
         self.trace_count = 0
+        self._counter: int | None = None  # the step counter as the last call left it
         # Compiled lazily: (one step, several steps) without monitoring, and with it.
         self._variants = {False: self._compile(False, jit_compile),
                           True: self._compile(True, jit_compile)}
@@ -139,42 +142,74 @@ class TrainStep:
         def body(inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
             return self._body(inputs, targets, monitored)
 
-        one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
+        one = tf.function(lambda inputs, targets, expected: self._single(body, inputs, targets, expected),
                           jit_compile=jit_compile, reduce_retracing=True)
         # XLA cannot compile the data iterator, so the loop stays plain and each step
         # in it is the same (optionally jit-compiled) function.
         step_body = tf.function(body, jit_compile=True) if jit_compile else body
-        many = tf.function(lambda iterator, max_steps: self._multi(step_body, iterator, max_steps),
-                           reduce_retracing=True)
+        many = tf.function(
+            lambda iterator, max_steps, expected: self._multi(step_body, iterator, max_steps, expected),
+            reduce_retracing=True)
         return one, many
 
-    def _monitored(self, step: int | None = None) -> bool:
-        """Whether the step at counter value `step` runs the monitored variant.
+    # -- which variant: steps that do not log run one without any monitoring op ---------
+    #
+    # The choice is made in Python: in the graph, even an untaken conditional costs
+    # ~10-25 us per step. Python knows the step counter without reading the variable
+    # (an eager read right after a step measured 20-60 us): it is the value the last
+    # call left. The call checks that value in the graph before doing anything, so a
+    # counter moved from outside (a restored checkpoint, an assignment) is caught,
+    # re-read, and the call retried with the right variant. Under a strategy every step
+    # runs the monitored variant, gated piece by piece in the graph: the all-reduces
+    # must be the same on every worker, whether it monitors or not.
 
-        Steps that do not log run a variant compiled without a single monitoring
-        op: choosing in Python costs nothing in the graph, where even an untaken
-        conditional costs ~10-25 us per step. Under a strategy every step runs the
-        monitored variant, gated piece by piece in the graph: the all-reduces must be
-        the same on every worker, whether it monitors or not.
-        """
-        monitor = self._monitor
-        if monitor is None:
-            return False
-        if monitor.distributed:
-            return True
-        return monitor.logs_at(self._step_value() if step is None else step)
+    def _split(self) -> bool:
+        """Whether steps choose between a monitored and an unmonitored variant."""
+        return self._monitor is not None and not self._monitor.distributed
 
-    def _step_value(self) -> int:
-        # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
-        return int(tf.raw_ops.ReadVariableOp(resource=self._step.handle, dtype=self._step.dtype))
+    def _counter_value(self) -> int:
+        if self._counter is None:
+            # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
+            self._counter = int(tf.raw_ops.ReadVariableOp(resource=self._step.handle,
+                                                          dtype=self._step.dtype))
+        return self._counter
+
+    def _checked_call(self, fn: Callable[[int, tf.Tensor], Any]) -> Any:
+        """`fn(counter, expected_counter)`, with the counter re-read and `fn` retried once
+        if it moved since the last call."""
+        for attempt in range(2):
+            counter = self._counter_value()
+            try:
+                return fn(counter, tf.constant(counter, tf.int64))
+            except tf.errors.InvalidArgumentError as error:
+                if _MOVED not in str(error) or attempt:
+                    raise
+                self._counter = None
+
+    def _check_counter(self, step: tf.Tensor, expected: tf.Tensor | None) -> Any:
+        """In the graph: nothing runs unless the counter is at `expected` (when given)."""
+        if expected is None:
+            return contextlib.nullcontext()
+        # The raw op: `tf.debugging.Assert` wraps it in a conditional.
+        check = tf.raw_ops.Assert(condition=tf.equal(step, expected), data=[_MOVED, step, expected])
+        return tf.control_dependencies([check])
 
     def __call__(self, inputs: Any, targets: Any) -> StepOutput:
         """One step on one batch (split across the replicas under a strategy)."""
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
-        one, _ = self._variants[self._monitored()]
-        return one(inputs, targets)
+        if not self._split():
+            one, _ = self._variants[self._monitor is not None]
+            return one(inputs, targets, None)
+
+        def call(step: int, expected: tf.Tensor) -> StepOutput:
+            one, _ = self._variants[self._monitor.logs_at(step)]
+            return one(inputs, targets, expected)
+
+        output = self._checked_call(call)
+        self._counter = int(output.step) + 1
+        return output
 
     def run(self, iterator: Any, max_steps: int) -> StepsOutput:
         """Up to `max_steps` steps in compiled calls, taking batches from `iterator`.
@@ -187,19 +222,24 @@ class TrainStep:
         """
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
-        monitor = self._monitor
-        if monitor is None or monitor.distributed:
-            _, many = self._variants[monitor is not None]
-            return many(iterator, tf.constant(max_steps, tf.int32))
-        step, left, parts = self._step_value(), max_steps, []
+        if not self._split():
+            _, many = self._variants[self._monitor is not None]
+            return many(iterator, tf.constant(max_steps, tf.int32), None)
+        monitor, left, parts = self._monitor, max_steps, []
+
+        def call(step: int, expected: tf.Tensor) -> tuple[StepsOutput, int]:
+            """The steps from `step` up to the next logging step, or that step alone."""
+            logs = monitor.logs_at(step)
+            n = 1 if logs else min(left, monitor.quiet_steps_from(step))
+            _, many = self._variants[logs]
+            return many(iterator, tf.constant(n, tf.int32), expected), n
+
         while left > 0:
-            monitored = self._monitored(step)
-            n = 1 if monitored else min(left, monitor.quiet_steps_from(step))
-            _, many = self._variants[monitored]
-            part = many(iterator, tf.constant(n, tf.int32))
+            part, n = self._checked_call(call)
             parts.append(part)
             count = int(part.count)
-            step, left = step + count, left - count
+            self._counter = int(part.first_step) + count
+            left -= count
             if count < n:
                 break  # the end of the data
         return _joined(parts, max_steps)
@@ -207,26 +247,30 @@ class TrainStep:
     def _stack(self, values: Mapping[str, tf.Tensor], dtype: tf.DType) -> tf.Tensor:
         return tf.stack([tf.cast(values[h.name], dtype) for h in self._heads])
 
-    def _single(self, body: Callable[..., Any], inputs: Any, targets: Any) -> StepOutput:
+    def _single(self, body: Callable[..., Any], inputs: Any, targets: Any,
+                expected: tf.Tensor | None) -> StepOutput:
         step = self._step.read_value()
-        losses, updated = body(inputs, targets)
-        return StepOutput(step, self._stack(losses, tf.float32), self._stack(updated, tf.bool))
+        with self._check_counter(step, expected):
+            losses, updated = body(inputs, targets)
+            return StepOutput(step, self._stack(losses, tf.float32), self._stack(updated, tf.bool))
 
-    def _multi(self, body: Callable[..., Any], iterator: Any, max_steps: tf.Tensor) -> StepsOutput:
+    def _multi(self, body: Callable[..., Any], iterator: Any, max_steps: tf.Tensor,
+               expected: tf.Tensor | None) -> StepsOutput:
         first = self._step.read_value()
         k = len(self._heads)
         losses = tf.TensorArray(tf.float32, size=max_steps, element_shape=[k])
         updated = tf.TensorArray(tf.bool, size=max_steps, element_shape=[k])
         count = tf.constant(0)
-        for i in tf.range(max_steps):
-            batch = iterator.get_next_as_optional()
-            if not batch.has_value():
-                break
-            inputs, targets = batch.get_value()
-            step_losses, step_updated = body(inputs, targets)
-            losses = losses.write(i, self._stack(step_losses, tf.float32))
-            updated = updated.write(i, self._stack(step_updated, tf.bool))
-            count = i + 1
+        with self._check_counter(first, expected):  # before any batch is taken
+            for i in tf.range(max_steps):
+                batch = iterator.get_next_as_optional()
+                if not batch.has_value():
+                    break
+                inputs, targets = batch.get_value()
+                step_losses, step_updated = body(inputs, targets)
+                losses = losses.write(i, self._stack(step_losses, tf.float32))
+                updated = updated.write(i, self._stack(step_updated, tf.bool))
+                count = i + 1
         return StepsOutput(first, count, losses.stack(), updated.stack())
 
     def _body(self, inputs: Any, targets: Any, monitored: bool,
