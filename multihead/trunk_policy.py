@@ -346,11 +346,11 @@ class AggregatedStep(TrainStep):
             rest, step, lambda h: self._apply(h, objectives[h.name], losses[h.name], tape)))
         del tape
         if self._monitor:
-            self._log_aggregation(step, agg, weights, loss_weights, gram, stacked, projections,
+            self._log_aggregation(agg, weights, loss_weights, gram, stacked, projections,
                                   trunk_grads)
         return losses, updated
 
-    def _log_aggregation(self, step: tf.Tensor, agg: Sequence[HeadUpdate], weights: tf.Tensor,
+    def _log_aggregation(self, agg: Sequence[HeadUpdate], weights: tf.Tensor,
                          loss_weights: tf.Tensor | None, gram: tf.Tensor | None,
                          stacked: Sequence[tf.Tensor], projections: tf.Tensor,
                          trunk_grads: Sequence[tf.Tensor]) -> None:
@@ -374,7 +374,7 @@ class AggregatedStep(TrainStep):
             write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
                 [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
 
-        self._when_logging(step, log)
+        self._monitor.when_scalars(log)  # nothing at all in the step variant that does not log
 
     def _replicated_simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
         """Under a strategy: every head's gradient all-reduced in replica context, then the
@@ -427,18 +427,8 @@ class AggregatedStep(TrainStep):
         updated.update(self._update_due(
             rest, step, lambda h: self._apply_gradients(h, grads[h.name], losses[h.name])))
         if self._monitor:
-            self._log_aggregation(step, agg, weights, None, gram, stacked, projections, trunk_grads)
+            self._log_aggregation(agg, weights, None, gram, stacked, projections, trunk_grads)
         return losses, updated
-
-    def _when_logging(self, step: tf.Tensor, fn: Any) -> None:
-        """Runs `fn` (summary writes) only on the monitor's logging steps, with literal tags."""
-        assert self._monitor is not None
-
-        def body() -> None:
-            with tf.compat.v1.name_scope(None):
-                fn()
-
-        tf.cond(tf.equal(step % self._monitor.every, 0), body, lambda: None)
 
     def _aggregate(self, tape: tf.GradientTape, agg: Sequence[HeadUpdate],
                    objectives: Mapping[str, tf.Tensor], feats: Any, trunk_vars: list[keras.Variable],
