@@ -18,7 +18,6 @@ context and applied in cross-replica context (see `multihead.distribute`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
@@ -31,7 +30,6 @@ from multihead.monitor import Monitor
 from multihead.objectives import HeadLoss
 
 SCHEDULES = ("simultaneous", "sequential")
-_MOVED = "multihead: the step counter moved since the last step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +147,6 @@ class TrainStep:
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads})
         self.trace_count = 0
-        self._counter: int | None = None  # the step counter as the last call left it
         self._concrete: dict[Hashable, Callable[..., Any]] = {}
         # Compiled lazily: (one step, several steps) without monitoring, and with it.
         self._variants = {False: self._compile(False, jit_compile),
@@ -159,87 +156,54 @@ class TrainStep:
         def body(inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
             return self._body(inputs, targets, monitored)
 
-        one = tf.function(lambda inputs, targets, expected: self._single(body, inputs, targets, expected),
+        one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
                           jit_compile=jit_compile, reduce_retracing=True)
         # XLA cannot compile the data iterator, so the loop stays plain and each step
         # in it is the same (optionally jit-compiled) function.
         step_body = tf.function(body, jit_compile=True) if jit_compile else body
-        many = tf.function(
-            lambda iterator, max_steps, expected: self._multi(step_body, iterator, max_steps, expected),
-            reduce_retracing=True)
+        many = tf.function(lambda iterator, max_steps: self._multi(step_body, iterator, max_steps),
+                           reduce_retracing=True)
         return one, many
 
     # -- which variant: steps that do not log run one without any monitoring op ---------
     #
-    # The choice is made in Python: in the graph, even an untaken conditional costs
-    # ~10-25 us per step. Python knows the step counter without reading the variable
-    # (an eager read right after a step measured 20-60 us): it is the value the last
-    # call left. The call checks that value in the graph before doing anything, so a
-    # counter moved from outside (a restored checkpoint, an assignment) is caught,
-    # re-read, and the call retried with the right variant. Under a strategy every step
-    # runs the monitored variant, gated piece by piece in the graph: the all-reduces
-    # must be the same on every worker, whether it monitors or not.
+    # The choice is made in Python from the step counter: in the graph, even an untaken
+    # conditional costs ~10-25 us per step, reading the counter ~5-10 us per call (a
+    # value cached in Python and checked in the graph measured worse: the check's
+    # dependencies cost ~50 us). Under a strategy every step runs the monitored
+    # variant, gated piece by piece in the graph: the all-reduces must be the same on
+    # every worker, whether it monitors or not.
 
     def _split(self) -> bool:
         """Whether steps choose between a monitored and an unmonitored variant."""
         return self._monitor is not None and not self._monitor.distributed
 
-    def _counter_value(self) -> int:
-        if self._counter is None:
-            # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
-            self._counter = int(tf.raw_ops.ReadVariableOp(resource=self._step.handle,
-                                                          dtype=self._step.dtype))
-        return self._counter
+    def _counter(self) -> int:
+        # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
+        return int(tf.raw_ops.ReadVariableOp(resource=self._step.handle, dtype=self._step.dtype))
 
-    def _checked_call(self, fn: Callable[[int, tf.Tensor], Any]) -> Any:
-        """`fn(counter, expected_counter)`, with the counter re-read and `fn` retried once
-        if it moved since the last call."""
-        for attempt in range(2):
-            counter = self._counter_value()
-            try:
-                return fn(counter, tf.constant(counter, tf.int64))
-            except tf.errors.InvalidArgumentError as error:
-                if _MOVED not in str(error) or attempt:
-                    raise
-                self._counter = None
-
-    def _check_counter(self, step: tf.Tensor, expected: tf.Tensor | None) -> Any:
-        """In the graph: nothing runs unless the counter is at `expected` (when given)."""
-        if expected is None:
-            return contextlib.nullcontext()
-        # The raw op: `tf.debugging.Assert` wraps it in a conditional.
-        check = tf.raw_ops.Assert(condition=tf.equal(step, expected), data=[_MOVED, step, expected])
-        return tf.control_dependencies([check])
-
-    def _one_step(self, monitored: bool, inputs: Any, targets: Any, expected: tf.Tensor | None,
-                  ) -> StepOutput:
+    def _one_step(self, monitored: bool, inputs: Any, targets: Any) -> StepOutput:
         """The one-step function of a variant, called through its traced concrete function
         when these argument types were seen before: `tf.function`'s own dispatch (hashing
         the arguments' types) costs ~100 us per call, a third of a small model's step."""
         one, _ = self._variants[monitored]
-        spec = _spec((inputs, targets, expected))
+        spec = _spec((inputs, targets))
         if spec is None:  # e.g. numpy arrays, per-replica values: the general path
-            return one(inputs, targets, expected)
+            return one(inputs, targets)
         key = (monitored, spec)
         concrete = self._concrete.get(key)
         if concrete is None:
-            concrete = self._concrete[key] = one.get_concrete_function(inputs, targets, expected)
-        return concrete(inputs, targets, expected)
+            concrete = self._concrete[key] = one.get_concrete_function(inputs, targets)
+        return concrete(inputs, targets)
 
     def __call__(self, inputs: Any, targets: Any) -> StepOutput:
         """One step on one batch (split across the replicas under a strategy)."""
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
-        if not self._split():
-            return self._one_step(self._monitor is not None, inputs, targets, None)
-
-        def call(step: int, expected: tf.Tensor) -> StepOutput:
-            return self._one_step(self._monitor.logs_at(step), inputs, targets, expected)
-
-        output = self._checked_call(call)
-        self._counter = int(output.step) + 1
-        return output
+        monitored = self._monitor is not None and (
+            not self._split() or self._monitor.logs_at(self._counter()))
+        return self._one_step(monitored, inputs, targets)
 
     def run(self, iterator: Any, max_steps: int) -> StepsOutput:
         """Up to `max_steps` steps in compiled calls, taking batches from `iterator`.
@@ -254,22 +218,16 @@ class TrainStep:
             distribute.check_not_in_scope(self._strategy)
         if not self._split():
             _, many = self._variants[self._monitor is not None]
-            return many(iterator, tf.constant(max_steps, tf.int32), None)
-        monitor, left, parts = self._monitor, max_steps, []
-
-        def call(step: int, expected: tf.Tensor) -> tuple[StepsOutput, int]:
-            """The steps from `step` up to the next logging step, or that step alone."""
+            return many(iterator, tf.constant(max_steps, tf.int32))
+        monitor, step, left, parts = self._monitor, self._counter(), max_steps, []
+        while left > 0:  # the counter moves only by these calls meanwhile
             logs = monitor.logs_at(step)
             n = 1 if logs else min(left, monitor.quiet_steps_from(step))
             _, many = self._variants[logs]
-            return many(iterator, tf.constant(n, tf.int32), expected), n
-
-        while left > 0:
-            part, n = self._checked_call(call)
+            part = many(iterator, tf.constant(n, tf.int32))
             parts.append(part)
             count = int(part.count)
-            self._counter = int(part.first_step) + count
-            left -= count
+            step, left = step + count, left - count
             if count < n:
                 break  # the end of the data
         return _joined(parts, max_steps)
@@ -277,30 +235,26 @@ class TrainStep:
     def _stack(self, values: Mapping[str, tf.Tensor], dtype: tf.DType) -> tf.Tensor:
         return tf.stack([tf.cast(values[h.name], dtype) for h in self._heads])
 
-    def _single(self, body: Callable[..., Any], inputs: Any, targets: Any,
-                expected: tf.Tensor | None) -> StepOutput:
+    def _single(self, body: Callable[..., Any], inputs: Any, targets: Any) -> StepOutput:
         step = self._step.read_value()
-        with self._check_counter(step, expected):
-            losses, updated = body(inputs, targets)
-            return StepOutput(step, self._stack(losses, tf.float32), self._stack(updated, tf.bool))
+        losses, updated = body(inputs, targets)
+        return StepOutput(step, self._stack(losses, tf.float32), self._stack(updated, tf.bool))
 
-    def _multi(self, body: Callable[..., Any], iterator: Any, max_steps: tf.Tensor,
-               expected: tf.Tensor | None) -> StepsOutput:
+    def _multi(self, body: Callable[..., Any], iterator: Any, max_steps: tf.Tensor) -> StepsOutput:
         first = self._step.read_value()
         k = len(self._heads)
         losses = tf.TensorArray(tf.float32, size=max_steps, element_shape=[k])
         updated = tf.TensorArray(tf.bool, size=max_steps, element_shape=[k])
         count = tf.constant(0)
-        with self._check_counter(first, expected):  # before any batch is taken
-            for i in tf.range(max_steps):
-                batch = iterator.get_next_as_optional()
-                if not batch.has_value():
-                    break
-                inputs, targets = batch.get_value()
-                step_losses, step_updated = body(inputs, targets)
-                losses = losses.write(i, self._stack(step_losses, tf.float32))
-                updated = updated.write(i, self._stack(step_updated, tf.bool))
-                count = i + 1
+        for i in tf.range(max_steps):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            inputs, targets = batch.get_value()
+            step_losses, step_updated = body(inputs, targets)
+            losses = losses.write(i, self._stack(step_losses, tf.float32))
+            updated = updated.write(i, self._stack(step_updated, tf.bool))
+            count = i + 1
         return StepsOutput(first, count, losses.stack(), updated.stack())
 
     def _body(self, inputs: Any, targets: Any, monitored: bool,
