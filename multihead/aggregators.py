@@ -470,8 +470,11 @@ def imtl_weighting(gram: tf.Tensor) -> Weighting:
     # g_a . (u_1 - u_b) for b = 2..K
     g_dot_u = cos_part[:, :1] - cos_part[:, 1:]                  # (K, K-1)
     du = g_dot_u[:1, :] - g_dot_u[1:, :]                         # (K-1, K-1): (g_1 - g_a).(u_1 - u_b)
-    alpha_rest = tf.linalg.solve(du, g_dot_u[0][:, None], adjoint=True)[:, 0]
-    # alpha_rest solves alpha^T (D U^T) = g_1 U^T, i.e. (D U^T)^T alpha = (g_1 U^T)^T.
+    # alpha_rest solves alpha^T (D U^T) = g_1 U^T, i.e. (D U^T)^T alpha = (g_1 U^T)^T. D U^T
+    # is singular when two heads' gradients are parallel (or more heads than gradient
+    # dimensions): then the minimum-norm least-squares solution, where `solve` would
+    # fail the step ("Input matrix is not invertible").
+    alpha_rest = tf.linalg.lstsq(tf.linalg.adjoint(du), g_dot_u[0][:, None], fast=False)[:, 0]
     alpha = tf.concat([[1.0 - tf.reduce_sum(alpha_rest)], alpha_rest], axis=0)
     return Weighting(alpha, _no_projection())
 

@@ -306,3 +306,19 @@ def test_bad_aggregator_or_option_is_a_clear_error(name, options, match):
 def test_upgrad_head_limit_is_checked_early():
     with pytest.raises(ValueError, match="at most 12 heads"):
         agg.get_aggregator("upgrad", num_heads=13)
+
+
+@pytest.mark.parametrize("g", [
+    np.array([[1.0, 2.0, 0.0], [1.0, 2.0, 0.0], [0.0, 1.0, 1.0]], np.float32),   # duplicate heads
+    np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0]], np.float32),                  # parallel heads
+    np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 2.0]], np.float32),     # K > dimensions
+])
+def test_imtl_on_singular_systems_still_gives_equal_projections(g):
+    """D U^T is singular here (IMTL-G's closed form has no inverse); the aggregate is the
+    least-squares solution: finite, and with equal projections on every unit gradient
+    wherever such a direction exists (all three cases have one)."""
+    direction = _np(mh.aggregate(g, "imtl").direction)
+    assert np.all(np.isfinite(direction))
+    unit = g / np.linalg.norm(g, axis=1, keepdims=True)
+    projections = unit @ direction
+    np.testing.assert_allclose(projections, projections[0], rtol=1e-4, atol=1e-5)
