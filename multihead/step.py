@@ -45,6 +45,14 @@ class HeadUpdate:
     trains_trunk: bool
 
 
+def _not_converted(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks step internals that call no user code (gradients, optimizer updates) for
+    autograph to leave alone: inspecting every call it makes is ~2.8 s of the step's
+    trace at K=64. Forward passes stay converted: user layers and losses may use Python
+    control flow on tensors."""
+    return tf.autograph.experimental.do_not_convert(method)
+
+
 def _not_updated() -> tf.Tensor:
     return tf.constant(False)
 
@@ -316,10 +324,12 @@ class TrainStep:
             updated[head.name] = self._when_due(head, step, update, _not_updated)
         return updated
 
+    @_not_converted
     def _apply(self, head: HeadUpdate, objective: tf.Tensor, loss: tf.Tensor,
                tape: tf.GradientTape) -> None:
         self._apply_gradients(head, self._gradients(head, objective, tape), loss)
 
+    @_not_converted
     def _gradients(self, head: HeadUpdate, objective: tf.Tensor,
                    tape: tf.GradientTape) -> list[tf.Tensor | None]:
         grads = tape.gradient(objective, list(head.var_list))
@@ -330,6 +340,7 @@ class TrainStep:
             )
         return grads
 
+    @_not_converted
     def _apply_gradients(self, head: HeadUpdate, grads: Sequence[tf.Tensor | None],
                          loss: tf.Tensor) -> None:
         head.optimizer.apply_gradients(zip(grads, head.var_list))
