@@ -308,7 +308,6 @@ class Monitor:
             gaps.append(self.histograms_every - step % self.histograms_every)
         return min(gaps)
 
-    @tf.autograph.experimental.do_not_convert
     def monitored(self, step: tf.Tensor, update: Callable[[], T]) -> T:
         """The body of one compiled step taken at counter value `step`, monitored.
 

@@ -347,3 +347,21 @@ def test_pure_math():
     # all-equal values: one bin of width 1 centred on them holds everything
     hist = histogram_buckets(tf.fill([4, 2], 7.0), bins=5).numpy()
     assert hist[:, 2].sum() == 8 and hist[0, 0] == 6.5 and hist[-1, 1] == 7.5
+
+
+def test_research_loss_with_python_control_flow_trains_on_logging_and_other_steps(tmp_path):
+    """The step variant for logging steps converts user losses with autograph like the
+    other one: a loss branching in Python on a tensor works on every step."""
+    def loss(inputs, targets, outputs):
+        err = tf.reduce_mean(tf.square(outputs - targets["a"]))
+        if err > 100.0:  # Python `if` on a tensor: needs autograph
+            return err / 2.0
+        return err
+
+    trainer = mh.Trainer(make_model(("a",), seed=0), {"a": mh.Objective(loss, "sgd")},
+                         log_dir=str(tmp_path), log_every=2, histograms_every=0)
+    batch = make_batch(("a",), seed=0)
+    losses = [trainer.step(batch).losses["a"] for _ in range(4)]  # steps 0 and 2 log
+    trainer.close()
+    assert losses == sorted(losses, reverse=True)
+    assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [0, 2]
