@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -72,24 +71,15 @@ if trainer.is_chief:
 '''
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _run(mode: str, steps: int, batch: int, per_epoch: int, timeout: float = 600) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, "-c", _WORKER, mode, str(steps), str(batch), str(per_epoch)]
     if not mode.startswith("workers"):
         out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    from multihead.distribute import local_workers  # imports TensorFlow: only when needed
+
+    workers = local_workers(2)
     procs = []
     try:
         for index in range(2):

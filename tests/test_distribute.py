@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 
 import multihead as mh
 from multihead.config import ConfigError, from_dict
-from multihead.distribute import is_chief, make_strategy
+from multihead.distribute import is_chief, local_workers, make_strategy
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -252,21 +251,10 @@ log: {every: 2, histograms_every: 0}
 """
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def test_two_workers_via_the_cli_train_like_one_device(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(_CONFIG)
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = local_workers(2)
     procs, logs = [], []
     try:
         for index in range(2):
