@@ -348,15 +348,10 @@ class Monitor:
             with tf.compat.v1.name_scope(None):
                 fn()
 
-        self._gated(self._scalars_due(self._current_step("when_scalars")), body)
+        self._gated(self._scalars_due(self._step), body)
 
-    def _current_step(self, method: str) -> tf.Tensor:
-        if self._step is None:
-            raise RuntimeError(f"Monitor.{method} must be called inside `Monitor.monitored`")
-        return self._step
-
-    def _gated(self, due: tf.Tensor, fn: Callable[[], T], otherwise: Callable[[], T] = _no_op) -> T:
-        """`fn()` if `due` else `otherwise()`, as a functional `If` that is not lowered.
+    def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
+        """`fn()` only when `due`, as a functional `If` that is not lowered.
 
         Inside a `tf.function` TensorFlow normally lowers `tf.cond` to
         Switch/Merge nodes, and then every node of the branch not taken is still
@@ -364,15 +359,15 @@ class Monitor:
         An `If` kept functional only calls the branch taken.
         """
         if self.distributed:
-            return tf.cond(due, fn, otherwise)
+            tf.cond(due, fn, _no_op)
+            return
         graph = tf.compat.v1.get_default_graph()
         start = len(graph.get_operations())
-        result = tf.cond(due, fn, otherwise)
+        tf.cond(due, fn, _no_op)
         for op in graph.get_operations()[start:]:
             if op.type in ("If", "StatelessIf"):
                 op._set_attr("_lower_using_switch_merge",  # noqa: SLF001
                              attr_value_pb2.AttrValue(b=False))
-        return result
 
     def _emit(self, tag: str, tensor: tf.Tensor, metadata: bytes) -> None:
         # Only called inside a branch that is already gated on the step: write
@@ -418,8 +413,8 @@ class Monitor:
         """Called right after head `head`'s optimizer applied `grads` to `variables`."""
         del optimizer  # its learning rate was read before the step's first update
         if not self.active:
-            return  # the branch of a step that does not log
-        step = self._current_step("head_update")
+            return  # not inside `monitored`: the step variant that does not log
+        step = self._step
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         trunk = [(g, v) for g, v in pairs if id(v) in self._trunk_ids]
         own = [(g, v) for g, v in pairs if id(v) not in self._trunk_ids]

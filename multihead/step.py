@@ -122,11 +122,13 @@ def _joined(parts: Sequence[StepsOutput], max_steps: int) -> StepsOutput:
     if len(parts) == 1:
         return parts[0]
     counts = [int(p.count) for p in parts]
-    pad = max_steps - sum(counts)
-    losses = tf.concat([p.losses[:c] for p, c in zip(parts, counts)], 0)
-    updated = tf.concat([p.updated[:c] for p, c in zip(parts, counts)], 0)
-    return StepsOutput(parts[0].first_step, tf.constant(sum(counts)),
-                       tf.pad(losses, [[0, pad], [0, 0]]), tf.pad(updated, [[0, pad], [0, 0]]))
+    total = sum(counts)
+
+    def rows(field: str) -> tf.Tensor:
+        valid = tf.concat([getattr(p, field)[:c] for p, c in zip(parts, counts)], 0)
+        return tf.pad(valid, [[0, max_steps - total], [0, 0]])
+
+    return StepsOutput(parts[0].first_step, tf.constant(total), rows("losses"), rows("updated"))
 
 
 class TrainStep:
@@ -186,10 +188,6 @@ class TrainStep:
     # variant, gated piece by piece in the graph: the all-reduces must be the same on
     # every worker, whether it monitors or not.
 
-    def _split(self) -> bool:
-        """Whether steps choose between a monitored and an unmonitored variant."""
-        return self._monitor is not None and not self._monitor.distributed
-
     def _counter(self) -> int:
         # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
         return int(tf.raw_ops.ReadVariableOp(resource=self._step.handle, dtype=self._step.dtype))
@@ -213,8 +211,8 @@ class TrainStep:
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
-        monitored = self._monitor is not None and (
-            not self._split() or self._monitor.logs_at(self._counter()))
+        monitor = self._monitor
+        monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
         return self._one_step(monitored, inputs, targets)
 
     def run(self, iterator: Any, max_steps: int) -> StepsOutput:
@@ -228,10 +226,11 @@ class TrainStep:
         """
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
-        if not self._split():
-            _, many = self._variants[self._monitor is not None]
+        monitor = self._monitor
+        if monitor is None or monitor.distributed:
+            _, many = self._variants[monitor is not None]
             return many(iterator, tf.constant(max_steps, tf.int32))
-        monitor, step, left, parts = self._monitor, self._counter(), max_steps, []
+        step, left, parts = self._counter(), max_steps, []
         while left > 0:  # the counter moves only by these calls meanwhile
             logs = monitor.logs_at(step)
             n = 1 if logs else min(left, monitor.quiet_steps_from(step))
