@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 import keras
 import tensorflow as tf
 
-from multihead import distribute
+from multihead import distribute, updates
 from multihead.model import MultiHeadModel
 from multihead.monitor import Monitor
 from multihead.objectives import HeadLoss
@@ -346,7 +346,7 @@ class TrainStep:
     @_not_converted
     def _apply_gradients(self, head: HeadUpdate, grads: Sequence[tf.Tensor | None],
                          loss: tf.Tensor) -> None:
-        head.optimizer.apply_gradients(zip(grads, head.var_list))
+        updates.apply_gradients(head.optimizer, grads, head.var_list)
         if self._monitor:
             self._monitor.head_update(head.name, loss, grads, head.var_list, head.optimizer)
 

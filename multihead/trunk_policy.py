@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from multihead import distribute
+from multihead import distribute, updates
 from multihead.aggregators import (
     AGGREGATORS,
     REP_GRAD_AGGREGATORS,
@@ -330,7 +330,7 @@ class AggregatedStep(TrainStep):
         extra_vars = trunk.var_list[len(trunk_vars):]
         extra_grads = (tape.gradient(weighting_objective, list(extra_vars))
                        if weighting_objective is not None else [])
-        trunk.optimizer.apply_gradients(zip(list(trunk_grads) + list(extra_grads), trunk.var_list))
+        updates.apply_gradients(trunk.optimizer, list(trunk_grads) + list(extra_grads), trunk.var_list)
         if weighting is not None:
             unweighted = None
             if weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
@@ -419,7 +419,7 @@ class AggregatedStep(TrainStep):
         trunk_grads, (weights, projections, gram), stacked = self._combine(agg, per_head, trunk_vars)
         if reg_grads is not None:
             trunk_grads = [g if r is None else g + r for g, r in zip(trunk_grads, reg_grads)]
-        trunk.optimizer.apply_gradients(zip(list(trunk_grads), trunk.var_list))
+        updates.apply_gradients(trunk.optimizer, list(trunk_grads), trunk.var_list)
         updated = {}
         for head in agg:  # head variables only: their var_list excludes the trunk
             self._apply_gradients(head, grads[head.name][len(trunk_vars):], losses[head.name])

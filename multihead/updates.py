@@ -1,0 +1,126 @@
+"""Optimizer updates of plain Adam and SGD built directly from TensorFlow ops.
+
+`apply_gradients(optimizer, grads, variables)` does what
+`optimizer.apply_gradients(zip(grads, variables))` does, with bitwise the same
+result (tests/test_updates.py checks every variant step by step), but builds
+the graph much faster: Keras 3 builds each variable's update through its
+backend-neutral op wrappers, ~15 ms of tracing per variable, which was 5.6 s of
+the 9.2 s a 64-head step took to trace. Here each update is the same TF ops in
+the same order, built once per variable, and the shared scalars (learning rate,
+bias corrections) once per optimizer.
+
+Only the plain case is built directly: exactly `keras.optimizers.Adam` (with or
+without AMSGrad) or `keras.optimizers.SGD` (with or without (Nesterov)
+momentum), no gradient clipping, weight decay, EMA, gradient accumulation, loss
+scaling, variable constraints, sparse (`IndexedSlices`) or missing gradients,
+and no `tf.distribute` strategy. Anything else, including subclasses, goes
+through Keras' own `apply_gradients`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+
+def apply_gradients(optimizer: keras.optimizers.Optimizer,
+                    grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
+                    variables: Sequence[keras.Variable]) -> None:
+    """Applies `grads` to `variables` with `optimizer`, as its `apply_gradients` would.
+
+    Args:
+        optimizer: a Keras optimizer already built on (a superset of) `variables`.
+        grads: one gradient per variable.
+        variables: the variables to update.
+    """
+    update = _UPDATES.get(type(optimizer))
+    if update is None or not _plain(optimizer, grads, variables):
+        optimizer.apply_gradients(zip(grads, variables))
+        return
+    with tf.name_scope(optimizer.name):
+        update(optimizer, list(grads), list(variables))
+        optimizer.iterations.assign_add(1)
+
+
+def _plain(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any],
+           variables: Sequence[keras.Variable]) -> bool:
+    """Whether Keras' update would be just the optimizer's `update_step` on each variable."""
+    if not (optimizer.built and optimizer.clipnorm is None and optimizer.clipvalue is None
+            and optimizer.global_clipnorm is None and optimizer.weight_decay is None
+            and not optimizer.use_ema and not optimizer.gradient_accumulation_steps
+            and optimizer.loss_scale_factor is None):
+        return False
+    if not all(isinstance(getattr(optimizer, name, 0.0), (int, float))
+               for name in ("beta_1", "beta_2", "epsilon", "momentum")):
+        return False  # tensor hyperparameters: leave Keras' type promotion to Keras
+    if tf.distribute.has_strategy() or isinstance(_tf_variable(optimizer.iterations),
+                                                  tf.distribute.DistributedValues):
+        return False  # Keras updates through the strategy's `extended.update`
+    return all(
+        isinstance(g, tf.Tensor) and getattr(v, "constraint", None) is None
+        and not getattr(v, "overwrite_with_gradient", False)
+        for g, v in zip(grads, variables)
+    )
+
+
+def _tf_variable(variable: Any) -> tf.Variable:
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _adam(optimizer: keras.optimizers.Adam, grads: list[tf.Tensor],
+          variables: list[keras.Variable]) -> None:
+    # Keras' Adam.update_step, with the per-step scalars computed once per dtype.
+    learning_rate = optimizer.learning_rate
+    scalars: dict[tf.DType, tf.Tensor] = {}
+    for grad, variable in zip(grads, variables):
+        var = _tf_variable(variable)
+        dtype = var.dtype
+        if dtype not in scalars:
+            lr = tf.cast(learning_rate, dtype)
+            local_step = tf.cast(optimizer.iterations + 1, dtype)
+            beta_1_power = tf.pow(tf.cast(optimizer.beta_1, dtype), local_step)
+            beta_2_power = tf.pow(tf.cast(optimizer.beta_2, dtype), local_step)
+            scalars[dtype] = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        alpha = scalars[dtype]
+        index = optimizer._get_variable_index(variable)  # noqa: SLF001
+        m = _tf_variable(optimizer._momentums[index])  # noqa: SLF001
+        v = _tf_variable(optimizer._velocities[index])  # noqa: SLF001
+        grad = tf.cast(grad, dtype)
+        # Keras casts some Python floats through float32 (tf.cast) and converts others
+        # straight to the variable's dtype (its ops' type promotion): so does this.
+        m.assign_add((grad - m) * tf.constant(1 - optimizer.beta_1, dtype))
+        v.assign_add((tf.square(grad) - v) * tf.constant(1 - optimizer.beta_2, dtype))
+        if optimizer.amsgrad:
+            v_hat = _tf_variable(optimizer._velocity_hats[index])  # noqa: SLF001
+            v_hat.assign(tf.maximum(v_hat, v))
+            v = v_hat
+        var.assign_sub((m * alpha) / (tf.sqrt(v) + tf.constant(optimizer.epsilon, dtype)))
+
+
+def _sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
+         variables: list[keras.Variable]) -> None:
+    # Keras' SGD.update_step.
+    learning_rate = optimizer.learning_rate
+    for grad, variable in zip(grads, variables):
+        var = _tf_variable(variable)
+        dtype = var.dtype
+        lr = tf.cast(learning_rate, dtype)
+        grad = tf.cast(grad, dtype)
+        if optimizer.momentum == 0:
+            var.assign_sub(grad * lr)
+            continue
+        m = _tf_variable(optimizer.momentums[optimizer._get_variable_index(variable)])  # noqa: SLF001
+        momentum = tf.cast(optimizer.momentum, dtype)
+        m.assign(m * momentum - grad * lr)
+        if optimizer.nesterov:
+            var.assign_add(m * momentum - grad * lr)
+        else:
+            var.assign_add(m)
+
+
+_UPDATES: dict[type, Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]] = {
+    keras.optimizers.Adam: _adam,
+    keras.optimizers.SGD: _sgd,
+}
