@@ -132,8 +132,9 @@ class TrainConfig:
     schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
     jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
-    steps_per_execution: int = _field(1, minimum=1,
-                                      doc="steps per compiled call; changes nothing but speed")
+    steps_per_execution: Union[int, str] = _field(
+        "auto", minimum=1, choices=("auto",),
+        doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
     trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
 
 
@@ -308,11 +309,13 @@ def _build(cls: type, raw: Any, path: str) -> Any:
             continue
         value = _convert(hints[name], raw[name], where)
         choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
-        if choices is not None and value not in choices:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # `choices` constrain strings, `minimum` numbers (a key may allow both, e.g. "auto" or 20)
+        if choices is not None and not number and value not in choices:
             raise ConfigError(
                 f"{where}: must be one of {list(choices)}, got {value!r}{suggest(str(value), choices)}"
             )
-        if minimum is not None and value is not None and value < minimum:
+        if minimum is not None and number and value < minimum:
             raise ConfigError(f"{where}: must be >= {minimum}, got {value!r}")
         values[name] = value
     return cls(**values)

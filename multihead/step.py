@@ -162,6 +162,7 @@ class TrainStep:
                          {h.name: h.optimizer for h in self._heads})
         self.trace_count = 0
         self._concrete: dict[Hashable, Callable[..., Any]] = {}
+        self._step_counts: dict[int, tf.Tensor] = {}
         # Compiled lazily: (one step, several steps) without monitoring, and with it.
         self._variants = {False: self._compile(False, jit_compile),
                           True: self._compile(True, jit_compile)}
@@ -192,19 +193,32 @@ class TrainStep:
         # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
         return int(tf.raw_ops.ReadVariableOp(resource=self._step.handle, dtype=self._step.dtype))
 
-    def _one_step(self, monitored: bool, inputs: Any, targets: Any) -> StepOutput:
-        """The one-step function of a variant, called through its traced concrete function
-        when these argument types were seen before: `tf.function`'s own dispatch (hashing
-        the arguments' types) costs ~100 us per call, a third of a small model's step."""
-        one, _ = self._variants[monitored]
-        spec = _spec((inputs, targets))
-        if spec is None:  # e.g. numpy arrays, per-replica values: the general path
-            return one(inputs, targets)
-        key = (monitored, spec)
+    def _through_concrete(self, fn: Any, key: Hashable | None, *args: Any) -> Any:
+        """`fn(*args)`, through the concrete function traced for `key` (the arguments'
+        types) when there is a key: `tf.function`'s own dispatch (hashing the arguments'
+        types) costs ~70-100 us per call, a third of a small model's step."""
+        if key is None:  # e.g. numpy arrays, per-replica values: the general path
+            return fn(*args)
         concrete = self._concrete.get(key)
         if concrete is None:
-            concrete = self._concrete[key] = one.get_concrete_function(inputs, targets)
-        return concrete(inputs, targets)
+            concrete = self._concrete[key] = fn.get_concrete_function(*args)
+        return concrete(*args)
+
+    def _one_step(self, monitored: bool, inputs: Any, targets: Any) -> StepOutput:
+        """One step of a variant."""
+        spec = _spec((inputs, targets))
+        key = None if spec is None else ("one", monitored, spec)
+        return self._through_concrete(self._variants[monitored][0], key, inputs, targets)
+
+    def _steps(self, monitored: bool, iterator: Any, max_steps: int) -> StepsOutput:
+        """Up to `max_steps` steps of a variant in one call."""
+        count = self._step_counts.get(max_steps)
+        if count is None:
+            count = self._step_counts[max_steps] = tf.constant(max_steps, tf.int32)
+        key = None
+        if self._strategy is None and isinstance(iterator, tf.data.Iterator):
+            key = ("many", monitored, tf.type_spec_from_value(iterator))
+        return self._through_concrete(self._variants[monitored][1], key, iterator, count)
 
     def __call__(self, inputs: Any, targets: Any) -> StepOutput:
         """One step on one batch (split across the replicas under a strategy)."""
@@ -228,14 +242,12 @@ class TrainStep:
             distribute.check_not_in_scope(self._strategy)
         monitor = self._monitor
         if monitor is None or monitor.distributed:
-            _, many = self._variants[monitor is not None]
-            return many(iterator, tf.constant(max_steps, tf.int32))
+            return self._steps(monitor is not None, iterator, max_steps)
         step, left, parts = self._counter(), max_steps, []
         while left > 0:  # the counter moves only by these calls meanwhile
             logs = monitor.logs_at(step)
             n = 1 if logs else min(left, monitor.quiet_steps_from(step))
-            _, many = self._variants[logs]
-            part = many(iterator, tf.constant(n, tf.int32))
+            part = self._steps(logs, iterator, n)
             parts.append(part)
             count = int(part.count)
             step, left = step + count, left - count

@@ -32,6 +32,9 @@ def test_defaults_and_types():
     ("train.schedule", "sequental", "did you mean 'sequential'?"),
     ("model.heads", "{}", "model.heads: at least one head is required"),
     ("data.correlation", "[1]", "data.correlation: expected a number"),
+    ("train.steps_per_execution", "0", "train.steps_per_execution: must be >= 1, got 0"),
+    ("train.steps_per_execution", "fast", "train.steps_per_execution: must be one of ['auto'], got 'fast'"),
+    ("train.steps_per_execution", "2.5", "train.steps_per_execution: expected an integer, got 2.5"),
 ])
 def test_errors_name_the_file_and_key_path(path, value, message):
     with pytest.raises(ConfigError) as err:

@@ -142,7 +142,7 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
 
     data = mh.mmoe_synthetic(tasks=["a", "b"], train_size=200, eval_size=50, input_dim=5, seed=3)
     runs = {}
-    for spe in [1, 7]:
+    for spe in [1, 7, "auto"]:
         model = make_model(seed=4, dropout=0.2)
         trainer = mh.Trainer(model, _objectives(b=mh.Objective("mse", every=2)),
                              log_dir=str(tmp_path / f"spe{spe}"), log_every=3)
@@ -154,14 +154,61 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
         runs[spe] = (weights(model.trainable_variables), history,
                      sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / f"ckpt{spe}" / "*.index"))),
                      _scalars(str(tmp_path / f"spe{spe}" / "train"), "loss/b"))
-    (w1, h1, c1, s1), (w7, h7, c7, s7) = runs[1], runs[7]
-    for a, b in zip(w1, w7):
-        np.testing.assert_array_equal(a, b)
-    assert h1.train == h7.train and len(h7.train["b"]) == 20
-    assert [s for s, _ in h1.eval] == [s for s, _ in h7.eval] == [10, 20, 30, 40]
-    assert h1.eval == h7.eval
-    assert c1 == c7 and len(c7) == 8  # steps 5, 10, ..., 40
-    assert s1 == s7 and [s for s, _ in s7] == [0, 6, 12, 18, 24, 30, 36]
+    w1, h1, c1, s1 = runs[1]
+    for spe in [7, "auto"]:
+        w, h, c, s = runs[spe]
+        for a, b in zip(w1, w):
+            np.testing.assert_array_equal(a, b)
+        assert h1.train == h.train and len(h.train["b"]) == 20
+        assert [step for step, _ in h1.eval] == [step for step, _ in h.eval] == [10, 20, 30, 40]
+        assert h1.eval == h.eval
+        assert c1 == c and len(c) == 8  # steps 5, 10, ..., 40
+        assert s1 == s and [step for step, _ in s] == [0, 6, 12, 18, 24, 30, 36]
+
+
+def test_auto_steps_per_execution_sizes_calls_to_about_50_ms():
+    from multihead.trainer import _ExecutionSize
+
+    size = _ExecutionSize("auto")
+    assert size.next == 1  # the first call traces: one step
+    size.observe(1, 2.0)  # the trace took 2 s
+    assert size.next == 1
+    size.observe(1, 0.002)  # 2 ms per step -> 0.05 / 0.002 = 25 steps
+    assert size.next == 25
+    size.observe(25, 0.025)  # 1 ms per step -> 50
+    assert size.next == 50
+    size.observe(50, 1e-5)  # faster than the cap allows
+    assert size.next == _ExecutionSize.MAX_STEPS
+    size.observe(3, 30.0)  # a slow model: one step per call
+    assert size.next == 1
+    size.observe(0, 0.0)  # the end of an epoch, no step: keeps the size
+    assert size.next == 1
+    fixed = _ExecutionSize(7)
+    fixed.observe(7, 1e-6)
+    assert fixed.next == 7
+
+
+def test_auto_steps_per_execution_runs_a_small_model_in_few_calls():
+    trainer = mh.Trainer(make_model(), _objectives())
+    calls = []
+    run = trainer._ensure_built(make_batch(n=8)[0]).run  # noqa: SLF001
+
+    def counted(iterator, max_steps):
+        calls.append(max_steps)
+        return run(iterator, max_steps)
+
+    trainer._train_step.run = counted  # noqa: SLF001
+    # 100 batches per epoch; the default is "auto"
+    trainer.fit(make_batch(n=800), steps=400, batch_size=8, verbose=False)
+    assert trainer.global_step == 400 and trainer.trace_count == 1
+    assert len(calls) < 40 and max(calls) > 10  # a step takes well under 5 ms
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "fast", True])
+def test_bad_steps_per_execution_is_refused(bad):
+    trainer = mh.Trainer(make_model(), _objectives())
+    with pytest.raises(ValueError, match="steps_per_execution must be an integer >= 1 or 'auto'"):
+        trainer.fit(make_batch(n=16), steps=2, batch_size=8, verbose=False, steps_per_execution=bad)
 
 
 def test_fit_with_steps_per_execution_traces_once():
