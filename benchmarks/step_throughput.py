@@ -18,6 +18,7 @@ Also: achieved GFLOP/s of the step at width 2048 / batch 1024 against a large
 
     python benchmarks/step_throughput.py            # the full grid (long)
     python benchmarks/step_throughput.py --quick    # K = 1, 4, 16 at width 256, batch 256
+    python benchmarks/step_throughput.py --only fit # one section (repeatable)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import multihead as mh  # noqa: E402
 
 IN_DIM = 64
 LR = 1e-3
+SECTIONS = ("grid", "fit", "flops", "scaling", "memory", "xla")
 
 
 def initial_weights(k: int, width: int, seed: int = 0) -> dict[str, list[np.ndarray]]:
@@ -235,9 +237,24 @@ def fit_table(k, width, size, steps, repeats, steps_per_execution):
     def fit(spe):
         return lambda: trainer.fit(ds, steps=steps, verbose=False, steps_per_execution=spe)
 
+    # The floor: per-call steps on one constant batch, no data pipeline at all.
+    x, ys = batch(k, size)
+    xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+    stepper = multihead_trainer(init, width)
+
+    def a_constant():
+        for _ in range(steps):
+            hand.step(xt, yt)
+
+    def mh_constant():
+        for _ in range(steps):
+            stepper.step((xt, yt))
+
     fixed = f"mh.fit spe={steps_per_execution}"
     variants = {"naive (a) loop": naive, "TF1 feed_dict loop": tf1_loop, "mh.fit spe=1": fit(1),
-                fixed: fit(steps_per_execution), "mh.fit spe=auto (default)": fit("auto")}
+                fixed: fit(steps_per_execution), "mh.fit spe=auto (default)": fit("auto"),
+                "(a) per call, one constant batch": a_constant,
+                "mh.step per call, one constant batch": mh_constant}
     for fn in variants.values():
         fn()  # warm-up: traces
     t = interleaved_medians(variants, 1, repeats)
@@ -335,6 +352,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short subset of the grid")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", choices=SECTIONS, action="append",
+                        help="run only these sections (repeatable); default: all")
     parser.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -347,20 +366,26 @@ def main():
         ks, widths, sizes, scale_ks = [1, 4, 16], [256], [256], [1, 8, 64]
     else:
         ks, widths, sizes, scale_ks = [1, 2, 4, 8, 16], [256, 2048], [256, 1024], [1, 2, 4, 8, 16, 32, 64]
-    print("\n## Step throughput (per call, same data, identical initial weights)")
-    print(table(step_table(ks, widths, sizes, args.repeats)))
-    # 1000 steps per timed run: creating and deleting a data iterator costs 15-300 ms,
-    # paid once per run (amortized as in a real run, not once per 200 steps).
-    print("\n## End to end, K=4, width 256, batch 256, 1000 steps")
-    print(table(fit_table(4, 256, 256, 1000, args.repeats, steps_per_execution=20)))
-    print("\n## Near the hardware")
-    print(table(flops_table(4, 2048 if not args.quick else 1024, 1024, args.repeats)))
-    print("\n## Scaling in K (width 256, batch 256)")
-    print(table(scaling_table(scale_ks, 256, 256, args.repeats)))
-    print("\n## Peak memory, K=8, width 256, batch 1024 (separate processes)")
-    print(table(memory_table(8, 256, 1024)))
-    print("\n## XLA, K=4, width 256, batch 256")
-    print(table(xla_table(4, 256, 256, args.repeats)))
+    sections = {
+        "grid": ("Step throughput (per call, same data, identical initial weights)",
+                 lambda: step_table(ks, widths, sizes, args.repeats)),
+        # 1000 steps per timed run: creating and deleting a data iterator costs 15-300 ms,
+        # paid once per run (amortized as in a real run, not once per 200 steps).
+        "fit": ("End to end, K=4, width 256, batch 256, 1000 steps",
+                lambda: fit_table(4, 256, 256, 1000, args.repeats, steps_per_execution=20)),
+        "flops": ("Near the hardware",
+                  lambda: flops_table(4, 2048 if not args.quick else 1024, 1024, args.repeats)),
+        "scaling": ("Scaling in K (width 256, batch 256)",
+                    lambda: scaling_table(scale_ks, 256, 256, args.repeats)),
+        "memory": ("Peak memory, K=8, width 256, batch 1024 (separate processes)",
+                   lambda: memory_table(8, 256, 1024)),
+        "xla": ("XLA, K=4, width 256, batch 256", lambda: xla_table(4, 256, 256, args.repeats)),
+    }
+    for name in SECTIONS:
+        if args.only is None or name in args.only:
+            title, rows = sections[name]
+            print(f"\n## {title}")
+            print(table(rows()))
 
 
 if __name__ == "__main__":
