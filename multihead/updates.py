@@ -14,7 +14,11 @@ without AMSGrad) or `keras.optimizers.SGD` (with or without (Nesterov)
 momentum), no gradient clipping, weight decay, EMA, gradient accumulation, loss
 scaling, variable constraints, sparse (`IndexedSlices`) or missing gradients,
 and no `tf.distribute` strategy. Anything else, including subclasses, goes
-through Keras' own `apply_gradients`.
+through Keras' own `apply_gradients`, as does an optimizer whose Keras internals
+(slot lists, variable index) are not where this module reads them. The
+arithmetic mirrors Keras' `update_step` as of Keras 3.15; tests/test_updates.py
+checks it against the installed Keras, so a Keras release that changes it fails
+the tests instead of drifting silently.
 """
 
 from __future__ import annotations
@@ -55,12 +59,15 @@ def _plain(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any],
     if not all(isinstance(getattr(optimizer, name, 0.0), (int, float))
                for name in ("beta_1", "beta_2", "epsilon", "momentum")):
         return False  # tensor hyperparameters: leave Keras' type promotion to Keras
+    if not all(hasattr(optimizer, name) for name in _SLOTS[type(optimizer)]):
+        return False
     if tf.distribute.has_strategy() or isinstance(_tf_variable(optimizer.iterations),
                                                   tf.distribute.DistributedValues):
         return False  # Keras updates through the strategy's `extended.update`
     return all(
         isinstance(g, tf.Tensor) and getattr(v, "constraint", None) is None
         and not getattr(v, "overwrite_with_gradient", False)
+        and not isinstance(_tf_variable(v), tf.distribute.DistributedValues)
         for g, v in zip(grads, variables)
     )
 
@@ -123,4 +130,9 @@ def _sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
 _UPDATES: dict[type, Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]] = {
     keras.optimizers.Adam: _adam,
     keras.optimizers.SGD: _sgd,
+}
+# The Keras internals each update reads (AMSGrad's `_velocity_hats` only when enabled).
+_SLOTS = {
+    keras.optimizers.Adam: ("_get_variable_index", "_momentums", "_velocities"),
+    keras.optimizers.SGD: ("_get_variable_index", "momentums"),
 }
