@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from _timing import interleaved_medians, table  # noqa: E402
-from step_throughput import HandTF2, batch, initial_weights  # noqa: E402
+from step_throughput import HandTF2, constant_batch, initial_weights  # noqa: E402
 
 
 def fused_adam(optimizer, grads, variables) -> None:
@@ -92,8 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     k, width = args.heads, args.width
     init = initial_weights(k, width)
-    x, ys = batch(k, args.batch)
-    xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+    _, _, xt, yt = constant_batch(k, args.batch)
 
     keras_a, fused_a = Variant(init, width, "keras"), Variant(init, width, "fused")
     for _ in range(50):

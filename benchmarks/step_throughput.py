@@ -66,6 +66,12 @@ def batch(k: int, size: int, seed: int = 1) -> tuple[np.ndarray, dict[str, np.nd
     return x, {f"h{i}": rng.standard_normal((size, 1)).astype(np.float32) for i in range(k)}
 
 
+def constant_batch(k: int, size: int):
+    """`batch(k, size)` as tensors: (x, ys) for TF1, (xt, yt) for the TF2 variants."""
+    x, ys = batch(k, size)
+    return x, ys, tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+
+
 def keras_parts(init: dict[str, list[np.ndarray]], width: int):
     trunk = keras.Sequential([keras.layers.Dense(width, activation="relu"),
                               keras.layers.Dense(width, activation="relu")])
@@ -186,8 +192,7 @@ def step_table(ks, widths, sizes, repeats):
         for size in sizes:
             for k in ks:
                 init = initial_weights(k, width)
-                x, ys = batch(k, size)
-                xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+                x, ys, xt, yt = constant_batch(k, size)
                 hand, summed, tf1 = HandTF2(init, width), Summed(init, width), TF1(init, width)
                 trainer = multihead_trainer(init, width)
                 # Numerics first, from the identical initial weights: 50 steps each.
@@ -238,8 +243,7 @@ def fit_table(k, width, size, steps, repeats, steps_per_execution):
         return lambda: trainer.fit(ds, steps=steps, verbose=False, steps_per_execution=spe)
 
     # The floor: per-call steps on one constant batch, no data pipeline at all.
-    x, ys = batch(k, size)
-    xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+    _, _, xt, yt = constant_batch(k, size)
     stepper = multihead_trainer(init, width)
 
     def a_constant():
@@ -267,8 +271,7 @@ def fit_table(k, width, size, steps, repeats, steps_per_execution):
 
 def flops_table(k, width, size, repeats):
     init = initial_weights(k, width)
-    x, ys = batch(k, size)
-    xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+    _, _, xt, yt = constant_batch(k, size)
     trainer = multihead_trainer(init, width)
     trainer.step((xt, yt))
     # Matmul FLOPs of one step (2 per multiply-add). Forward: trunk 2B(in*w + w*w), heads 2BKw.
@@ -293,8 +296,7 @@ def scaling_table(ks, width, size, repeats):
     rows = [["K", "trace s", "step ms", "step ms / K"]]
     for k in ks:
         init = initial_weights(k, width)
-        x, ys = batch(k, size)
-        xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+        _, _, xt, yt = constant_batch(k, size)
         trainer = multihead_trainer(init, width)
         start = time.perf_counter()
         trainer.step((xt, yt))
@@ -317,8 +319,7 @@ def _peak_rss_mib() -> float:
 
 def memory_child(variant, k, width, size):
     init = initial_weights(k, width)
-    x, ys = batch(k, size)
-    xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+    _, _, xt, yt = constant_batch(k, size)
     runner = HandTF2(init, width) if variant == "a" else multihead_trainer(init, width)
     step = (lambda: runner.step(xt, yt)) if variant == "a" else (lambda: runner.step((xt, yt)))
     for _ in range(20):
@@ -340,8 +341,7 @@ def memory_table(k, width, size):
 
 def xla_table(k, width, size, repeats):
     init = initial_weights(k, width)
-    x, ys = batch(k, size)
-    xt, yt = tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
+    _, _, xt, yt = constant_batch(k, size)
     plain, xla = multihead_trainer(init, width), multihead_trainer(init, width, jit_compile=True)
     t = interleaved_medians({"off": lambda: plain.step((xt, yt)), "on": lambda: xla.step((xt, yt))},
                             calls=50, repeats=repeats)
