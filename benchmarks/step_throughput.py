@@ -244,7 +244,6 @@ def fit_table(k, width, size, steps, repeats, steps_per_execution):
 
     # The floor: per-call steps on one constant batch, no data pipeline at all.
     _, _, xt, yt = constant_batch(k, size)
-    stepper = multihead_trainer(init, width)
 
     def a_constant():
         for _ in range(steps):
@@ -252,7 +251,7 @@ def fit_table(k, width, size, steps, repeats, steps_per_execution):
 
     def mh_constant():
         for _ in range(steps):
-            stepper.step((xt, yt))
+            trainer.step((xt, yt))
 
     fixed = f"mh.fit spe={steps_per_execution}"
     variants = {"naive (a) loop": naive, "TF1 feed_dict loop": tf1_loop, "mh.fit spe=1": fit(1),

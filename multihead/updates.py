@@ -23,7 +23,7 @@ the tests instead of drifting silently.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import keras
 import tensorflow as tf
@@ -39,16 +39,16 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer,
         grads: one gradient per variable.
         variables: the variables to update.
     """
-    update = _UPDATES.get(type(optimizer))
-    if update is None or not _plain(optimizer, grads, variables):
+    direct = _DIRECT.get(type(optimizer))
+    if direct is None or not _plain(optimizer, direct.reads, grads, variables):
         optimizer.apply_gradients(zip(grads, variables))
         return
     with tf.name_scope(optimizer.name):
-        update(optimizer, list(grads), list(variables))
+        direct.update(optimizer, list(grads), list(variables))
         optimizer.iterations.assign_add(1)
 
 
-def _plain(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any],
+def _plain(optimizer: keras.optimizers.Optimizer, reads: tuple[str, ...], grads: Sequence[Any],
            variables: Sequence[keras.Variable]) -> bool:
     """Whether Keras' update would be just the optimizer's `update_step` on each variable."""
     if not (optimizer.built and optimizer.clipnorm is None and optimizer.clipvalue is None
@@ -59,7 +59,7 @@ def _plain(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any],
     if not all(isinstance(getattr(optimizer, name, 0.0), (int, float))
                for name in ("beta_1", "beta_2", "epsilon", "momentum")):
         return False  # tensor hyperparameters: leave Keras' type promotion to Keras
-    if not all(hasattr(optimizer, name) for name in _SLOTS[type(optimizer)]):
+    if not all(hasattr(optimizer, name) for name in reads):
         return False
     if tf.distribute.has_strategy() or isinstance(_tf_variable(optimizer.iterations),
                                                   tf.distribute.DistributedValues):
@@ -127,12 +127,12 @@ def _sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
             var.assign_add(m)
 
 
-_UPDATES: dict[type, Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]] = {
-    keras.optimizers.Adam: _adam,
-    keras.optimizers.SGD: _sgd,
-}
-# The Keras internals each update reads (AMSGrad's `_velocity_hats` only when enabled).
-_SLOTS = {
-    keras.optimizers.Adam: ("_get_variable_index", "_momentums", "_velocities"),
-    keras.optimizers.SGD: ("_get_variable_index", "momentums"),
+class _Direct(NamedTuple):
+    update: Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]
+    reads: tuple[str, ...]  # the Keras internals it reads (AMSGrad's `_velocity_hats` only when on)
+
+
+_DIRECT = {
+    keras.optimizers.Adam: _Direct(_adam, ("_get_variable_index", "_momentums", "_velocities")),
+    keras.optimizers.SGD: _Direct(_sgd, ("_get_variable_index", "momentums")),
 }
