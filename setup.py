@@ -28,5 +28,5 @@ setup(
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
     },
-    entry_points={"console_scripts": ["multihead = multihead.cli:main"]},
+    entry_points={"console_scripts": ["multihead = multihead.experiments.cli:main"]},
 )

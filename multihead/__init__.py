@@ -9,8 +9,8 @@ import os as _os
 # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides real output.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from multihead.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
-from multihead.checkpoints import (  # noqa: E402
+from multihead.aggregation.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
+from multihead.io.checkpoints import (  # noqa: E402
     CheckpointManager,
     CheckpointMismatchError,
     CheckpointReadError,
@@ -19,20 +19,20 @@ from multihead.checkpoints import (  # noqa: E402
     restore_checkpoint,
     save_checkpoint,
 )
-from multihead.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
-from multihead.distribute import make_strategy  # noqa: E402
-from multihead.export import ExportResult, export_saved_model  # noqa: E402
-from multihead.model import MultiHeadModel  # noqa: E402
-from multihead.monitor import Monitor  # noqa: E402
-from multihead.objectives import Objective  # noqa: E402
-from multihead.partition import Partition  # noqa: E402
-from multihead.report import RunReport, load_report  # noqa: E402
-from multihead.replay import ReplayBuffer  # noqa: E402
-from multihead.targets import TargetNetwork  # noqa: E402
-from multihead.tf1_import import ImportReport, import_tf1_checkpoint, variable_addresses  # noqa: E402
-from multihead.trainer import History, StepResult, Trainer  # noqa: E402
-from multihead.trunk_policy import TrunkPolicy  # noqa: E402
-from multihead.transfer import copy_weights  # noqa: E402
+from multihead.core.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
+from multihead.core.distribute import make_strategy  # noqa: E402
+from multihead.io.export import ExportResult, export_saved_model  # noqa: E402
+from multihead.core.model import MultiHeadModel  # noqa: E402
+from multihead.monitoring.monitor import Monitor  # noqa: E402
+from multihead.core.objectives import Objective  # noqa: E402
+from multihead.core.partition import Partition  # noqa: E402
+from multihead.monitoring.report import RunReport, load_report  # noqa: E402
+from multihead.rl.replay import ReplayBuffer  # noqa: E402
+from multihead.rl.target_network import TargetNetwork  # noqa: E402
+from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint, variable_addresses  # noqa: E402
+from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
+from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
+from multihead.io.transfer import copy_weights  # noqa: E402
 
 __version__ = "0.1.0"
 

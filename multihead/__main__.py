@@ -1,5 +1,5 @@
 import sys
 
-from multihead.cli import main
+from multihead.experiments.cli import main
 
 sys.exit(main())

@@ -7,7 +7,7 @@ import pytest
 import scipy.optimize
 
 import multihead as mh
-from multihead import aggregators as agg
+from multihead.aggregation import aggregators as agg
 
 
 def _np(x):

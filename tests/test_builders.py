@@ -3,8 +3,8 @@
 import keras
 import pytest
 
-from multihead.builders import build_data, build_layer, build_model, build_objectives
-from multihead.config import ConfigError, from_dict
+from multihead.experiments.builders import build_data, build_layer, build_model, build_objectives
+from multihead.experiments.config import ConfigError, from_dict
 
 
 def _config(**heads):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from multihead.cli import main
+from multihead.experiments.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")

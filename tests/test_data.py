@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import multihead as mh
-from multihead.data import _task_weights
+from multihead.core.data import _task_weights
 
 
 @pytest.mark.parametrize("k,p", [(2, 0.5), (2, -0.3), (4, 0.8), (3, 1.0)])

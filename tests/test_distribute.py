@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import multihead as mh
-from multihead.config import ConfigError, from_dict
-from multihead.distribute import is_chief, local_workers, make_strategy
+from multihead.experiments.config import ConfigError, from_dict
+from multihead.core.distribute import is_chief, local_workers, make_strategy
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -35,7 +35,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras, numpy as np
 sys.path.insert(0, sys.argv[1])
 import multihead as mh
-from multihead.distribute import make_strategy, scope
+from multihead.core.distribute import make_strategy, scope
 from conftest import make_model, make_batch
 out = sys.argv[2]
 rng = np.random.default_rng(0)
@@ -288,8 +288,8 @@ def test_two_workers_via_the_cli_train_like_one_device(tmp_path):
     assert json.loads((chief / "metrics.json").read_text())["steps"] == 6
 
     # The single-device reference: the same config in this process, no strategy.
-    from multihead import tasks
-    from multihead.config import load_config
+    from multihead.experiments import runners as tasks
+    from multihead.experiments.config import load_config
 
     runner = tasks.prepare(load_config(config))
     runner.run(str(tmp_path / "single"), verbose=False)

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model
-from multihead.checkpoints import restore_checkpoint
-from multihead.cli import main
-from multihead.config import load_config
+from multihead.io.checkpoints import restore_checkpoint
+from multihead.experiments.cli import main
+from multihead.experiments.config import load_config
 
 
 def _compiled_outputs(model, x):
@@ -95,7 +95,7 @@ def test_cli_export_reloads_in_a_fresh_process_with_the_models_outputs(tmp_path,
     assert "signatures: serving_default, b" in capsys.readouterr().out
 
     # The reference: the run's model rebuilt from its config and checkpoint in this process.
-    from multihead import tasks
+    from multihead.experiments import runners as tasks
 
     model = tasks.prepare(load_config(run / "config.yaml")).model
     restore_checkpoint(tf.train.latest_checkpoint(str(run / "checkpoints")), model,

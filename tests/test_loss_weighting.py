@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multihead import loss_weighting as lw
+from multihead.aggregation import loss_weighting as lw
 
 
 def test_uncertainty_weights_and_log_variance_gradient():

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model
-from multihead.monitor import cosine, global_norm, histogram_buckets
+from multihead.monitoring.monitor import cosine, global_norm, histogram_buckets
 
 HEADS = ("a", "b", "c")
 EVERY = {"a": 1, "b": 1, "c": 2}

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from multihead.objectives import needs_own_targets, resolve_loss, resolve_metric, resolve_optimizer
+from multihead.core.objectives import needs_own_targets, resolve_loss, resolve_metric, resolve_optimizer
 
 
 def test_elementwise_loss_matches_label_rank_to_output():

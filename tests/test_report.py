@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model
-from multihead import cli
-from multihead.report import DPI, FIGSIZE, load_report
+from multihead.experiments import cli
+from multihead.monitoring.report import DPI, FIGSIZE, load_report
 
 HEADS = ("a", "b", "c")
 STEPS = 6

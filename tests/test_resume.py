@@ -16,7 +16,7 @@ from tensorflow.core.util import event_pb2
 
 import multihead as mh
 from conftest import make_model
-from multihead.checkpoints import CheckpointManager
+from multihead.io.checkpoints import CheckpointManager
 
 HEADS = ("a", "b")
 DATA = mh.mmoe_synthetic(tasks=list(HEADS), train_size=200, eval_size=40, input_dim=5, seed=1)
@@ -123,7 +123,7 @@ def test_resumed_tensorboard_logs_have_each_step_once(tmp_path):
 
 
 def test_rewind_never_rewrites_a_file_a_live_writer_has_open(tmp_path):
-    from multihead.checkpoints import rewind_events
+    from multihead.io.checkpoints import rewind_events
 
     live = _trainer(seed=0, dropout=0.0, log_dir=tmp_path)
     _fit(live, 4)
@@ -220,7 +220,7 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
 
 
 def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
-    from multihead.cli import main
+    from multihead.experiments.cli import main
 
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG.replace("steps: 1000000", "steps: 30"))

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
-from multihead.targets import periodic_due, polyak_average
+from multihead.rl.target_network import periodic_due, polyak_average
 
 GAMMA = 0.9
 

@@ -138,7 +138,7 @@ def test_per_head_losses_go_to_tensorboard_at_the_cadence(tmp_path):
 
 def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
     """Same weights, history, evaluations, logged steps and checkpoint steps as one step per call."""
-    from multihead.checkpoints import CheckpointManager
+    from multihead.io.checkpoints import CheckpointManager
 
     data = mh.mmoe_synthetic(tasks=["a", "b"], train_size=200, eval_size=50, input_dim=5, seed=3)
     runs = {}
@@ -167,7 +167,7 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
 
 
 def test_auto_steps_per_execution_sizes_calls_to_about_50_ms():
-    from multihead.trainer import _ExecutionSize
+    from multihead.core.trainer import _ExecutionSize
 
     size = _ExecutionSize("auto")
     assert size.next == 1  # the first call traces: one step

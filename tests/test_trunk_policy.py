@@ -10,9 +10,9 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
-from multihead.builders import build_trunk
-from multihead.config import ConfigError, load_config
-from multihead.trunk_policy import _PAIRWISE_MAX_HEADS
+from multihead.experiments.builders import build_trunk
+from multihead.experiments.config import ConfigError, load_config
+from multihead.core.trunk_update import _PAIRWISE_MAX_HEADS
 
 HEADS = ("a", "b", "c")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multihead import updates
+from multihead.core import updates
 
 SHAPES = [((5, 3), "float32"), ((3,), "float32"), ((4, 2), "float64")]
 

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.objectives import HeadLoss
+from multihead.core.objectives import HeadLoss
 
 
 def constant_baseline(

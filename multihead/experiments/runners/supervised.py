@@ -8,8 +8,8 @@ from typing import Any
 
 import keras
 
-from multihead.baselines import constant_baseline
-from multihead.builders import (
+from multihead.experiments.baselines import constant_baseline
+from multihead.experiments.builders import (
     build_data,
     build_model,
     build_objectives,
@@ -17,12 +17,12 @@ from multihead.builders import (
     build_trainer,
     build_trunk,
 )
-from multihead.checkpoints import CheckpointManager, save_checkpoint
-from multihead.config import ConfigError, ExperimentConfig
-from multihead.data import MultiTaskData
-from multihead.distribute import scope
-from multihead.model import MultiHeadModel
-from multihead.objectives import Objective
+from multihead.io.checkpoints import CheckpointManager, save_checkpoint
+from multihead.experiments.config import ConfigError, ExperimentConfig
+from multihead.core.data import MultiTaskData
+from multihead.core.distribute import scope
+from multihead.core.model import MultiHeadModel
+from multihead.core.objectives import Objective
 
 
 @dataclasses.dataclass

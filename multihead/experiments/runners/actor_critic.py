@@ -18,13 +18,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.builders import build_model, build_objectives, build_trainer, build_trunk
-from multihead.checkpoints import save_checkpoint
-from multihead.config import ActorCriticConfig, ConfigError, EnvConfig, ExperimentConfig
-from multihead.model import MultiHeadModel
-from multihead.objectives import HeadLoss, Objective, resolve_loss
-from multihead.targets import TargetNetwork
-from multihead.tasks.rl import (
+from multihead.experiments.builders import build_model, build_objectives, build_trainer, build_trunk
+from multihead.io.checkpoints import save_checkpoint
+from multihead.experiments.config import ActorCriticConfig, ConfigError, EnvConfig, ExperimentConfig
+from multihead.core.model import MultiHeadModel
+from multihead.core.objectives import HeadLoss, Objective, resolve_loss
+from multihead.rl.target_network import TargetNetwork
+from multihead.experiments.runners.rl import (
     Episodes,
     check_head_outputs,
     check_tau,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from multihead.config import ExperimentConfig
+from multihead.experiments.config import ExperimentConfig
 
 
 class Runner(Protocol):
@@ -19,5 +19,5 @@ class Runner(Protocol):
 
 def prepare(config: ExperimentConfig) -> Runner:
     """The runner of `config.task`, with everything built and validated."""
-    module = importlib.import_module(f"multihead.tasks.{config.task}")
+    module = importlib.import_module(f"multihead.experiments.runners.{config.task}")
     return module.prepare(config)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from multihead.model import MultiHeadModel
+from multihead.core.model import MultiHeadModel
 
 #: Name of the input of every serving signature.
 INPUT_NAME = "inputs"

@@ -35,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.model import MultiHeadModel
+from multihead.core.model import MultiHeadModel
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Experiment configs: YAML -> validated, typed config objects.
 
-Nothing in the core imports this module: `multihead.builders` turns a config
+Nothing in the core imports this module: `multihead.experiments.builders` turns a config
 into library objects, and everything a config can do, Python can do directly.
 Errors name the file and the key path (`model.heads.y1.every`), show the bad
 value and, for unknown keys, suggest the closest known one.
@@ -361,7 +361,7 @@ def _check_distribute(config: ExperimentConfig) -> None:
                           f"{dist.strategy}; set it to false")
     trunk = config.train.trunk
     if isinstance(trunk, TrunkConfig):
-        from multihead.loss_weighting import LOSS_WEIGHTINGS  # TF import: only when used
+        from multihead.aggregation.loss_weighting import LOSS_WEIGHTINGS  # TF import: only when used
 
         if trunk.rep_grad:
             raise ConfigError("train.trunk.rep_grad: true is not supported with distribute."
@@ -383,7 +383,7 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
             f"got {_describe(raw)}"
         )
     trunk = _build(TrunkConfig, raw, "train.trunk")
-    from multihead.trunk_policy import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
+    from multihead.core.trunk_update import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
 
     if trunk.aggregator not in TRUNK_AGGREGATORS:
         raise ConfigError(f"train.trunk.aggregator: must be one of {list(TRUNK_AGGREGATORS)}, got "

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
-from multihead.model import MultiHeadModel, _zeros_like_shape
+from multihead.core.model import MultiHeadModel, _zeros_like_shape
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import yaml
 
 from multihead import __version__
-from multihead.config import ConfigError, ExperimentConfig, load_config, to_dict
+from multihead.experiments.config import ConfigError, ExperimentConfig, load_config, to_dict
 
 EXIT_BAD_INPUT = 2
 
@@ -57,7 +57,7 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
 
 def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
     """The task runner with every object built, so bad input fails before anything is written."""
-    from multihead import tasks
+    from multihead.experiments import runners as tasks
 
     try:
         return tasks.prepare(config)
@@ -102,7 +102,7 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     """The run directory to resume, after checking it matches CONFIG; nothing is written."""
     import inspect
 
-    from multihead.checkpoints import CheckpointManager
+    from multihead.io.checkpoints import CheckpointManager
 
     run_dir = args.resume
     if args.run_dir and os.path.abspath(args.run_dir) != os.path.abspath(run_dir):
@@ -163,8 +163,8 @@ def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from multihead.checkpoints import restore_checkpoint
-    from multihead.export import export_saved_model
+    from multihead.io.checkpoints import restore_checkpoint
+    from multihead.io.export import export_saved_model
 
     run_dir, saved = args.run_dir, os.path.join(args.run_dir, "config.yaml")
     if not os.path.isfile(saved):
@@ -218,7 +218,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from multihead import report
+    from multihead.monitoring import report
 
     if args.png:
         directory = os.path.dirname(os.path.abspath(args.png))

@@ -14,10 +14,10 @@ the graph on the step variable, so mixed cadences never retrace the step.
 
 With TensorBoard monitoring, the step is compiled in two variants, with and without
 the monitor, and each call picks one in Python from the step counter (see
-`multihead.monitor`).
+`multihead.monitoring.monitor`).
 
 With a `tf.distribute` strategy, gradients are taken and all-reduced in replica
-context and applied in cross-replica context (see `multihead.distribute`).
+context and applied in cross-replica context (see `multihead.core.distribute`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 import keras
 import tensorflow as tf
 
-from multihead import distribute, updates
-from multihead.model import MultiHeadModel
-from multihead.monitor import Monitor
-from multihead.objectives import HeadLoss
+from multihead.core import distribute, updates
+from multihead.core.model import MultiHeadModel
+from multihead.monitoring.monitor import Monitor
+from multihead.core.objectives import HeadLoss
 
 SCHEDULES = ("simultaneous", "sequential")
 

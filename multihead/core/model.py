@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 import keras
 import tensorflow as tf
 
-from multihead.partition import Partition, partition_variables
+from multihead.core.partition import Partition, partition_variables
 
 _HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 

@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from multihead.model import MultiHeadModel
+from multihead.core.model import MultiHeadModel
 
 if TYPE_CHECKING:
-    from multihead.trainer import Trainer
+    from multihead.core.trainer import Trainer
 
 #: Parts that name a group: `"heads"` is every `heads/<name>`, and so on.
 _GROUPS = ("heads", "optimizers", "targets")

@@ -4,7 +4,7 @@ multihead never all-reduces on its own terms: gradients are summed by the
 strategy's `ReplicaContext.all_reduce`, variables are `tf.distribute` mirrored
 variables, and data is split by `Strategy.experimental_distribute_dataset`.
 
-How a distributed step runs (`multihead.step.TrainStep` with `strategy=`):
+How a distributed step runs (`multihead.core.step.TrainStep` with `strategy=`):
 
 1. In replica context (`strategy.run`), each replica takes the forward pass on
    its share of the global batch and each head's gradient of its objective

@@ -12,9 +12,9 @@ from typing import Any, Callable, TextIO
 import numpy as np
 import tensorflow as tf
 
-from multihead.config import ConfigError, EnvConfig
-from multihead.model import MultiHeadModel
-from multihead.monitor import Monitor
+from multihead.experiments.config import ConfigError, EnvConfig
+from multihead.core.model import MultiHeadModel
+from multihead.monitoring.monitor import Monitor
 
 EnvFactory = Callable[[], Any]
 

@@ -11,21 +11,21 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from multihead import distribute
-from multihead.checkpoints import CheckpointManager
-from multihead.data import DataPosition, as_dataset
-from multihead.model import MultiHeadModel
-from multihead.monitor import Monitor
-from multihead.objectives import (
+from multihead.core import distribute
+from multihead.io.checkpoints import CheckpointManager
+from multihead.core.data import DataPosition, as_dataset
+from multihead.core.model import MultiHeadModel
+from multihead.monitoring.monitor import Monitor
+from multihead.core.objectives import (
     Objective,
     needs_own_targets,
     resolve_loss,
     resolve_metric,
     resolve_optimizer,
 )
-from multihead.progress import Progress
-from multihead.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
-from multihead.trunk_policy import AggregatedStep, TrunkPolicy, TrunkUpdate
+from multihead.monitoring.progress import Progress
+from multihead.core.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
+from multihead.core.trunk_update import AggregatedStep, TrunkPolicy, TrunkUpdate
 
 
 class StepResult(NamedTuple):
@@ -128,7 +128,7 @@ class Trainer:
     Args:
         model: the model; it may be unbuilt (the first batch builds it).
         objectives: head name -> `Objective`, one for every head of the model.
-        schedule: `"simultaneous"` or `"sequential"` (see `multihead.step`).
+        schedule: `"simultaneous"` or `"sequential"` (see `multihead.core.step`).
         log_dir: TensorBoard log directory; None disables logging.
         log_every: write scalars every this many steps.
         histograms_every: write gradient histograms every this many steps (0: never).
@@ -138,9 +138,9 @@ class Trainer:
             slots), or a `TrunkPolicy` (or a dict of its fields): one trunk
             optimizer applies an aggregate of the heads' trunk gradients and each
             head's optimizer is built on its own variables only (see
-            `multihead.trunk_policy`). Needs `schedule="simultaneous"`.
+            `multihead.core.trunk_update`). Needs `schedule="simultaneous"`.
         strategy: a `tf.distribute` strategy (`MirroredStrategy`,
-            `MultiWorkerMirroredStrategy`; see `multihead.distribute.make_strategy`),
+            `MultiWorkerMirroredStrategy`; see `multihead.core.distribute.make_strategy`),
             or None for one device. Build the model and create optimizer objects
             (and target networks) inside `strategy.scope()`; optimizers given by
             name are created there by the trainer. Call `step` and `fit` outside

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 import keras
 
-from multihead.model import MultiHeadModel
+from multihead.core.model import MultiHeadModel
 
 
 def _layer(model: MultiHeadModel, part: str, role: str) -> keras.layers.Layer:

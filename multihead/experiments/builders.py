@@ -13,11 +13,11 @@ from typing import Any, Mapping
 import keras
 import yaml
 
-from multihead.config import ConfigError, ExperimentConfig, suggest, to_dict
-from multihead.data import MultiTaskData, mmoe_synthetic
-from multihead.model import MultiHeadModel
-from multihead.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
-from multihead.trainer import Trainer
+from multihead.experiments.config import ConfigError, ExperimentConfig, suggest, to_dict
+from multihead.core.data import MultiTaskData, mmoe_synthetic
+from multihead.core.model import MultiHeadModel
+from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
+from multihead.core.trainer import Trainer
 
 _MLP_KEYS = ("units", "activation", "output_activation", "dropout", "kernel_regularizer")
 
@@ -131,7 +131,7 @@ def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
 
 def build_trunk(config: ExperimentConfig) -> Any:
     """`Trainer(trunk=...)` for `config.train.trunk`: `"per_head"` or a `TrunkPolicy`."""
-    from multihead.trunk_policy import TrunkPolicy
+    from multihead.core.trunk_update import TrunkPolicy
 
     trunk = config.train.trunk
     if trunk == "per_head":
@@ -147,7 +147,7 @@ def build_trunk(config: ExperimentConfig) -> Any:
 
 def build_strategy(config: ExperimentConfig) -> Any:
     """The `tf.distribute` strategy of `config.distribute`, or None (`strategy: none`)."""
-    from multihead.distribute import make_strategy
+    from multihead.core.distribute import make_strategy
 
     try:
         return make_strategy(config.distribute.strategy, config.distribute.devices)

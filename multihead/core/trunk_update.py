@@ -1,13 +1,13 @@
 """The aggregated trunk update: one trunk optimizer fed by a combination of the heads' gradients.
 
 With the default `trunk="per_head"` each head's optimizer updates the trunk with
-its own slots (`multihead.step.TrainStep`). With a `TrunkPolicy`:
+its own slots (`multihead.core.step.TrainStep`). With a `TrunkPolicy`:
 
 * each head's optimizer is built on the head's own variables only;
 * one trunk optimizer, built on the trunk variables (plus a loss-weighting
   scheme's trainable variables, e.g. uncertainty log-variances), applies
   `d = sum_k w_k g_k`, the aggregate of the heads' trunk gradients `g_k`
-  (weights `w` from `multihead.aggregators`), plus the gradient of the trunk's
+  (weights `w` from `multihead.aggregation.aggregators`), plus the gradient of the trunk's
   own regularisation losses (added once, not aggregated: it is no head's task).
 
 Two ways to get the `g_k`:
@@ -30,23 +30,23 @@ from typing import Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from multihead import distribute, updates
-from multihead.aggregators import (
+from multihead.core import distribute, updates
+from multihead.aggregation.aggregators import (
     AGGREGATORS,
     REP_GRAD_AGGREGATORS,
     Aggregator,
     get_aggregator,
 )
-from multihead.loss_weighting import (
+from multihead.aggregation.loss_weighting import (
     LOSS_WEIGHTINGS,
     LossWeighting,
     check_loss_weighting_options,
     make_loss_weighting,
 )
-from multihead.model import MultiHeadModel
-from multihead.monitor import Monitor, write_scalar
-from multihead.objectives import Objective, OptimizerSpec, resolve_optimizer
-from multihead.step import HeadUpdate, TrainStep, _regularization
+from multihead.core.model import MultiHeadModel
+from multihead.monitoring.monitor import Monitor, write_scalar
+from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
+from multihead.core.step import HeadUpdate, TrainStep, _regularization
 
 PER_HEAD = "per_head"
 
@@ -142,7 +142,7 @@ class TrunkUpdate(tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
     Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`,
-    or the `trunk_update` part of `multihead.checkpoints`) saves the trunk
+    or the `trunk_update` part of `multihead.io.checkpoints`) saves the trunk
     optimizer (its slots, its iteration count and, as every Keras optimizer
     tracks them, the variables it was built on), the loss weighting's variables
     (e.g. the uncertainty log-variances) and PCGrad's generator state.
