@@ -19,6 +19,7 @@ from multihead.io.checkpoints import (  # noqa: E402
     restore_checkpoint,
     save_checkpoint,
 )
+from multihead.core.callbacks import Callback  # noqa: E402
 from multihead.core.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
 from multihead.core.distribute import make_strategy  # noqa: E402
 from multihead.io.export import ExportResult, export_saved_model  # noqa: E402
@@ -29,7 +30,8 @@ from multihead.core.partition import Partition  # noqa: E402
 from multihead.monitoring.report import RunReport, load_report  # noqa: E402
 from multihead.rl.replay import ReplayBuffer  # noqa: E402
 from multihead.rl.target_network import TargetNetwork  # noqa: E402
-from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint, variable_addresses  # noqa: E402
+from multihead.core.addresses import variable_addresses  # noqa: E402
+from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint  # noqa: E402
 from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
@@ -39,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATORS",
     "Aggregation",
+    "Callback",
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointReadError",

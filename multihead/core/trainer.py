@@ -11,6 +11,7 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead.core import distribute
 from multihead.io.checkpoints import CheckpointManager
 from multihead.core.data import DataPosition, as_dataset
@@ -231,7 +232,7 @@ class Trainer:
 
     def _check_strategy(self, strategy: tf.distribute.Strategy) -> None:
         for head, opt in self.optimizers.items():
-            if getattr(opt, "_distribution_strategy", strategy) is not strategy:
+            if internals.optimizer_strategy(opt) not in (None, strategy):
                 raise ValueError(
                     f"the optimizer of head {head!r} was created outside strategy.scope(); create "
                     "it inside `with strategy.scope():` or give its name (e.g. 'adam')")
@@ -252,6 +253,14 @@ class Trainer:
                     "each head needs its own (it is built on that head's var_list)"
                 )
             seen[id(opt)] = head
+
+    def build_optimizers(self) -> None:
+        """Builds every optimizer on its var_list now (the model must be built), so their
+        slots exist, e.g. before restoring a checkpoint into them. Idempotent."""
+        if self._train_step is None:
+            if not self.model.built:
+                raise ValueError("build the model first (model.build(input_shape) or one call)")
+            self._build()
 
     def _build(self) -> None:
         """Partitions the variables and builds each optimizer eagerly on its var_list."""
@@ -278,7 +287,7 @@ class Trainer:
             var_list = self.model.var_list(head, trains_trunk=objective.trains_trunk and not aggregated)
             optimizer = self.optimizers[head]
             if optimizer.built:
-                built_on = [id(v) for v in optimizer._trainable_variables]  # noqa: SLF001
+                built_on = [id(v) for v in internals.built_variables(optimizer)]
                 if built_on != [id(v) for v in var_list]:
                     raise ValueError(
                         f"the optimizer of head {head!r} was already built on other variables; "

@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead.core import distribute, updates
 from multihead.aggregation.aggregators import (
     AGGREGATORS,
@@ -212,7 +213,7 @@ class TrunkUpdate(tf.Module):
         extra = list(self.weighting.trainable_variables) if self.weighting else []
         var_list = list(trunk_variables) + extra
         if self.optimizer.built:
-            built_on = [id(v) for v in self.optimizer._trainable_variables]  # noqa: SLF001
+            built_on = [id(v) for v in internals.built_variables(self.optimizer)]
             if built_on != [id(v) for v in var_list]:
                 raise ValueError(
                     "the trunk optimizer was already built on other variables; pass a fresh optimizer"

@@ -23,10 +23,12 @@ the tests instead of drifting silently.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import keras
 import tensorflow as tf
+
+from multihead import _keras_internals as internals
 
 
 def apply_gradients(optimizer: keras.optimizers.Optimizer,
@@ -40,15 +42,15 @@ def apply_gradients(optimizer: keras.optimizers.Optimizer,
         variables: the variables to update.
     """
     direct = _DIRECT.get(type(optimizer))
-    if direct is None or not _plain(optimizer, direct.reads, grads, variables):
+    if direct is None or not _plain(optimizer, grads, variables):
         optimizer.apply_gradients(zip(grads, variables))
         return
     with tf.name_scope(optimizer.name):
-        direct.update(optimizer, list(grads), list(variables))
+        direct(optimizer, list(grads), list(variables))
         optimizer.iterations.assign_add(1)
 
 
-def _plain(optimizer: keras.optimizers.Optimizer, reads: tuple[str, ...], grads: Sequence[Any],
+def _plain(optimizer: keras.optimizers.Optimizer, grads: Sequence[Any],
            variables: Sequence[keras.Variable]) -> bool:
     """Whether Keras' update would be just the optimizer's `update_step` on each variable."""
     if not (optimizer.built and optimizer.clipnorm is None and optimizer.clipvalue is None
@@ -59,7 +61,7 @@ def _plain(optimizer: keras.optimizers.Optimizer, reads: tuple[str, ...], grads:
     if not all(isinstance(getattr(optimizer, name, 0.0), (int, float))
                for name in ("beta_1", "beta_2", "epsilon", "momentum")):
         return False  # tensor hyperparameters: leave Keras' type promotion to Keras
-    if not all(hasattr(optimizer, name) for name in reads):
+    if not internals.has_slot_internals(optimizer):
         return False
     if tf.distribute.has_strategy() or isinstance(_tf_variable(optimizer.iterations),
                                                   tf.distribute.DistributedValues):
@@ -91,16 +93,14 @@ def _adam(optimizer: keras.optimizers.Adam, grads: list[tf.Tensor],
             beta_2_power = tf.pow(tf.cast(optimizer.beta_2, dtype), local_step)
             scalars[dtype] = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
         alpha = scalars[dtype]
-        index = optimizer._get_variable_index(variable)  # noqa: SLF001
-        m = _tf_variable(optimizer._momentums[index])  # noqa: SLF001
-        v = _tf_variable(optimizer._velocities[index])  # noqa: SLF001
+        m, v, v_hat = (_tf_variable(s) if s is not None else None
+                       for s in internals.adam_slots(optimizer, variable))
         grad = tf.cast(grad, dtype)
         # Keras casts some Python floats through float32 (tf.cast) and converts others
         # straight to the variable's dtype (its ops' type promotion): so does this.
         m.assign_add((grad - m) * tf.constant(1 - optimizer.beta_1, dtype))
         v.assign_add((tf.square(grad) - v) * tf.constant(1 - optimizer.beta_2, dtype))
-        if optimizer.amsgrad:
-            v_hat = _tf_variable(optimizer._velocity_hats[index])  # noqa: SLF001
+        if v_hat is not None:
             v_hat.assign(tf.maximum(v_hat, v))
             v = v_hat
         var.assign_sub((m * alpha) / (tf.sqrt(v) + tf.constant(optimizer.epsilon, dtype)))
@@ -118,7 +118,7 @@ def _sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
         if optimizer.momentum == 0:
             var.assign_sub(grad * lr)
             continue
-        m = _tf_variable(optimizer.momentums[optimizer._get_variable_index(variable)])  # noqa: SLF001
+        m = _tf_variable(internals.sgd_momentum(optimizer, variable))
         momentum = tf.cast(optimizer.momentum, dtype)
         m.assign(m * momentum - grad * lr)
         if optimizer.nesterov:
@@ -127,12 +127,7 @@ def _sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
             var.assign_add(m)
 
 
-class _Direct(NamedTuple):
-    update: Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]
-    reads: tuple[str, ...]  # the Keras internals it reads (AMSGrad's `_velocity_hats` only when on)
-
-
-_DIRECT = {
-    keras.optimizers.Adam: _Direct(_adam, ("_get_variable_index", "_momentums", "_velocities")),
-    keras.optimizers.SGD: _Direct(_sgd, ("_get_variable_index", "momentums")),
+_DIRECT: dict[type, Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]] = {
+    keras.optimizers.Adam: _adam,
+    keras.optimizers.SGD: _sgd,
 }

@@ -7,6 +7,7 @@ error on stderr and nothing written, 1 an unexpected failure.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import datetime
 import json
 import os
@@ -17,7 +18,6 @@ from typing import Any, Sequence
 
 import yaml
 
-from multihead import __version__
 from multihead.experiments.config import ConfigError, ExperimentConfig, load_config, to_dict
 
 EXIT_BAD_INPUT = 2
@@ -247,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="multihead",
         description="Train multi-head networks (shared trunk, one loss and optimizer per head).",
     )
-    parser.add_argument("--version", action="version", version=f"multihead {__version__}")
+    parser.add_argument("--version", action="version", version=f"multihead {importlib.metadata.version('multihead')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(p: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead.core.model import MultiHeadModel
 
 if TYPE_CHECKING:
@@ -90,21 +91,6 @@ class _RunClock(tf.Module):
 
 
 # -- parts ----------------------------------------------------------------------------------
-
-
-def _seed_states(layer: keras.layers.Layer) -> list[Any]:
-    """Seed-generator state variables of `layer` and its sublayers, in tracking order.
-
-    Keras 3 keeps a random layer's seed state (Dropout, GaussianNoise, ...) in a
-    `SeedGenerator` that `tf.train.Checkpoint` does not see through the layer.
-    """
-    states, seen = [], set()
-    for sub in layer._flatten_layers(include_self=True, recursive=True):  # noqa: SLF001
-        for generator in getattr(sub, "_seed_generators", ()):
-            if id(generator.state) not in seen:
-                seen.add(id(generator.state))
-                states.append(generator.state)
-    return states
 
 
 def _target_map(targets: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -177,8 +163,8 @@ def _part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappi
             objects[part] = model.heads[name]
         elif kind == "rng":
             objects[part] = _group({
-                "trunk": _seed_states(model.trunk),
-                "heads": _group({h: _seed_states(model.heads[h]) for h in model.head_names}),
+                "trunk": internals.seed_generator_states(model.trunk),
+                "heads": _group({h: internals.seed_generator_states(model.heads[h]) for h in model.head_names}),
             })
         elif kind == "optimizers":
             objects[part] = trainer.optimizers[name]
@@ -222,8 +208,7 @@ def _check_ready(model: MultiHeadModel, trainer: Trainer | None) -> None:
     if trainer is not None:
         if trainer.model is not model:
             raise ValueError("trainer.model is not the model given; pass the trainer's own model")
-        if getattr(trainer, "_train_step", True) is None:
-            trainer._build()  # noqa: SLF001 - builds the optimizers, so their slots exist
+        trainer.build_optimizers()  # their slots must exist before a save or restore
 
 
 # -- comparing a file with live objects ----------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead.core.model import MultiHeadModel
 
 #: Name of the input of every serving signature.
@@ -74,7 +75,7 @@ def default_input_spec(model: MultiHeadModel) -> tf.TensorSpec:
         ValueError: the model records no single-tensor build shape; pass
             `input_spec=tf.TensorSpec([None, ...])` to `export_saved_model`.
     """
-    shapes = getattr(model, "_build_shapes_dict", None) or {}
+    shapes = internals.build_shapes(model)
     shape = shapes.get("input_shape") if len(shapes) == 1 else None
     if shape is None or not isinstance(shape, (tuple, list)) or not all(
             d is None or isinstance(d, int) for d in shape) or len(shape) < 1:

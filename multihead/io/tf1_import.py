@@ -31,10 +31,10 @@ import os
 import re
 from typing import Any, Mapping
 
-import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead.core.addresses import variable_addresses
 from multihead.core.model import MultiHeadModel
 
 
@@ -84,47 +84,6 @@ class ImportReport:
             lines.append(f"{title} ({len(items)}):")
             lines += [f"  {item}" for item in items]
         return "\n".join(lines)
-
-
-def _sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    if isinstance(layer, keras.Model):
-        layers = layer.layers
-    else:
-        layers = list(getattr(layer, "_layers", []))
-    return [sub for sub in layers if not isinstance(sub, keras.layers.InputLayer)]
-
-
-def _own_variables(layer: keras.layers.Layer) -> list[Any]:
-    return list(getattr(layer, "_trainable_variables", [])) + list(
-        getattr(layer, "_non_trainable_variables", []))
-
-
-def _walk(layer: keras.layers.Layer, prefix: str, found: dict[str, Any]) -> None:
-    for var in _own_variables(layer):
-        found.setdefault(f"{prefix}/{var.name}", var)
-    for i, sub in enumerate(_sublayers(layer)):
-        _walk(sub, f"{prefix}/{i}", found)
-
-
-def variable_addresses(model: MultiHeadModel) -> dict[str, Any]:
-    """Address -> variable for every weight of the model's trunk and heads.
-
-    Example:
-        >>> list(variable_addresses(model))                                   # doctest: +SKIP
-        ['trunk/0/kernel', 'trunk/0/bias', 'heads/a/kernel', 'heads/a/bias']
-    """
-    if not model.built or not model.trunk.built:
-        raise ValueError("the model has no variables yet: call model.build(input_shape) first")
-    found: dict[str, Any] = {}
-    for part, layer in model.part_layers().items():
-        own: dict[str, Any] = {}
-        _walk(layer, part, own)
-        covered = {id(v) for v in own.values()}
-        for i, var in enumerate(layer.weights):  # anything the walk missed, by position
-            if id(var) not in covered:
-                own[f"{part}/weights/{i}"] = var
-        found.update(own)
-    return found
 
 
 def _describe(shape: Any, dtype: Any) -> str:

@@ -49,9 +49,10 @@ from typing import Callable, Mapping, Sequence, TypeVar
 
 import keras
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from multihead import _keras_internals as internals
 
 _Grad = tf.Tensor | tf.IndexedSlices | None
 T = TypeVar("T")
@@ -135,7 +136,7 @@ class _InStepWriter(tf.summary.SummaryWriter):
     """
 
     def __init__(self, writer: tf.summary.SummaryWriter) -> None:
-        self._resource = writer._resource  # noqa: SLF001 (what tf.summary.write reads)
+        self._resource = internals.summary_writer_resource(writer)
 
     def init(self) -> None:
         return None
@@ -200,7 +201,8 @@ class Monitor:
         self.distributed = False
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
         self._step_writer = (_InStepWriter(self._train_writer)
-                             if hasattr(self._train_writer, "_resource") else self._train_writer)
+                             if internals.summary_writer_resource(self._train_writer) is not None
+                             else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
         # Set by `bind`.
         self._heads: tuple[str, ...] = ()
@@ -366,15 +368,14 @@ class Monitor:
         tf.cond(due, fn, _no_op)
         for op in graph.get_operations()[start:]:
             if op.type in ("If", "StatelessIf"):
-                op._set_attr("_lower_using_switch_merge",  # noqa: SLF001
-                             attr_value_pb2.AttrValue(b=False))
+                internals.keep_cond_functional(op)
 
     def _emit(self, tag: str, tensor: tf.Tensor, metadata: bytes) -> None:
         # Only called inside a branch that is already gated on the step: write
         # straight to the writer. `tf.summary.write` would wrap every tag in its
         # own `tf.cond` on `record_if`, which costs trace time per tag (seconds
         # with per-variable norms and histograms) and nothing else.
-        resource = getattr(self._step_writer, "_resource", None)
+        resource = internals.summary_writer_resource(self._step_writer)
         if resource is None:  # a writer without the resource handle: the public path
             tf.summary.write(tag, tensor, metadata=metadata)
             return

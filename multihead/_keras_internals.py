@@ -1,0 +1,110 @@
+"""The only module that reads private Keras / TensorFlow names.
+
+Each accessor says which private name it reads and which release it mirrors
+(Keras 3.15, TensorFlow 2.21). `tests/test_keras_internals.py` calls every
+accessor on real objects of the installed release, so an upgrade that moves a
+name fails there, in one place, instead of deep inside a training step; and a
+test greps the package so no other module reads a private name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+#: The releases these accessors were written against.
+KERAS_VERSION = "3.15"
+TENSORFLOW_VERSION = "2.21"
+
+
+# -- optimizers ---------------------------------------------------------------------------
+
+
+def built_variables(optimizer: keras.optimizers.Optimizer) -> list[Any]:
+    """The variables a built optimizer was built on, in build order
+    (`BaseOptimizer._trainable_variables`)."""
+    return list(optimizer._trainable_variables)  # noqa: SLF001
+
+
+def optimizer_strategy(optimizer: keras.optimizers.Optimizer) -> Any:
+    """The `tf.distribute` strategy a TF-backend optimizer was created under, or None
+    (`TFOptimizer._distribution_strategy`)."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+#: Per optimizer class: the private names its direct update reads.
+_SLOT_NAMES = {
+    keras.optimizers.Adam: ("_get_variable_index", "_momentums", "_velocities"),
+    keras.optimizers.SGD: ("_get_variable_index", "momentums"),
+}
+
+
+def has_slot_internals(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether the slot lists and variable index `adam_slots` / `sgd_momentum` read exist."""
+    names = _SLOT_NAMES.get(type(optimizer), ())
+    return bool(names) and all(hasattr(optimizer, name) for name in names)
+
+
+def adam_slots(optimizer: keras.optimizers.Adam, variable: Any) -> tuple[Any, Any, Any]:
+    """`(m, v, v_hat or None)` of `variable` (`Adam._momentums`, `_velocities`,
+    `_velocity_hats`, indexed by `BaseOptimizer._get_variable_index`)."""
+    index = optimizer._get_variable_index(variable)  # noqa: SLF001
+    v_hat = optimizer._velocity_hats[index] if optimizer.amsgrad else None  # noqa: SLF001
+    return optimizer._momentums[index], optimizer._velocities[index], v_hat  # noqa: SLF001
+
+
+def sgd_momentum(optimizer: keras.optimizers.SGD, variable: Any) -> Any:
+    """The momentum slot of `variable` (`SGD.momentums` by `_get_variable_index`)."""
+    return optimizer.momentums[optimizer._get_variable_index(variable)]  # noqa: SLF001
+
+
+# -- layers -------------------------------------------------------------------------------
+
+
+def seed_generator_states(layer: keras.layers.Layer) -> list[Any]:
+    """Seed-generator state variables of `layer` and its sublayers, in tracking order
+    (`Layer._flatten_layers`, `Layer._seed_generators`): `tf.train.Checkpoint` does not
+    see them through the layer."""
+    states, seen = [], set()
+    for sub in layer._flatten_layers(include_self=True, recursive=True):  # noqa: SLF001
+        for generator in getattr(sub, "_seed_generators", ()):
+            if id(generator.state) not in seen:
+                seen.add(id(generator.state))
+                states.append(generator.state)
+    return states
+
+
+def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The layers a (non-Model) layer tracks directly (`Layer._layers`)."""
+    return list(getattr(layer, "_layers", []))
+
+
+def own_variables(layer: keras.layers.Layer) -> list[Any]:
+    """The variables a layer created itself, not through sublayers
+    (`Layer._trainable_variables` + `Layer._non_trainable_variables`)."""
+    return list(getattr(layer, "_trainable_variables", [])) + list(
+        getattr(layer, "_non_trainable_variables", []))
+
+
+def build_shapes(model: keras.Model) -> dict[str, Any]:
+    """The shapes a model was built with (`Layer._build_shapes_dict`), or `{}`."""
+    return getattr(model, "_build_shapes_dict", None) or {}
+
+
+# -- TensorFlow ---------------------------------------------------------------------------
+
+
+def summary_writer_resource(writer: tf.summary.SummaryWriter) -> Any:
+    """The resource handle `tf.summary.write` writes to (`ResourceSummaryWriter._resource`),
+    or None for a writer without one."""
+    return getattr(writer, "_resource", None)
+
+
+def keep_cond_functional(op: tf.Operation) -> None:
+    """Marks an `If` op so the graph keeps it functional instead of lowering it to
+    Switch/Merge (`Operation._set_attr`, attribute `_lower_using_switch_merge`): a
+    lowered cond visits every node of the untaken branch on each run."""
+    op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))  # noqa: SLF001

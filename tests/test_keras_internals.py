@@ -1,0 +1,112 @@
+"""Every private Keras/TF name the package reads is read in `multihead._keras_internals`,
+and each accessor still works on the installed release."""
+
+import pathlib
+import re
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from multihead import _keras_internals as internals
+
+PACKAGE = pathlib.Path(internals.__file__).parent
+# `obj._name`, where obj is a name chain or a call/index result; a `keras.src` import; a
+# private name passed as a string (getattr/hasattr).
+_PRIVATE = re.compile(r"(?P<obj>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|[\])])\._(?P<name>[a-z]\w*)"
+                      r"|keras\.src|[\"']_[a-z]\w*[\"']\)?")
+_NAMEDTUPLE = {"replace", "asdict", "fields", "make"}  # public API despite the underscore
+
+
+def _private_reads(line: str) -> list[str]:
+    """The private names `line` reads on objects other than its own (`self`, `cls`)
+    or the internals module."""
+    code = line.split("#", 1)[0]
+    if code.strip().startswith(("\"", "'")):
+        return []
+    found = []
+    for m in _PRIVATE.finditer(code):
+        if m.group("obj") in {"self", "cls", "internals"} or m.group("name") in _NAMEDTUPLE:
+            continue
+        if m.group("obj") is None and not m.group(0).startswith("keras") and "attr(" not in code:
+            continue  # a string that merely starts with an underscore
+        found.append(m.group(0))
+    return found
+
+
+def test_no_module_but_the_internals_reads_a_private_name():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_keras_internals.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _private_reads(line):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}")
+    assert not offenders, "private names read outside _keras_internals:\n" + "\n".join(offenders)
+
+
+def test_the_grep_catches_a_private_read():
+    assert _private_reads("ids = [id(v) for v in optimizer._trainable_variables]")
+    assert _private_reads("ids = [id(v) for v in self.optimizer._trainable_variables]")
+    assert _private_reads('shapes = getattr(model, "_build_shapes_dict", None)')
+    assert _private_reads("from keras.src.optimizers import base_optimizer")
+    assert not _private_reads("self._heads = tuple(heads)")
+    assert not _private_reads("value = _helper(x)._replace(a=1)")
+
+
+def test_optimizer_accessors_on_the_installed_keras():
+    variables = [keras.Variable(np.ones((2, 3), "float32")), keras.Variable(np.zeros(3, "float32"))]
+    adam = keras.optimizers.Adam(amsgrad=True)
+    adam.build(variables)
+    assert [id(v) for v in internals.built_variables(adam)] == [id(v) for v in variables]
+    assert internals.has_slot_internals(adam)
+    m, v, v_hat = internals.adam_slots(adam, variables[1])
+    assert m.shape == v.shape == v_hat.shape == (3,)
+    sgd = keras.optimizers.SGD(momentum=0.9)
+    sgd.build(variables)
+    assert internals.has_slot_internals(sgd)
+    assert internals.sgd_momentum(sgd, variables[0]).shape == (2, 3)
+    assert not internals.has_slot_internals(keras.optimizers.RMSprop())
+    assert internals.optimizer_strategy(adam) is not None or internals.optimizer_strategy(adam) is None
+
+
+def test_layer_accessors_on_the_installed_keras():
+    dropout = keras.layers.Dropout(0.5, seed=1)
+    model = keras.Sequential([keras.layers.Dense(2), dropout])
+    model.build((None, 3))
+    states = internals.seed_generator_states(model)
+    assert len(states) == 1 and states[0] is dropout.seed_generator.state
+    dense = model.layers[0]
+    assert {id(v) for v in internals.own_variables(dense)} == {id(v) for v in dense.weights}
+
+    class Block(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.inner = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.inner(x)
+
+    block = Block()
+    block(np.ones((1, 2), "float32"))
+    assert internals.direct_sublayers(block) == [block.inner]
+    assert internals.build_shapes(model) == {"input_shape": (None, 3)}
+
+
+def test_tensorflow_accessors_on_the_installed_tensorflow(tmp_path):
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    assert internals.summary_writer_resource(writer) is not None
+
+    @tf.function
+    def f(flag):
+        graph = tf.compat.v1.get_default_graph()
+        start = len(graph.get_operations())
+        out = tf.cond(flag, lambda: tf.constant(1.0), lambda: tf.constant(2.0))
+        for op in graph.get_operations()[start:]:
+            if op.type in ("If", "StatelessIf"):
+                internals.keep_cond_functional(op)
+                assert op.get_attr("_lower_using_switch_merge") is False
+        return out
+
+    assert float(f(tf.constant(True))) == 1.0
+    writer.close()
