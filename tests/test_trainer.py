@@ -107,10 +107,15 @@ def test_unbuilt_model_is_built_by_the_first_batch():
     assert result.updated == ("a",) and np.isfinite(result.losses["a"])
 
 
-def test_diverging_loss_stops_fit_with_the_head_and_step():
-    trainer = mh.Trainer(make_model(), _objectives(b=mh.Objective(lambda t, p: tf.math.log(p - 1e9))))
-    with pytest.raises(FloatingPointError, match="loss of head 'b' became nan at step 0"):
-        trainer.fit(make_batch(), steps=3, batch_size=16, verbose=False)
+@pytest.mark.parametrize("policy, message", [
+    ("skip", "loss of head 'b' became nan at step 0 and stayed non-finite for 4 consecutive steps"),
+    ("raise", "loss of head 'b' became nan at step 0$"),
+])
+def test_diverging_loss_stops_fit_with_the_head_and_step(policy, message):
+    diverging = mh.Objective(lambda t, p: tf.math.log(p - 1e9), on_nonfinite=policy)
+    trainer = mh.Trainer(make_model(), _objectives(b=diverging), max_nonfinite_steps=4)
+    with pytest.raises(FloatingPointError, match=message):
+        trainer.fit(make_batch(), steps=20, batch_size=16, verbose=False, steps_per_execution=1)
 
 
 def _scalars(log_dir, tag):

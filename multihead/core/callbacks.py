@@ -20,7 +20,10 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from multihead.monitoring.progress import Progress
 
 if TYPE_CHECKING:  # annotations only: callbacks never import the trainer
     from multihead.core.trainer import StepResult, Trainer
@@ -92,3 +95,61 @@ class CallbackList:
     def on_train_end(self) -> None:
         for callback in self.callbacks:
             callback.on_train_end()
+
+
+class ProgressCallback(Callback):
+    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._progress: Progress | None = None
+        self._done = 0
+
+    def on_train_begin(self) -> None:
+        self._progress, self._done = Progress(self.total), 0
+
+    def on_step_end(self, step: int, result: StepResult) -> None:
+        self._done += 1
+        self._latest = result.losses
+
+    def on_call_end(self, step: int) -> None:
+        assert self._progress is not None
+        self._progress.update(self._done, self._latest, force=self._done == self.total)
+
+    def on_train_end(self) -> None:
+        if self._progress is not None and self._done:
+            self._progress.close(self._done)
+
+
+class NonFiniteGuard(Callback):
+    """Stops `fit` with an error naming the head when a head's loss is non-finite.
+
+    With `Objective(on_nonfinite="raise")` at the first such step; otherwise when it
+    stays non-finite for `limit` consecutive steps of that head (its updates are
+    skipped meanwhile under the default `"skip"`).
+    """
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_nonfinite_steps must be an integer >= 1, got {limit!r}")
+        self.limit = limit
+        self._first: dict[str, tuple[int, float]] = {}
+        self._count: dict[str, int] = {}
+
+    def on_step_end(self, step: int, result: StepResult) -> None:
+        for head, loss in result.losses.items():
+            if math.isfinite(loss) and head not in result.skipped:
+                self._count.pop(head, None)
+                self._first.pop(head, None)
+                continue
+            self._first.setdefault(head, (result.step, loss))
+            self._count[head] = self._count.get(head, 0) + 1
+            policy = self.trainer.objectives[head].on_nonfinite
+            if policy == "raise" or self._count[head] >= self.limit:
+                at, value = self._first[head]
+                what = f"the loss of head {head!r} became {value}" if not math.isfinite(value) \
+                    else f"a gradient of head {head!r} became non-finite"
+                raise FloatingPointError(
+                    f"{what} at step {at}" + ("" if policy == "raise" else
+                    f" and stayed non-finite for {self._count[head]} consecutive steps of the "
+                    "head; check its labels and learning rate"))

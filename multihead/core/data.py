@@ -166,6 +166,11 @@ class DataPosition(tf.Module):
         self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch")
         self._resume = False
 
+    @property
+    def restored(self) -> bool:
+        """Whether a restore moved the position since the stream was last started."""
+        return self._resume
+
     def mark_restored(self) -> None:
         """The next `epochs` continues from the (restored) position instead of restarting."""
         self._resume = True

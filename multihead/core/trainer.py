@@ -6,14 +6,13 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead.core import distribute
-from multihead.io.checkpoints import CheckpointManager
 from multihead.core.data import DataPosition, as_dataset
 from multihead.core.model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
@@ -24,7 +23,7 @@ from multihead.core.objectives import (
     resolve_metric,
     resolve_optimizer,
 )
-from multihead.monitoring.progress import Progress
+from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
 from multihead.core.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
 from multihead.core.trunk_update import AggregatedStep, TrunkPolicy, TrunkUpdate
 
@@ -34,13 +33,16 @@ class StepResult(NamedTuple):
 
     Attributes:
         step: the step counter value the update was taken at (0 for the first).
-        losses: head -> loss, for the heads that were updated.
+        losses: head -> (unweighted) loss, for the heads that were due this step.
         updated: the names of the heads whose optimizer applied an update.
+        skipped: the due heads whose update was dropped because their loss or a
+            gradient was not finite (`Objective(on_nonfinite="skip")`).
     """
 
     step: int
     losses: dict[str, float]
     updated: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -74,6 +76,40 @@ def _split_batch(batch: Any) -> tuple[Any, Any]:
         "a batch must be a pair (inputs, targets) with targets a dict head -> labels, "
         f"got {type(batch).__name__}"
     )
+
+
+class SavesCheckpoints(Protocol):
+    """What `fit(checkpoints=...)` takes: a `multihead.CheckpointManager`."""
+
+    def callback(self) -> Callback:
+        """The callback that saves on the manager's cadence."""
+
+
+class _DataKey:
+    """Identifies the data of a `fit` call: the same dataset object, or the same array
+    objects with the same batch size and seed."""
+
+    def __init__(self, data: Any, batch_size: int | None, seed: int | None) -> None:
+        self._leaves = [data] if isinstance(data, tf.data.Dataset) else tf.nest.flatten(data)
+        self._settings = (batch_size, seed)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _DataKey) and self._settings == other._settings
+                and len(self._leaves) == len(other._leaves)
+                and all(a is b for a, b in zip(self._leaves, other._leaves)))
+
+
+class _Stream:
+    """The batches `fit` takes: the current epoch's iterator and the next epochs."""
+
+    def __init__(self, key: _DataKey, train_step: TrainStep, epochs: Iterator[Any]) -> None:
+        self.key = key
+        self.train_step = train_step
+        self._epochs = epochs
+        self.iterator = next(epochs)
+
+    def next_epoch(self) -> None:
+        self.iterator = next(self._epochs)
 
 
 class _ExecutionSize:
@@ -150,6 +186,9 @@ class Trainer:
             the same global batch. Only the chief logs to TensorBoard and writes
             checkpoints. Not supported with a strategy: `jit_compile`, trunk
             aggregation with `rep_grad` or a loss weighting.
+        max_nonfinite_steps: `fit` stops with an error naming the head when a head's
+            loss or gradient is non-finite this many steps in a row (its updates
+            were skipped meanwhile, see `Objective(on_nonfinite=...)`).
     """
 
     def __init__(
@@ -164,6 +203,7 @@ class Trainer:
         log_variable_norms: bool = False,
         trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
         strategy: tf.distribute.Strategy | None = None,
+        max_nonfinite_steps: int = 10,
     ) -> None:
         if not isinstance(model, MultiHeadModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
@@ -224,6 +264,10 @@ class Trainer:
         self._needs_targets = {h: needs_own_targets(loss) for h, loss in self.loss_fns.items()}
         self._checked_keys: frozenset[str] | None = None
         self._train_step: TrainStep | None = None
+        self._last_stream: _Stream | None = None
+        #: Set by a callback to end `fit` after the current compiled call.
+        self.stop_training = False
+        self._nonfinite_limit = max_nonfinite_steps
         self._predict = tf.function(lambda x: self.model(x, training=False), reduce_retracing=True)
         if model.built:
             self._build()
@@ -367,10 +411,16 @@ class Trainer:
         eval_every: int | None = None,
         verbose: bool = True,
         seed: int | None = 0,
-        checkpoints: CheckpointManager | None = None,
+        checkpoints: SavesCheckpoints | None = None,
         steps_per_execution: int | str = "auto",
+        callbacks: Sequence[Callback] = (),
     ) -> History:
-        """Trains for `steps` steps, cycling through `data` as often as needed.
+        """Trains for `steps` more steps, cycling through `data` as often as needed.
+
+        A second `fit` on the same data (the same dataset object, or the same arrays
+        with the same batch size and seed) continues the stream where the last one
+        stopped, so `fit(20)` then `fit(20)` trains exactly as `fit(40)`. Other data
+        starts from its beginning.
 
         Args:
             data: a batched `tf.data.Dataset` of `(inputs, targets)`, or a tuple of
@@ -381,68 +431,90 @@ class Trainer:
             eval_every: evaluation period in (global) steps (None: only at the end).
             verbose: print a progress line (steps/s, ETA, per-head losses) to stderr.
             seed: shuffle seed for array data.
-            checkpoints: saves a checkpoint whenever the global step is a multiple
-                of its `every` (after that step's evaluation). After
-                `checkpoints.restore_latest()`, `fit` continues the data stream
-                where the checkpoint left it, so the resumed run is exact.
+            checkpoints: a `CheckpointManager`: saves a checkpoint whenever the global
+                step is a multiple of its `every` (after that step's evaluation). After
+                `checkpoints.restore_latest()`, `fit` continues the data stream where
+                the checkpoint left it, so the resumed run is exact.
             steps_per_execution: steps run inside one compiled call (a loop over the
                 data iterator in the graph), so Python dispatch does not dominate
                 small models; `"auto"` sizes each call to take about 50 ms (one step
                 per call for a slow model, up to 1000 for a fast one). Results,
-                logging, evaluation and checkpoint steps are exactly those of
-                `steps_per_execution=1`: calls end at those steps.
+                logging, evaluation, checkpoint steps and what callbacks observe are
+                exactly those of `steps_per_execution=1`: calls end at those steps.
+            callbacks: `multihead.Callback`s (or Keras callbacks that read `logs` and
+                set `stop_training`, see `multihead.core.callbacks`). A callback
+                stops training by setting `trainer.stop_training = True`.
 
         Returns:
-            The per-head history of training losses and evaluations.
+            The per-head history of training losses and evaluations of this call.
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         call_size = _ExecutionSize(steps_per_execution)
         if eval_every is not None and eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every!r}")
+        stream = self._stream(data, batch_size, seed)
+        history = History(train={h: [] for h in self.objectives})
+        extra: list[Any] = [NonFiniteGuard(self._nonfinite_limit)]
+        if checkpoints is not None:
+            extra.append(checkpoints.callback())
+        if verbose:
+            extra.append(ProgressCallback(steps))
+        hooks = CallbackList([*callbacks, *extra], self)
+        periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
+        self.stop_training = False
+        start = time.perf_counter()
+        done = 0
+        hooks.on_train_begin()
+        try:
+            while done < steps and not self.stop_training:
+                chunk = min([steps - done, call_size.next]
+                            + [p - self.global_step % p for p in periods])
+                called = time.perf_counter()
+                out = stream.train_step.run(stream.iterator, chunk)
+                count = int(out.count)
+                call_size.observe(count, time.perf_counter() - called)
+                if count == 0:
+                    stream.next_epoch()  # raises if an epoch yields no batch
+                    continue
+                self.data_position.advance(count)
+                losses, updated = out.losses.numpy(), out.updated.numpy()
+                first = int(out.first_step)
+                for i in range(count):
+                    result = self._result(first + i, losses[i], updated[i])
+                    for head, loss in result.losses.items():
+                        history.train[head].append((result.step, loss))
+                    hooks.on_step_end(result.step + 1, result)
+                done += count
+                if eval_data is not None and (
+                        done == steps or (eval_every and self.global_step % eval_every == 0)):
+                    metrics = self.evaluate(eval_data, batch_size=batch_size)
+                    history.eval.append((self.global_step, metrics))
+                    hooks.on_eval_end(self.global_step, metrics)
+                hooks.on_call_end(self.global_step)
+        finally:
+            hooks.on_train_end()
+            history.wall_time = time.perf_counter() - start
+            if self.monitor:
+                self.monitor.flush()
+        return history
+
+    def _stream(self, data: Any, batch_size: int | None, seed: int | None) -> _Stream:
+        """The batch stream of `data`: the last `fit`'s, continued, when `data` is the
+        same data (and no checkpoint moved the position since); a new one otherwise."""
+        key = _DataKey(data, batch_size, seed)
+        stream = self._last_stream
+        if stream is not None and stream.key == key and not self.data_position.restored:
+            return stream
+        self._last_stream = None
         dataset = self._labelled(as_dataset(data, batch_size, shuffle=True, seed=seed))
         inputs_spec, targets_spec = dataset.element_spec
         self._check_targets(targets_spec)
         train_step = self._ensure_built(tf.nest.map_structure(_zeros_for_spec, inputs_spec))
         if self.strategy is not None:  # each global batch is split across the replicas
             dataset = self.strategy.experimental_distribute_dataset(dataset)
-        history = History(train={h: [] for h in self.objectives})
-        progress = Progress(steps) if verbose else None
-        start = time.perf_counter()
-        done = 0
-        for iterator in self.data_position.epochs(dataset):
-            while done < steps:
-                periods = [eval_every if eval_data is not None else None,
-                           checkpoints.every if checkpoints is not None else None]
-                chunk = min([steps - done, call_size.next]
-                            + [p - self.global_step % p for p in periods if p])
-                called = time.perf_counter()
-                out = train_step.run(iterator, chunk)
-                count = int(out.count)
-                call_size.observe(count, time.perf_counter() - called)
-                if count == 0:
-                    break  # end of this epoch
-                self.data_position.advance(count)
-                losses, updated = out.losses.numpy(), out.updated.numpy()
-                for i in range(count):
-                    self._record(history, self._result(int(out.first_step) + i, losses[i], updated[i]))
-                done += count
-                if progress:
-                    last = self._result(0, losses[count - 1], updated[count - 1])
-                    progress.update(done, last.losses, force=done == steps)
-                if eval_data is not None and (
-                        done == steps or (eval_every and self.global_step % eval_every == 0)):
-                    metrics = self.evaluate(eval_data, batch_size=batch_size)
-                    history.eval.append((self.global_step, metrics))
-                self._after_step(checkpoints)
-            if done >= steps:
-                break
-        if progress:
-            progress.close(steps)
-        history.wall_time = time.perf_counter() - start
-        if self.monitor:
-            self.monitor.flush()
-        return history
+        self._last_stream = _Stream(key, train_step, self.data_position.epochs(dataset))
+        return self._last_stream
 
     def _labelled(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """A single-head dataset with bare labels becomes `(inputs, {head: labels})`."""
@@ -456,18 +528,6 @@ class Trainer:
             head = next(iter(self.objectives))
             return dataset.map(lambda x, y: (x, {head: y}))
         return dataset
-
-    @staticmethod
-    def _record(history: History, result: StepResult) -> None:
-        for head, loss in result.losses.items():
-            history.train[head].append((result.step, loss))
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"the loss of head {head!r} became {loss} at step {result.step}")
-
-    def _after_step(self, checkpoints: CheckpointManager | None) -> None:
-        """Runs after every step of `fit` (and its evaluation): the checkpoint cadence."""
-        if checkpoints is not None:
-            checkpoints.maybe_save(self.global_step)
 
     # -- evaluation ---------------------------------------------------------------------
 
