@@ -15,7 +15,7 @@ import multihead as mh
 from multihead.experiments import runners as tasks
 from multihead.experiments.cli import main
 from multihead.experiments.config import load_config
-from multihead.experiments.runners.actor_critic import actor_critic_losses, nstep_returns, policy_gradient_loss
+from multihead.rl.actor_critic import actor_critic_losses, nstep_returns, policy_gradient_loss
 
 pytest.importorskip("gymnasium")
 

@@ -14,7 +14,7 @@ import multihead as mh
 from multihead.experiments import runners as tasks
 from multihead.experiments.cli import main
 from multihead.experiments.config import load_config
-from multihead.experiments.runners.dqn import dqn_loss, linear_epsilon, td_target
+from multihead.rl.dqn import dqn_loss, linear_epsilon, td_target
 
 pytest.importorskip("gymnasium")
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
-from multihead.rl.target_network import periodic_due, polyak_average
+from multihead.rl.target_network import clone_layer, periodic_due, polyak_average
 
 GAMMA = 0.9
 
@@ -222,7 +222,7 @@ def test_layers_without_config_need_clone_and_then_work():
         mh.TargetNetwork(model, every=1)
 
     def clone(layer):
-        return _NoConfig(8) if isinstance(layer, _NoConfig) else mh.targets.clone_layer(layer)
+        return _NoConfig(8) if isinstance(layer, _NoConfig) else clone_layer(layer)
 
     target = mh.TargetNetwork(model, every=1, clone=clone)
     x = np.random.default_rng(0).standard_normal((4, 5)).astype("float32")

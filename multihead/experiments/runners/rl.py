@@ -1,27 +1,47 @@
-"""What the RL tasks (`dqn`, `actor_critic`) share: environments, greedy evaluation,
-episode bookkeeping for TensorBoard and progress lines. Needs `pip install multihead[rl]`."""
+"""What the RL tasks (`dqn`, `actor_critic`) share between their config and their loop.
+
+Config -> objects: environments of `env:`, checks of the task's heads, each
+head's `Objective` from `model.heads` with the task's research loss. The run:
+`RLRun` owns the trainer, the environment driver, the episode log and the
+evaluations, takes train steps (NaN check, target-network updates), and ends the
+run with the final checkpoint and the metrics. Needs `pip install multihead[rl]`.
+"""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import sys
+import os
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import keras
 import numpy as np
-import tensorflow as tf
 
-from multihead.experiments.config import ConfigError, EnvConfig
 from multihead.core.model import MultiHeadModel
-from multihead.monitoring.monitor import Monitor
+from multihead.core.objectives import HeadLoss, Objective
+from multihead.core.trainer import StepResult
+from multihead.experiments.builders import build_model, build_objectives, build_trainer
+from multihead.experiments.config import ConfigError, EnvConfig, ExperimentConfig
+from multihead.io.checkpoints import save_checkpoint
+from multihead.monitoring.progress import Progress
+from multihead.rl.driver import Driver, EnvFactory, EpisodeLog, Evaluations, Policy
+from multihead.rl.target_network import TargetNetwork
 
-EnvFactory = Callable[[], Any]
+#: Evaluation episode `i` starts from `reset(seed=EVAL_SEED_OFFSET + config.seed + i)`: start
+#: states apart from the training environments' and the same in every evaluation of a run.
+EVAL_SEED_OFFSET = 10_000
 
 
-def env_factory(config: EnvConfig) -> tuple[EnvFactory, tuple[int, ...], int]:
-    """A function making fresh environments of `config`, the observation shape and the
-    number of discrete actions; raises `ConfigError` naming `env.*` keys."""
+class EnvSpec(NamedTuple):
+    """A factory of fresh environments and what the model needs to know of them."""
+
+    make: EnvFactory
+    obs_shape: tuple[int, ...]
+    num_actions: int
+
+
+def env_factory(config: EnvConfig) -> EnvSpec:
+    """The environments of `config`; raises `ConfigError` naming `env.*` keys."""
     try:
         import gymnasium
     except ImportError:
@@ -47,31 +67,12 @@ def env_factory(config: EnvConfig) -> tuple[EnvFactory, tuple[int, ...], int]:
         if not isinstance(env.observation_space, gymnasium.spaces.Box) or shape is None:
             raise ConfigError(f"env.id: {config.id!r} has observation space {env.observation_space}; "
                               "a Box (array) observation is needed")
-        return make, tuple(int(d) for d in shape), int(env.action_space.n)
+        return EnvSpec(make, tuple(int(d) for d in shape), int(env.action_space.n))
     finally:
         env.close()
 
 
-def check_head_outputs(model: MultiHeadModel, head: str, units: int, what: str, key: str) -> None:
-    """Raises `ConfigError` unless `model`'s head `head` outputs `units` values per example."""
-    if head not in model.heads:
-        raise ConfigError(f"{key}: the model has no head {head!r}; its heads are {list(model.head_names)}")
-    shape = model.heads[head].compute_output_shape(model.trunk.compute_output_shape(
-        model.trunk.get_build_config()["input_shape"]))
-    if tuple(shape[1:]) != (units,):
-        raise ConfigError(
-            f"model.heads.{head}.layers: the {what} head must output {units} value{'s' if units != 1 else ''} "
-            "per example, "
-            f"it outputs shape {tuple(shape[1:])}; make its last layer Dense(units={units})"
-        )
-
-
-def reject_metrics(config: Any) -> None:
-    """Raises `ConfigError` for head `metrics`: RL tasks have no labelled evaluation data."""
-    for name, head in config.model.heads.items():
-        if head.metrics:
-            raise ConfigError(f"model.heads.{name}.metrics: not used by task {config.task} (no labels "
-                              "to compare with); remove it, evaluation reports episode returns")
+# -- config checks ------------------------------------------------------------------------
 
 
 def check_tau(tau: float | None, every: int | None, key: str) -> None:
@@ -82,106 +83,186 @@ def check_tau(tau: float | None, every: int | None, key: str) -> None:
         raise ConfigError(f"{key}_every and {key}_tau: give one of them (hard sync period or Polyak rate)")
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-    """Greedy evaluation: per-episode returns and lengths."""
-
-    returns: np.ndarray
-    lengths: np.ndarray
-
-    @property
-    def mean_return(self) -> float:
-        return float(np.mean(self.returns))
-
-
-def evaluate(make_env: EnvFactory, act: Callable[[np.ndarray], np.ndarray], episodes: int,
-             seed: int) -> EvalResult:
-    """Runs `episodes` episodes side by side (one batched `act` call per step).
-
-    Args:
-        make_env: makes one environment.
-        act: observations `(n, *obs_shape)` -> actions `(n,)`.
-        episodes: number of episodes.
-        seed: episode `i` starts from `reset(seed=seed + i)`.
-    """
-    envs = [make_env() for _ in range(episodes)]
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]).astype(np.float32)
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
-    active = np.ones(episodes, bool)
-    while active.any():
-        idx = np.flatnonzero(active)
-        actions = act(obs[idx])
-        for j, i in enumerate(idx):
-            o, r, term, trunc, _ = envs[i].step(int(actions[j]))
-            obs[i] = o
-            returns[i] += r
-            lengths[i] += 1
-            if term or trunc:
-                active[i] = False
-    for env in envs:
-        env.close()
-    return EvalResult(returns, lengths)
+def _check_task_heads(config: ExperimentConfig, heads: Mapping[str, str]) -> None:
+    """Raises `ConfigError` unless the model's heads are exactly `heads` (config key -> head)."""
+    for name, head in config.model.heads.items():
+        if head.metrics:
+            raise ConfigError(f"model.heads.{name}.metrics: not used by task {config.task} (no labels "
+                              "to compare with); remove it, evaluation reports episode returns")
+    for key, head in heads.items():
+        if head not in config.model.heads:
+            raise ConfigError(f"{key}: the model has no head {head!r}; "
+                              f"its heads are {list(config.model.heads)}")
+    if len(set(heads.values())) != len(heads):
+        raise ConfigError(f"{', '.join(heads)}: name a different head each, got {list(heads.values())}")
+    extra = [h for h in config.model.heads if h not in heads.values()]
+    if extra:
+        raise ConfigError(f"model.heads.{extra[0]}: task {config.task} trains the heads "
+                          f"{list(heads.values())} only ({', '.join(heads)}); remove the other heads")
 
 
-class Episodes:
-    """Counts finished training episodes, logs them and prints progress lines.
+def check_head_outputs(model: MultiHeadModel, head: str, units: int, what: str) -> None:
+    """Raises `ConfigError` unless `model`'s head `head` outputs `units` values per example."""
+    shape = model.heads[head].compute_output_shape(model.trunk.compute_output_shape(
+        model.trunk.get_build_config()["input_shape"]))
+    if tuple(shape[1:]) != (units,):
+        raise ConfigError(
+            f"model.heads.{head}.layers: the {what} head must output {units} value{'s' if units != 1 else ''} "
+            "per example, "
+            f"it outputs shape {tuple(shape[1:])}; make its last layer Dense(units={units})"
+        )
+
+
+def env_and_model(config: ExperimentConfig,
+                  heads: Mapping[str, str]) -> tuple[EnvConfig, EnvSpec, MultiHeadModel]:
+    """Seeds Keras, checks the task's heads, makes the environments and builds the model.
 
     Args:
-        monitor: where episode return/length go (tags `episode/return`,
-            `episode/length`, x axis = environment steps); None disables.
-        total_steps: the environment-step budget (for progress lines).
-        verbose: print progress to `stream` every `interval` seconds.
+        config: the experiment.
+        heads: config key -> head the task trains, e.g. `{"dqn.head": "q"}`; the
+            model must have exactly these heads.
+    """
+    keras.utils.set_random_seed(config.seed)
+    _check_task_heads(config, heads)
+    env_cfg = config.env or EnvConfig()
+    spec = env_factory(env_cfg)
+    return env_cfg, spec, build_model(config, (None,) + spec.obs_shape)
+
+
+def research_objectives(config: ExperimentConfig, make_losses: Callable[[], Mapping[str, HeadLoss]],
+                        losses_set_by_task: Sequence[str] = ()) -> dict[str, Objective]:
+    """Each head's `Objective` from `model.heads` (optimizer, weight, every,
+    trains_trunk), with the task's research loss in place of the config's loss.
+
+    The config's loss and optimizer names are checked first, so a bad name is a
+    `ConfigError` naming its key before `make_losses` resolves it.
+
+    Args:
+        config: the experiment.
+        make_losses: returns head -> research loss, for every head of the model.
+        losses_set_by_task: heads whose config `loss` is not a Keras loss (the task
+            sets it), so it is not checked.
+    """
+    heads = {h: dataclasses.replace(c, loss="mse") if h in losses_set_by_task else c
+             for h, c in config.model.heads.items()}
+    checked = build_objectives(dataclasses.replace(config, model=dataclasses.replace(config.model, heads=heads)))
+    losses = make_losses()
+    return {h: dataclasses.replace(checked[h], loss=losses[h]) for h in config.model.heads}
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RLTask:
+    """What every RL task builds and validates in `prepare`, before anything is written.
+
+    Attributes:
+        config: the experiment.
+        env: its `env:` section.
+        env_spec: the environments.
+        model: the online model.
+        objectives: head -> objective with the task's research loss.
+        targets: head -> the target network the task's losses read; each one's
+            `update()` follows every train step.
+        trunk: `Trainer(trunk=...)`.
     """
 
-    def __init__(self, monitor: Monitor | None, total_steps: int, verbose: bool,
-                 stream: TextIO | None = None, interval: float = 10.0, window: int = 20) -> None:
-        self.monitor = monitor
-        self.total_steps = total_steps
-        self.verbose = verbose
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval = interval
-        self.count = 0
-        self.recent: collections.deque[float] = collections.deque(maxlen=window)
-        self.start = time.perf_counter()
-        self._last_print = self.start
-        self._last_step = 0
+    config: ExperimentConfig
+    env: EnvConfig
+    env_spec: EnvSpec
+    model: MultiHeadModel
+    objectives: dict[str, Objective]
+    targets: dict[str, TargetNetwork]
+    trunk: Any = "per_head"
 
-    def finished(self, env_step: int, episode_return: float, length: int) -> None:
-        self.count += 1
-        self.recent.append(episode_return)
-        if self.monitor is not None:
-            self.monitor.write_scalars(env_step, {"episode/return": episode_return,
-                                                  "episode/length": float(length)})
+
+class RLRun:
+    """One run of an `RLTask`: trainer, driver, episode log and evaluations.
+
+    Args:
+        task: the prepared task.
+        run_dir: where events and the final checkpoint go; None writes nothing.
+        verbose: print progress lines over environment steps.
+        act: the greedy policy that evaluations run.
+        num_envs: environments stepped side by side.
+        env_seed: training environment `i` first starts from `reset(seed=env_seed + i)`.
+    """
+
+    def __init__(self, task: RLTask, run_dir: str | None, verbose: bool, act: Policy, num_envs: int,
+                 env_seed: int) -> None:
+        cfg = task.config
+        self.task = task
+        self.run_dir = run_dir
+        self.total = cfg.train.steps
+        # The Trainer is not given the target networks: `train` updates them after each step.
+        self.trainer = build_trainer(cfg, task.model, task.objectives, run_dir, trunk=task.trunk,
+                                     strategy=None, write_config=True)
+        self.log = EpisodeLog(self.trainer.monitor, Progress(self.total) if verbose else None)
+        self.evaluations = Evaluations(task.env_spec.make, act, task.env.eval_episodes,
+                                       EVAL_SEED_OFFSET + cfg.seed, cfg.train.eval_every or self.total,
+                                       self.total, task.env.stop_return, self.log)
+        self.driver = Driver(task.env_spec.make, num_envs, env_seed, on_episode_end=self.log.finished)
+        self.losses: dict[str, list[float]] = {h: [] for h in task.objectives}
+        self._start = time.perf_counter()
 
     @property
-    def recent_mean(self) -> float:
-        return float(np.mean(self.recent)) if self.recent else float("nan")
+    def running(self) -> bool:
+        """True while the environment-step budget is not used up."""
+        return self.driver.env_steps < self.total
 
-    def evaluated(self, env_step: int, result: EvalResult) -> None:
-        if self.monitor is not None:
-            self.monitor.write_scalars(env_step, {"episode/return": result.mean_return,
-                                                  "episode/length": float(np.mean(result.lengths))},
-                                       run="eval")
-        self.progress(env_step, force=True, extra=f"eval mean return {result.mean_return:.1f} "
-                                                  f"over {len(result.returns)} episodes")
+    def train(self, inputs: Any, targets: Any) -> StepResult:
+        """One train step on `(inputs, targets)`, then one `update()` of each target network.
 
-    def progress(self, env_step: int, force: bool = False, extra: str = "") -> None:
-        now = time.perf_counter()
-        if not self.verbose or (not force and now - self._last_print < self.interval):
-            return
-        # The rate over the last interval: the first interval includes tracing the step.
-        rate = (env_step - self._last_step) / max(now - self._last_print, 1e-9)
-        self._last_print, self._last_step = now, env_step
-        line = (f"env step {env_step:>7}/{self.total_steps}  {rate:6.0f} steps/s  episodes {self.count:>5}  "
-                f"recent mean return {self.recent_mean:6.1f}")
-        print(line + (f"  {extra}" if extra else ""), file=self.stream, flush=True)
+        Raises:
+            FloatingPointError: a head's loss is not finite.
+        """
+        result = self.trainer.step((inputs, targets))
+        for head, loss in result.losses.items():
+            if not np.isfinite(loss):
+                raise FloatingPointError(
+                    f"the loss of head {head!r} became {loss} at env step {self.driver.env_steps}")
+            self.losses[head].append(loss)
+        for target in self.task.targets.values():
+            target.update()
+        return result
 
+    def after_steps(self) -> bool:
+        """Shows progress and evaluates when due; True when an evaluation reached
+        `env.stop_return` and the run stops."""
+        env_steps = self.driver.env_steps
+        self.log.stepped(env_steps, {h: v[-1] for h, v in self.losses.items() if v})
+        return self.evaluations(env_steps)
 
-def head_outputs(model: MultiHeadModel, head: str) -> Callable[[np.ndarray], tf.Tensor]:
-    """Compiled inference of one head (no training-mode layers), for acting in environments."""
-    return tf.function(lambda x: model(x, training=False)[head], reduce_retracing=True)
+    def finish(self) -> dict[str, Any]:
+        """Closes the environments, writes the final checkpoint (model, optimizers, target
+        networks) and closes the trainer.
 
-
-def greedy_policy(outputs: Callable[[np.ndarray], tf.Tensor]) -> Callable[[np.ndarray], np.ndarray]:
-    """The action of highest Q value / logit for each observation of a batch."""
-    return lambda obs: np.argmax(outputs(obs).numpy(), axis=-1)
+        Returns:
+            The metrics every RL task writes: environment steps, episodes, updates,
+            target updates and syncs, every evaluation, wall time.
+        """
+        wall = time.perf_counter() - self._start
+        env_steps = self.driver.env_steps
+        self.driver.close()
+        self.log.close(env_steps)
+        if self.run_dir is not None:
+            save_checkpoint(os.path.join(self.run_dir, "checkpoints", "final"), self.task.model,
+                            trainer=self.trainer, targets=dict(self.task.targets) or None)
+        self.trainer.close()
+        target = next(iter(self.task.targets.values()), None)  # a task has at most one
+        evals = self.evaluations
+        return {
+            "task": self.task.config.task,
+            "env": self.task.env.id,
+            "env_steps": env_steps,
+            "episodes": self.log.count,
+            "updates": self.trainer.global_step,
+            "target_updates": int(target.counter.numpy()) if target is not None else None,
+            "target_syncs": target.num_syncs if target is not None and target.every else None,
+            "eval_mean_return": evals.last_mean_return,
+            "eval_episodes": evals.episodes,
+            "evals": [{"env_steps": s, "mean_return": r} for s, r in evals.history],
+            "solved_at_env_steps": evals.solved_at,
+            "wall_time_s": wall,
+        }

@@ -1,0 +1,282 @@
+"""The environment driver shared by every RL agent: it steps environments, keeps episode
+bookkeeping, and evaluates a greedy policy on seeded episodes.
+
+Environments come from a factory `make_env() -> Env` with the gymnasium API
+(`reset(seed=) -> (obs, info)`, `step(action) -> (obs, reward, terminated,
+truncated, info)`, `close()`), so nothing here knows a config. Agents stay apart:
+the driver takes actions and returns what happened, the agent decides what to
+act and what to learn from it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from multihead.core.model import MultiHeadModel
+from multihead.monitoring.monitor import Monitor
+from multihead.monitoring.progress import Progress
+
+
+class Env(Protocol):
+    """The part of the gymnasium `Env` API the driver uses."""
+
+    def reset(self, *, seed: int | None = None) -> tuple[Any, dict[str, Any]]: ...
+
+    def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+EnvFactory = Callable[[], Env]
+Policy = Callable[[np.ndarray], np.ndarray]
+
+
+# -- acting -------------------------------------------------------------------------------
+
+
+def head_outputs(model: MultiHeadModel, head: str) -> Callable[[np.ndarray], tf.Tensor]:
+    """Compiled inference of one head (no training-mode layers), for acting in environments."""
+    return tf.function(lambda x: model(x, training=False)[head], reduce_retracing=True)
+
+
+def greedy_policy(outputs: Callable[[np.ndarray], tf.Tensor]) -> Policy:
+    """The action of highest Q value / logit for each observation of a batch."""
+    return lambda obs: np.argmax(outputs(obs).numpy(), axis=-1)
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Greedy evaluation: per-episode returns and lengths."""
+
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns))
+
+
+def evaluate(make_env: EnvFactory, act: Policy, episodes: int, seed: int) -> EvalResult:
+    """Runs `episodes` episodes side by side (one batched `act` call per step).
+
+    Args:
+        make_env: makes one environment.
+        act: observations `(n, *obs_shape)` -> actions `(n,)`.
+        episodes: number of episodes.
+        seed: episode `i` starts from `reset(seed=seed + i)`, so every evaluation of a
+            run sees the same start states.
+    """
+    envs = [make_env() for _ in range(episodes)]
+    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]).astype(np.float32)
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
+    active = np.ones(episodes, bool)
+    while active.any():
+        idx = np.flatnonzero(active)
+        actions = act(obs[idx])
+        for j, i in enumerate(idx):
+            o, r, term, trunc, _ = envs[i].step(int(actions[j]))
+            obs[i] = o
+            returns[i] += r
+            lengths[i] += 1
+            if term or trunc:
+                active[i] = False
+    for env in envs:
+        env.close()
+    return EvalResult(returns, lengths)
+
+
+# -- episode log --------------------------------------------------------------------------
+
+
+class EpisodeLog:
+    """Where finished episodes and evaluations go: TensorBoard scalars and progress lines.
+
+    Episode scalars are `episode/return` and `episode/length` with environment
+    steps on the x axis, training episodes in the `train` run, evaluations (their
+    means) in the `eval` run. Progress lines are `progress`'s (environment steps,
+    rate, ETA, per-head losses); an evaluation adds a line of its own with the
+    training episodes' recent mean return.
+
+    Args:
+        monitor: the TensorBoard monitor, or None.
+        progress: the progress display over environment steps, or None for silence.
+        window: how many recent training episodes the recent mean return covers.
+    """
+
+    def __init__(self, monitor: Monitor | None, progress: Progress | None, window: int = 20) -> None:
+        self.monitor = monitor
+        self.progress = progress
+        self.count = 0
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+
+    @property
+    def recent_mean(self) -> float:
+        """Mean return of the last `window` training episodes (nan before the first)."""
+        return float(np.mean(self.recent)) if self.recent else float("nan")
+
+    def finished(self, env_step: int, episode_return: float, length: int) -> None:
+        """Records a training episode that ended at environment step `env_step`."""
+        self.count += 1
+        self.recent.append(episode_return)
+        if self.monitor is not None:
+            self.monitor.write_scalars(env_step, {"episode/return": episode_return,
+                                                  "episode/length": float(length)})
+
+    def evaluated(self, env_step: int, result: EvalResult) -> None:
+        """Records a greedy evaluation made at environment step `env_step`."""
+        if self.monitor is not None:
+            self.monitor.write_scalars(env_step, {"episode/return": result.mean_return,
+                                                  "episode/length": float(np.mean(result.lengths))},
+                                       run="eval")
+        if self.progress is not None:
+            self.progress.close(env_step)  # ends the progress line: the evaluation's stands below it
+            self.progress.stream.write(
+                f"eval at env step {env_step}: mean return {result.mean_return:.1f} over "
+                f"{len(result.returns)} episodes; {self.count} training episodes, recent mean "
+                f"return {self.recent_mean:.1f}\n")
+            self.progress.stream.flush()
+
+    def stepped(self, env_step: int, losses: Mapping[str, float]) -> None:
+        """Shows progress after environment step `env_step` (throttled by `progress`)."""
+        if self.progress is not None:
+            self.progress.update(env_step, losses)
+
+    def close(self, env_step: int) -> None:
+        """Shows the final progress line."""
+        if self.progress is not None:
+            self.progress.close(env_step)
+
+
+class Evaluations:
+    """Greedy evaluations every `every` environment steps and at the end of the budget.
+
+    Args:
+        make_env: makes one environment.
+        act: the greedy policy evaluated.
+        episodes: episodes per evaluation.
+        seed: evaluation episode `i` starts from `reset(seed=seed + i)`.
+        every: evaluation period in environment steps; when a driver step passes a
+            due point, the evaluation runs at the first step after it.
+        total: the environment-step budget; reaching it always evaluates.
+        stop_return: a mean return that ends the run, or None.
+        log: where results go.
+    """
+
+    def __init__(self, make_env: EnvFactory, act: Policy, episodes: int, seed: int, every: int,
+                 total: int, stop_return: float | None, log: EpisodeLog) -> None:
+        self._make_env, self._act = make_env, act
+        self.episodes, self.seed, self.every, self.total = episodes, seed, every, total
+        self.stop_return = stop_return
+        self._log = log
+        self._next = every
+        self.history: list[tuple[int, float]] = []
+        self.solved_at: int | None = None
+
+    def __call__(self, env_steps: int) -> bool:
+        """Evaluates if due at `env_steps`; True when the result reaches `stop_return`."""
+        if env_steps < self._next and env_steps < self.total:
+            return False
+        self._next += self.every
+        result = evaluate(self._make_env, self._act, self.episodes, self.seed)
+        self.history.append((env_steps, result.mean_return))
+        self._log.evaluated(env_steps, result)
+        if self.stop_return is not None and result.mean_return >= self.stop_return:
+            self.solved_at = env_steps
+            return True
+        return False
+
+    @property
+    def last_mean_return(self) -> float | None:
+        """The latest evaluation's mean return, or None before the first."""
+        return self.history[-1][1] if self.history else None
+
+
+# -- driving ------------------------------------------------------------------------------
+
+
+class Experience(NamedTuple):
+    """One driver step in each of `K` environments (field `i` of every row is environment `i`).
+
+    Attributes:
+        obs: observations acted on, `(K, *obs_shape)` float32.
+        action: actions taken, `(K,)` int64.
+        reward: rewards, `(K,)` float32.
+        next_obs: observations after the action, the final one where the episode
+            ended (the environment is then already reset), `(K, *obs_shape)` float32.
+        terminated: 1.0 where the episode reached a terminal state (no bootstrap), `(K,)`.
+        ended: 1.0 where the episode terminated or was truncated, `(K,)`.
+    """
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    next_obs: np.ndarray
+    terminated: np.ndarray
+    ended: np.ndarray
+
+
+class Driver:
+    """Steps `num_envs` environments side by side, resetting each when its episode ends.
+
+    Args:
+        make_env: makes one environment.
+        num_envs: environments stepped per `step`.
+        seed: environment `i` first starts from `reset(seed=seed + i)`; later resets
+            continue each environment's own random stream.
+        on_episode_end: called as `(env_steps, episode_return, length)` when an
+            episode ends; `env_steps` counts environment steps up to and including
+            that episode's last.
+
+    Example:
+        >>> import gymnasium, numpy as np
+        >>> driver = Driver(lambda: gymnasium.make("CartPole-v1"), num_envs=2, seed=0)
+        >>> step = driver.step(np.zeros(2, int))
+        >>> step.next_obs.shape, driver.env_steps
+        ((2, 4), 2)
+        >>> driver.close()
+    """
+
+    def __init__(self, make_env: EnvFactory, num_envs: int, seed: int,
+                 on_episode_end: Callable[[int, float, int], None] | None = None) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"Driver: num_envs must be an integer >= 1, got {num_envs!r}")
+        self.envs = [make_env() for _ in range(num_envs)]
+        self.obs = np.stack([env.reset(seed=seed + i)[0]
+                             for i, env in enumerate(self.envs)]).astype(np.float32)
+        self.env_steps = 0
+        self._on_episode_end = on_episode_end
+        self._returns = np.zeros(num_envs)
+        self._lengths = np.zeros(num_envs, np.int64)
+
+    def step(self, actions: Sequence[int] | np.ndarray) -> Experience:
+        """Takes `actions[i]` in environment `i`, one environment after another."""
+        num_envs = len(self.envs)
+        obs = self.obs.copy()
+        next_obs = np.zeros_like(obs)
+        reward, terminated, ended = (np.zeros(num_envs, np.float32) for _ in range(3))
+        for i, env in enumerate(self.envs):
+            o, r, term, trunc, _ = env.step(int(actions[i]))
+            next_obs[i], reward[i], terminated[i], ended[i] = o, r, float(term), float(term or trunc)
+            self._returns[i] += r
+            self._lengths[i] += 1
+            self.env_steps += 1
+            if term or trunc:
+                if self._on_episode_end is not None:
+                    self._on_episode_end(self.env_steps, float(self._returns[i]), int(self._lengths[i]))
+                self._returns[i], self._lengths[i] = 0.0, 0
+                o, _ = env.reset()
+            self.obs[i] = o
+        return Experience(obs, np.asarray(actions, np.int64), reward, next_obs, terminated, ended)
+
+    def close(self) -> None:
+        """Closes every environment."""
+        for env in self.envs:
+            env.close()
