@@ -150,11 +150,106 @@ def resolve_optimizer(spec: OptimizerSpec, head: str) -> keras.optimizers.Optimi
     raise TypeError(f"head {head!r}: optimizer must be a name, dict or Keras optimizer, got {spec!r}")
 
 
-def resolve_metric(spec: MetricSpec, head: str) -> keras.metrics.Metric:
-    """A fresh (reset) Keras metric object for a metric spec."""
+#: Metric names that Keras `compile` resolves against the loss (accuracy) or that name
+#: the crossentropy matching the loss.
+_ACCURACY_NAMES = ("accuracy", "acc")
+_CROSSENTROPY_NAMES = ("crossentropy", "ce")
+
+#: Crossentropy loss classes and functions by label encoding: "sparse" (class indices),
+#: "categorical" (one-hot or probabilities per class), "binary" (0/1 per output unit).
+_CROSSENTROPY_LOSSES: tuple[tuple[str, tuple[type, ...], tuple[Callable[..., Any], ...]], ...] = (
+    ("sparse", (keras.losses.SparseCategoricalCrossentropy,),
+     (keras.losses.sparse_categorical_crossentropy,)),
+    ("categorical", (keras.losses.CategoricalCrossentropy, keras.losses.CategoricalFocalCrossentropy),
+     (keras.losses.categorical_crossentropy, keras.losses.categorical_focal_crossentropy)),
+    ("binary", (keras.losses.BinaryCrossentropy, keras.losses.BinaryFocalCrossentropy),
+     (keras.losses.binary_crossentropy, keras.losses.binary_focal_crossentropy)),
+)
+
+
+def _crossentropy_kind(loss_spec: LossSpec | None) -> tuple[str, bool] | None:
+    """The label encoding and `from_logits` of a crossentropy loss spec.
+
+    Args:
+        loss_spec: a loss spec as `Objective.loss` takes it, or None.
+
+    Returns:
+        `("sparse" | "categorical" | "binary", from_logits)` for a Keras crossentropy
+        loss (name, serialization dict, `Loss` object or Keras loss function, whose
+        `from_logits` is then False), None for any other loss or a spec that does not say.
+    """
+    if isinstance(loss_spec, (str, Mapping)):
+        try:
+            loss_spec = keras.losses.get(dict(loss_spec) if isinstance(loss_spec, Mapping) else loss_spec)
+        except (ValueError, TypeError):
+            return None
+    for kind, classes, functions in _CROSSENTROPY_LOSSES:
+        if isinstance(loss_spec, classes):
+            return kind, bool(loss_spec.get_config().get("from_logits", False))
+        if any(loss_spec is fn for fn in functions):
+            return kind, False
+    return None
+
+
+def _metric_for_loss(name: str, head: str, loss_spec: LossSpec | None) -> keras.metrics.Metric:
+    """`"accuracy"` / `"crossentropy"` (and aliases) for the head's loss, as Keras `compile`
+    resolves them, named `name`."""
+    kind = _crossentropy_kind(loss_spec)
+    if name.lower() in _ACCURACY_NAMES:
+        if kind is None:  # the loss does not say: Keras' exact-match accuracy
+            return keras.metrics.Accuracy(name=name)
+        encoding, from_logits = kind
+        if encoding == "sparse":
+            return keras.metrics.SparseCategoricalAccuracy(name=name)  # argmax: logits work
+        if encoding == "categorical":
+            return keras.metrics.CategoricalAccuracy(name=name)
+        # A logit of 0 is a probability of 0.5.
+        return keras.metrics.BinaryAccuracy(name=name, threshold=0.0 if from_logits else 0.5)
+    if kind is None:
+        raise ValueError(
+            f"head {head!r}: metric {name!r} means the crossentropy of the head's loss, but its "
+            f"loss {loss_spec!r} is not a crossentropy; name the metric instead, e.g. "
+            "'binary_crossentropy' or 'sparse_categorical_crossentropy'"
+        )
+    encoding, from_logits = kind
+    metric_class = {"sparse": keras.metrics.SparseCategoricalCrossentropy,
+                    "categorical": keras.metrics.CategoricalCrossentropy,
+                    "binary": keras.metrics.BinaryCrossentropy}[encoding]
+    return metric_class(name=name, from_logits=from_logits)
+
+
+def resolve_metric(spec: MetricSpec, head: str, loss_spec: LossSpec | None = None) -> keras.metrics.Metric:
+    """A Keras metric object for a metric spec of head `head`.
+
+    `"accuracy"` / `"acc"` resolve against the head's loss as in Keras `compile`:
+    a sparse categorical crossentropy gives `SparseCategoricalAccuracy`, a
+    categorical one `CategoricalAccuracy`, a binary one `BinaryAccuracy` (threshold
+    0 for logits, 0.5 for probabilities); any other loss (or none given) Keras'
+    exact-match `Accuracy`. `"crossentropy"` / `"ce"` give the crossentropy metric
+    matching a crossentropy loss, with its `from_logits`.
+
+    Args:
+        spec: a metric name, Keras serialization dict, `keras.metrics.Metric` object
+            or function `(y_true, y_pred) -> per-example values`.
+        head: the head's name, for error messages.
+        loss_spec: the head's loss spec (`Objective.loss`), which decides what
+            `"accuracy"` and `"crossentropy"` mean.
+
+    Returns:
+        A new metric object, or `spec` itself (reset) when it is a metric object.
+
+    Raises:
+        ValueError: an unknown metric, or `"crossentropy"` for a loss that is none.
+
+    Example:
+        >>> type(resolve_metric("accuracy", "y", "sparse_categorical_crossentropy")).__name__
+        'SparseCategoricalAccuracy'
+    """
     if isinstance(spec, keras.metrics.Metric):
         spec.reset_state()
         return spec
+    if isinstance(spec, str) and spec.lower() in _ACCURACY_NAMES + _CROSSENTROPY_NAMES:
+        return _metric_for_loss(spec, head, loss_spec)
     try:
         metric = keras.metrics.get(dict(spec) if isinstance(spec, Mapping) else spec)
     except (ValueError, TypeError) as err:
