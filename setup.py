@@ -1,4 +1,5 @@
-"""Install multihead: `pip install -e .[test]` (add `[rl]` for the RL tasks, `[plot]` for PNG reports)."""
+"""Install multihead: `pip install -e .[test]` (add `[rl]` for the RL tasks, `[plot]` for PNG reports,
+`[docs]` to build the documentation site with `mkdocs build --strict`)."""
 
 import re
 from pathlib import Path
@@ -27,6 +28,8 @@ setup(
         "test": ["pytest", "gymnasium", "matplotlib", "scipy"],  # scipy: reference QP solves in tests
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
+        # API reference from the docstrings by static analysis (griffe): builds without importing TF.
+        "docs": ["mkdocs~=1.6.1", "mkdocstrings~=1.0.8", "mkdocstrings-python~=2.0.11"],
     },
     entry_points={"console_scripts": ["multihead = multihead.experiments.cli:main"]},
 )
