@@ -15,8 +15,24 @@ LossSpec = Union[str, Mapping[str, Any], keras.losses.Loss, Callable[..., Any]]
 OptimizerSpec = Union[str, Mapping[str, Any], keras.optimizers.Optimizer]
 MetricSpec = Union[str, Mapping[str, Any], keras.metrics.Metric, Callable[..., Any]]
 
-#: A resolved head loss: `(inputs, targets, head_output) -> scalar`, where `targets`
-#: is the batch's whole targets structure.
+WeightSpec = Union[float, keras.optimizers.schedules.LearningRateSchedule, Callable[[Any], Any]]
+
+#: What a step may do with a head whose loss or gradient is not finite.
+NONFINITE_POLICIES = ("skip", "raise", "apply")
+
+
+def check_weight(weight: Any) -> float:
+    """A constant loss weight as a float; raises unless it is a finite number >= 0."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise TypeError(f"weight must be a number, a LearningRateSchedule or a callable of the "
+                        f"step, got {weight!r}")
+    if not math.isfinite(weight) or weight < 0:
+        raise ValueError(f"weight must be finite and >= 0, got {weight!r}")
+    return float(weight)
+
+
+#: A resolved head loss: `(inputs, targets, head_output, training=False) -> scalar`, where
+#: `targets` is the batch's whole targets structure.
 HeadLoss = Callable[[Any, Any, Any], tf.Tensor]
 
 
@@ -35,27 +51,41 @@ class Objective:
             (`{"class_name": "Adam", "config": {"learning_rate": 3e-4}}`). Each
             head needs its own optimizer object: it is built once on the head's
             var_list.
-        weight: factor on this head's loss before its gradient is taken.
+        weight: factor on this head's loss before its gradient is taken: a number,
+            a `keras.optimizers.schedules.LearningRateSchedule` (or its Keras
+            serialization dict) or a callable of the step (a scalar tensor),
+            evaluated in the compiled step every step. A new number assigned
+            between steps takes effect on the next step. `loss/<head>` stays the
+            unweighted loss; `loss_weight/<head>` logs the weight.
         every: the head is updated on every `every`-th step (steps 0, n, 2n, ...).
         trains_trunk: if False the head's gradient stops at the trunk output and
             its optimizer is built on the head's variables only.
         metrics: extra Keras metrics reported by `Trainer.evaluate` for this head.
+        on_nonfinite: what a step does when this head's loss or one of its
+            gradients is NaN or Inf: `"skip"` drops the head's update for that
+            step (the trunk, the other heads and every optimizer slot stay as
+            without it) and counts it in `nonfinite_skips/<head>`; `"raise"`
+            skips it too and `fit` raises at that step; `"apply"` applies it.
     """
 
     loss: LossSpec
     optimizer: OptimizerSpec = "adam"
-    weight: float = 1.0
+    weight: WeightSpec = 1.0
     every: int = 1
     trains_trunk: bool = True
     metrics: Sequence[MetricSpec] = ()
+    on_nonfinite: str = "skip"
 
     def __post_init__(self) -> None:
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)):
-            raise TypeError(f"weight must be a number, got {self.weight!r}")
-        if not math.isfinite(self.weight) or self.weight < 0:
-            raise ValueError(f"weight must be finite and >= 0, got {self.weight!r}")
+        if isinstance(self.weight, Mapping):
+            self.weight = keras.optimizers.schedules.deserialize(dict(self.weight))
+        if not callable(self.weight):
+            check_weight(self.weight)
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {list(NONFINITE_POLICIES)}, "
+                             f"got {self.on_nonfinite!r}")
         if not isinstance(self.trains_trunk, bool):
             raise TypeError(f"trains_trunk must be True or False, got {self.trains_trunk!r}")
         if isinstance(self.metrics, (str, Mapping)):
@@ -69,6 +99,17 @@ def _positional_arity(fn: Callable[..., Any]) -> int | None:
         return None
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
+
+
+def _takes_training(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` accepts a `training` keyword (research losses may: the train step
+    passes True, evaluation False)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "training" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                       for p in params.values())
 
 
 def resolve_loss(spec: LossSpec, head: str) -> HeadLoss:
@@ -94,8 +135,11 @@ def resolve_loss(spec: LossSpec, head: str) -> HeadLoss:
     elif callable(spec):
         arity = _positional_arity(spec)
         if arity == 3:
-            research: Callable[[Any, Any, Any], tf.Tensor] = spec
-            return lambda inputs, targets, output: research(inputs, targets, output)
+            research: Callable[..., tf.Tensor] = spec
+            if _takes_training(research):
+                return lambda inputs, targets, output, training=False: research(
+                    inputs, targets, output, training=training)
+            return lambda inputs, targets, output, training=False: research(inputs, targets, output)
         if arity not in (2, None):
             raise TypeError(
                 f"head {head!r}: a loss callable takes (y_true, y_pred) or "
@@ -105,7 +149,8 @@ def resolve_loss(spec: LossSpec, head: str) -> HeadLoss:
     else:
         raise TypeError(f"head {head!r}: loss must be a name, dict, Loss or callable, got {spec!r}")
 
-    def head_loss(inputs: Any, targets: Any, output: Any) -> tf.Tensor:
+    def head_loss(inputs: Any, targets: Any, output: Any, training: bool = False) -> tf.Tensor:
+        del training  # a Keras loss is the same in training and evaluation
         del inputs
         return loss_obj(targets[head], output)
 

@@ -23,7 +23,7 @@ context and applied in cross-replica context (see `multihead.core.distribute`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import keras
 import tensorflow as tf
@@ -33,42 +33,77 @@ from multihead.core.model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
 from multihead.core.objectives import HeadLoss
 
+if TYPE_CHECKING:
+    from multihead.core.trunk_update import TrunkRule
+
 SCHEDULES = ("simultaneous", "sequential")
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadUpdate:
-    """Everything the step needs about one head, resolved and validated."""
+    """Everything the step needs about one head, resolved and validated.
+
+    Attributes:
+        weight: the head's loss weight at a step (a scalar tensor; see `LossWeight`).
+        guarded: whether a non-finite loss or gradient drops the head's update.
+    """
 
     name: str
     loss: HeadLoss
     optimizer: keras.optimizers.Optimizer
     var_list: tuple[keras.Variable, ...]
-    weight: float
+    weight: Callable[[tf.Tensor], tf.Tensor]
     every: int
     trains_trunk: bool
+    guarded: bool = True
 
 
-def _not_converted(method: Callable[..., Any]) -> Callable[..., Any]:
+def not_converted(method: Callable[..., Any]) -> Callable[..., Any]:
     """Marks step internals that call no user code (gradients, optimizer updates) for
-    autograph to leave alone: inspecting every call they make cost ~0.5 s of the step's
-    trace at K=64. Forward passes stay converted: user losses may use Python control flow
-    on tensors."""
+    autograph to leave alone: inspecting every call they make costs trace time per head.
+    Forward passes stay converted: user losses may use Python control flow on tensors."""
     return tf.autograph.experimental.do_not_convert(method)
 
 
-def _not_updated() -> tf.Tensor:
-    return tf.constant(False)
-
-
-def _skipped() -> tuple[tf.Tensor, tf.Tensor]:
-    """A head that was not due: no loss evaluated, no update."""
-    return tf.constant(float("nan")), tf.constant(False)
-
-
-def _regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
+def regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
+    """The sum of `layer`'s regularization losses, or 0.0 if it has none."""
     losses = layer.losses
     return tf.add_n(losses) if losses else 0.0
+
+
+def all_finite(loss: tf.Tensor, grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
+    """Whether `loss` and every gradient are finite (no NaN, no Inf)."""
+    checks = [tf.math.is_finite(loss)] + [tf.reduce_all(tf.math.is_finite(g))
+                                          for g in grads if g is not None]
+    return tf.reduce_all(tf.stack(checks))
+
+
+class Forward(NamedTuple):
+    """One forward pass of some heads, recorded on the caller's tape.
+
+    Attributes:
+        features: the trunk output.
+        losses: head -> unweighted loss (float32 scalar).
+        objectives: head -> what the head's gradient is taken of: weight x loss
+            (x the loss weighting's factor, for aggregated heads), plus the head's
+            regularization, plus the trunk's when the head's optimizer updates the trunk.
+        trunk_reg: the trunk's regularization (0.0 when it has none).
+        extra: what the trunk update computed in the pass (e.g. a loss weighting's state).
+    """
+
+    features: Any
+    losses: dict[str, tf.Tensor]
+    objectives: dict[str, tf.Tensor]
+    trunk_reg: tf.Tensor | float
+    extra: Any
+
+
+class HeadsDone(NamedTuple):
+    """Per head (by name), as bool scalars: whether its optimizer applied an update, and
+    whether a non-finite loss or gradient dropped it."""
+
+    updated: dict[str, tf.Tensor]
+    skipped: dict[str, tf.Tensor]
 
 
 class StepOutput(NamedTuple):
@@ -78,11 +113,13 @@ class StepOutput(NamedTuple):
         step: the step counter before the step.
         losses: `(K,)` float32, NaN where the head was not evaluated.
         updated: `(K,)` bool, whether the head's optimizer applied an update.
+        skipped: `(K,)` bool, whether a non-finite loss or gradient dropped it.
     """
 
     step: tf.Tensor
     losses: tf.Tensor
     updated: tf.Tensor
+    skipped: tf.Tensor
 
 
 class StepsOutput(NamedTuple):
@@ -93,12 +130,14 @@ class StepsOutput(NamedTuple):
         count: how many steps ran (fewer than asked at the end of the data).
         losses: `(max_steps, K)`; rows past `count` are zeros.
         updated: `(max_steps, K)` bool; rows past `count` are False.
+        skipped: `(max_steps, K)` bool; rows past `count` are False.
     """
 
     first_step: tf.Tensor
     count: tf.Tensor
     losses: tf.Tensor
     updated: tf.Tensor
+    skipped: tf.Tensor
 
 
 def _spec(value: Any) -> Hashable | None:
@@ -128,11 +167,31 @@ def _joined(parts: Sequence[StepsOutput], max_steps: int) -> StepsOutput:
         valid = tf.concat([getattr(p, field)[:c] for p, c in zip(parts, counts)], 0)
         return tf.pad(valid, [[0, max_steps - total], [0, 0]])
 
-    return StepsOutput(parts[0].first_step, tf.constant(total), rows("losses"), rows("updated"))
+    return StepsOutput(parts[0].first_step, tf.constant(total), rows("losses"), rows("updated"),
+                       rows("skipped"))
 
 
 class TrainStep:
-    """One compiled update of all due heads: `step(inputs, targets)` or `step.run(iterator, n)`."""
+    """One compiled update of the due heads: `step(inputs, targets)` or `step.run(iterator, n)`.
+
+    The step computes every head's objective in one forward pass (`forward`) and
+    hands the gradients to its trunk rule (`multihead.core.trunk_update`), which
+    applies them: per head (each head's optimizer updates trunk + head) or
+    aggregated (one trunk optimizer applies a combination of the heads' trunk
+    gradients). Target networks given to the step are updated after the
+    optimizers, inside the same compiled step.
+
+    Args:
+        model: the built model.
+        heads: the heads, in order.
+        schedule: `"simultaneous"` or `"sequential"`.
+        step: the step counter variable.
+        rule: the trunk rule.
+        monitor: the TensorBoard monitor, or None.
+        jit_compile: XLA-compile the step.
+        strategy: a `tf.distribute` strategy, or None.
+        target_networks: objects whose `update()` runs after each step's updates.
+    """
 
     def __init__(
         self,
@@ -140,54 +199,77 @@ class TrainStep:
         heads: Sequence[HeadUpdate],
         schedule: str,
         step: tf.Variable,
+        rule: TrunkRule,
         monitor: Monitor | None = None,
         jit_compile: bool = False,
         strategy: tf.distribute.Strategy | None = None,
+        target_networks: Sequence[Any] = (),
+        addresses: Mapping[int, str] | None = None,
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if schedule == "sequential" and not rule.per_head:
+            raise ValueError("trunk aggregation needs schedule='simultaneous'")
         self._model = model
         self._heads = tuple(heads)
         self._schedule = schedule
         self._step = step
+        self._rule = rule
         self._monitor = monitor
         self._strategy = strategy
-        if strategy is not None and jit_compile:
-            raise ValueError("jit_compile=True is not supported with a tf.distribute strategy; "
-                             "set jit_compile=False")
+        self._target_networks = tuple(target_networks)
         if monitor is not None and strategy is not None:
             monitor.distributed = True  # see Monitor.distributed
         if monitor is not None:  # its buffers must exist before the first trace
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
-                         {h.name: h.optimizer for h in self._heads})
+                         {h.name: h.optimizer for h in self._heads}, addresses=addresses)
         self.trace_count = 0
+        self._jit_compile = jit_compile
         self._concrete: dict[Hashable, Callable[..., Any]] = {}
         self._step_counts: dict[int, tf.Tensor] = {}
-        # Compiled lazily: (one step, several steps) without monitoring, and with it.
-        self._variants = {False: self._compile(False, jit_compile),
-                          True: self._compile(True, jit_compile)}
+        # (monitored, heads) -> (one step, several steps), compiled lazily.
+        self._variants: dict[tuple[bool, tuple[str, ...]], tuple[Callable[..., Any], ...]] = {}
 
-    def _compile(self, monitored: bool, jit_compile: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        def body(inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-            return self._body(inputs, targets, monitored)
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        """The heads, in order."""
+        return tuple(h.name for h in self._heads)
 
-        one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
-                          jit_compile=jit_compile, reduce_retracing=True)
-        # XLA cannot compile the data iterator, so the loop stays plain and each step
-        # in it is the same (optionally jit-compiled) function.
-        step_body = tf.function(body, jit_compile=True) if jit_compile else body
-        many = tf.function(lambda iterator, max_steps: self._multi(step_body, iterator, max_steps),
-                           reduce_retracing=True)
-        return one, many
+    @property
+    def monitor(self) -> Monitor | None:
+        """The TensorBoard monitor, or None."""
+        return self._monitor
+
+    @property
+    def trunk_variables(self) -> list[keras.Variable]:
+        """The trunk's trainable variables."""
+        return self._model.trunk_variables
+
+    def _variant(self, monitored: bool, names: tuple[str, ...]) -> tuple[Callable[..., Any], ...]:
+        key = (monitored, names)
+        if key not in self._variants:
+            heads = tuple(h for h in self._heads if h.name in names)
+
+            def body(inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                return self._body(inputs, targets, monitored, heads)
+
+            jit = self._jit_compile
+            one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
+                              jit_compile=jit, reduce_retracing=True)
+            # XLA cannot compile the data iterator, so the loop stays plain and each step
+            # in it is the same (optionally jit-compiled) function.
+            step_body = tf.function(body, jit_compile=True) if jit else body
+            many = tf.function(lambda iterator, max_steps: self._multi(step_body, iterator, max_steps),
+                               reduce_retracing=True)
+            self._variants[key] = (one, many)
+        return self._variants[key]
 
     # -- which variant: steps that do not log run one without any monitoring op ---------
     #
     # The choice is made in Python from the step counter: in the graph, even an untaken
-    # conditional costs ~10-25 us per step, reading the counter ~5-10 us per call (a
-    # value cached in Python and checked in the graph measured worse: the check's
-    # dependencies cost ~50 us). Under a strategy every step runs the monitored
-    # variant, gated piece by piece in the graph: the all-reduces must be the same on
-    # every worker, whether it monitors or not.
+    # conditional costs ~10-25 us per step, reading the counter ~5-10 us per call. Under
+    # a strategy every step runs the monitored variant, gated piece by piece in the
+    # graph: the all-reduces must be the same on every worker, whether it monitors or not.
 
     def _counter(self) -> int:
         # The raw op: `Variable.numpy()` costs ~18 us of Python per call, this ~5 us.
@@ -204,30 +286,36 @@ class TrainStep:
             concrete = self._concrete[key] = fn.get_concrete_function(*args)
         return concrete(*args)
 
-    def _one_step(self, monitored: bool, inputs: Any, targets: Any) -> StepOutput:
-        """One step of a variant."""
+    def _one_step(self, monitored: bool, names: tuple[str, ...], inputs: Any, targets: Any,
+                  ) -> StepOutput:
         spec = _spec((inputs, targets))
-        key = None if spec is None else ("one", monitored, spec)
-        return self._through_concrete(self._variants[monitored][0], key, inputs, targets)
+        key = None if spec is None else ("one", monitored, names, spec)
+        return self._through_concrete(self._variant(monitored, names)[0], key, inputs, targets)
 
     def _steps(self, monitored: bool, iterator: Any, max_steps: int) -> StepsOutput:
-        """Up to `max_steps` steps of a variant in one call."""
         count = self._step_counts.get(max_steps)
         if count is None:
             count = self._step_counts[max_steps] = tf.constant(max_steps, tf.int32)
         key = None
         if self._strategy is None and isinstance(iterator, tf.data.Iterator):
             key = ("many", monitored, tf.type_spec_from_value(iterator))
-        return self._through_concrete(self._variants[monitored][1], key, iterator, count)
+        many = self._variant(monitored, self.head_names)[1]
+        return self._through_concrete(many, key, iterator, count)
 
-    def __call__(self, inputs: Any, targets: Any) -> StepOutput:
-        """One step on one batch (split across the replicas under a strategy)."""
+    def __call__(self, inputs: Any, targets: Any, heads: Sequence[str] | None = None) -> StepOutput:
+        """One step on one batch (split across the replicas under a strategy).
+
+        Args:
+            heads: update only these heads (each distinct set is compiled once);
+                None: all.
+        """
+        names = self.head_names if heads is None else tuple(h for h in self.head_names if h in heads)
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
         monitor = self._monitor
         monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
-        return self._one_step(monitored, inputs, targets)
+        return self._one_step(monitored, names, inputs, targets)
 
     def run(self, iterator: Any, max_steps: int) -> StepsOutput:
         """Up to `max_steps` steps in compiled calls, taking batches from `iterator`.
@@ -255,41 +343,46 @@ class TrainStep:
                 break  # the end of the data
         return _joined(parts, max_steps)
 
-    def _stack(self, values: Mapping[str, tf.Tensor], dtype: tf.DType) -> tf.Tensor:
-        return tf.stack([tf.cast(values[h.name], dtype) for h in self._heads])
+    def _stack(self, values: Mapping[str, tf.Tensor], dtype: tf.DType, missing: Any) -> tf.Tensor:
+        return tf.stack([tf.cast(values[h.name], dtype) if h.name in values
+                         else tf.constant(missing, dtype) for h in self._heads])
+
+    def _outputs(self, losses: Mapping[str, tf.Tensor], done: HeadsDone,
+                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        return (self._stack(losses, tf.float32, float("nan")),
+                self._stack(done.updated, tf.bool, False),
+                self._stack(done.skipped, tf.bool, False))
 
     def _single(self, body: Callable[..., Any], inputs: Any, targets: Any) -> StepOutput:
         step = self._step.read_value()
-        losses, updated = body(inputs, targets)
-        return StepOutput(step, self._stack(losses, tf.float32), self._stack(updated, tf.bool))
+        return StepOutput(step, *self._outputs(*body(inputs, targets)))
 
     def _multi(self, body: Callable[..., Any], iterator: Any, max_steps: tf.Tensor) -> StepsOutput:
         first = self._step.read_value()
         k = len(self._heads)
-        losses = tf.TensorArray(tf.float32, size=max_steps, element_shape=[k])
-        updated = tf.TensorArray(tf.bool, size=max_steps, element_shape=[k])
+        arrays = [tf.TensorArray(dtype, size=max_steps, element_shape=[k])
+                  for dtype in (tf.float32, tf.bool, tf.bool)]
         count = tf.constant(0)
         for i in tf.range(max_steps):
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
                 break
             inputs, targets = batch.get_value()
-            step_losses, step_updated = body(inputs, targets)
-            losses = losses.write(i, self._stack(step_losses, tf.float32))
-            updated = updated.write(i, self._stack(step_updated, tf.bool))
+            rows = self._outputs(*body(inputs, targets))
+            arrays = [a.write(i, row) for a, row in zip(arrays, rows)]
             count = i + 1
-        return StepsOutput(first, count, losses.stack(), updated.stack())
+        return StepsOutput(first, count, *(a.stack() for a in arrays))
 
-    def _body(self, inputs: Any, targets: Any, monitored: bool,
-              ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+    def _body(self, inputs: Any, targets: Any, monitored: bool, heads: tuple[HeadUpdate, ...],
+              ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         self.trace_count += 1  # Python side effect: runs once per trace, not per step
         step = self._step.read_value()
         if self._strategy is not None:
-            update = lambda: self._replicated(inputs, targets, step)  # noqa: E731
+            update = lambda: self._replicated(inputs, targets, step, heads)  # noqa: E731
         elif self._schedule == "simultaneous":
-            update = lambda: self._simultaneous(inputs, targets, step)  # noqa: E731
+            update = lambda: self._simultaneous(inputs, targets, step, heads)  # noqa: E731
         else:
-            update = lambda: self._sequential(inputs, targets, step)  # noqa: E731
+            update = lambda: self._sequential(inputs, targets, step, heads)  # noqa: E731
         if monitored:
             result = self._monitor.monitored(step, update)
         elif self._monitor is not None:
@@ -297,11 +390,15 @@ class TrainStep:
                 result = update()
         else:
             result = update()
+        for target in self._target_networks:
+            target.update()
         self._step.assign_add(1)
         return result
 
+    # -- the forward pass: every head's objective, one code path -------------------------
+
     def _head_loss(self, head: HeadUpdate, inputs: Any, targets: Any, output: Any) -> tf.Tensor:
-        loss = tf.convert_to_tensor(head.loss(inputs, targets, output))
+        loss = tf.convert_to_tensor(head.loss(inputs, targets, output, training=True))
         if loss.shape.rank != 0:
             raise ValueError(
                 f"the loss of head {head.name!r} must be a scalar, got shape {loss.shape}; "
@@ -313,159 +410,160 @@ class TrainStep:
             loss = loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype)
         return tf.cast(loss, tf.float32)
 
-    def _objective(self, head: HeadUpdate, loss: tf.Tensor, trunk_reg: Any) -> tf.Tensor:
-        total = head.weight * loss + _regularization(self._model.heads[head.name])
-        return total + trunk_reg if head.trains_trunk else total
-
-    def _when_due(self, head: HeadUpdate, step: tf.Tensor, update: Callable[[], tf.Tensor],
-                  skipped: Callable[[], tf.Tensor]) -> tf.Tensor:
-        if head.every == 1:
-            return update()
-        return tf.cond(tf.equal(step % head.every, 0), update, skipped)
-
-    def _update_due(self, heads: Sequence[HeadUpdate], step: tf.Tensor,
-                    apply: Callable[[HeadUpdate], None]) -> dict[str, tf.Tensor]:
-        """Runs `apply(head)` for each of `heads` that is due at `step` (in the graph).
-
-        Returns:
-            head name -> whether it was updated.
-        """
-        updated = {}
-        for head in heads:
-            def update(head: HeadUpdate = head) -> tf.Tensor:
-                apply(head)
-                return tf.constant(True)
-
-            updated[head.name] = self._when_due(head, step, update, _not_updated)
-        return updated
-
-    @_not_converted
-    def _apply(self, head: HeadUpdate, objective: tf.Tensor, loss: tf.Tensor,
-               tape: tf.GradientTape) -> None:
-        self._apply_gradients(head, self._gradients(head, objective, tape), loss)
-
-    @_not_converted
-    def _gradients(self, head: HeadUpdate, objective: tf.Tensor,
-                   tape: tf.GradientTape) -> list[tf.Tensor | None]:
-        grads = tape.gradient(objective, list(head.var_list))
-        if all(g is None for g in grads):
-            raise ValueError(
-                f"the loss of head {head.name!r} does not depend on any variable of its "
-                "var_list (trunk + head): check that the loss uses the head's output"
-            )
-        return grads
-
-    @_not_converted
-    def _apply_gradients(self, head: HeadUpdate, grads: Sequence[tf.Tensor | None],
-                         loss: tf.Tensor) -> None:
-        updates.apply_gradients(head.optimizer, grads, head.var_list)
-        if self._monitor:
-            self._monitor.head_update(head.name, loss, grads, head.var_list, head.optimizer)
-
-    def _head_losses(self, inputs: Any, targets: Any) -> tuple[Any, dict[str, tf.Tensor]]:
-        """One forward pass (inside the caller's tape): the trunk output and each head's loss.
+    def forward(self, inputs: Any, targets: Any, heads: Sequence[HeadUpdate], step: tf.Tensor,
+                ) -> Forward:
+        """One forward pass of `heads` (inside the caller's tape).
 
         A head with `trains_trunk=False` reads the trunk output through `stop_gradient`.
         """
         model = self._model
-        feats = model.features(inputs, training=True)
-        stopped = tf.nest.map_structure(tf.stop_gradient, feats)
-        losses = {}
-        for head in self._heads:
-            output = model.head_output(head.name, feats if head.trains_trunk else stopped,
+        features = model.features(inputs, training=True)
+        stopped = tf.nest.map_structure(tf.stop_gradient, features)
+        losses, weighted = {}, {}
+        for head in heads:
+            output = model.head_output(head.name, features if head.trains_trunk else stopped,
                                        training=True)
             losses[head.name] = self._head_loss(head, inputs, targets, output)
-        return feats, losses
+            weighted[head.name] = head.weight(step) * losses[head.name]
+        trunk_reg = regularization(model.trunk)
+        scales, extra = self._rule.weigh(weighted)
+        objectives = {}
+        for head in heads:
+            objective = weighted[head.name]
+            if head.name in scales:
+                objective = objective * scales[head.name]
+            objective = objective + regularization(model.heads[head.name])
+            if head.trains_trunk and self._rule.per_head:
+                objective = objective + trunk_reg
+            objectives[head.name] = objective
+        return Forward(features, losses, objectives, trunk_reg, extra)
 
-    def _forward(self, inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-        """One forward pass (inside the caller's tape): per-head losses and objectives."""
-        _, losses = self._head_losses(inputs, targets)
-        trunk_reg = _regularization(self._model.trunk)
-        objectives = {h.name: self._objective(h, losses[h.name], trunk_reg) for h in self._heads}
-        return losses, objectives
+    @not_converted
+    def gradients(self, head: HeadUpdate, objective: tf.Tensor, tape: tf.GradientTape,
+                  sources: Sequence[Any], trunk_sources: int = 0) -> list[tf.Tensor | None]:
+        """The gradient of a head's objective with respect to `sources`, whose first
+        `trunk_sources` are the trunk's (variables or output) when the trunk rule
+        aggregates the head's trunk gradient."""
+        grads = tape.gradient(objective, list(sources))
+        if trunk_sources and all(g is None for g in grads[:trunk_sources]):
+            raise ValueError(
+                f"the loss of head {head.name!r} does not depend on the trunk: check that the "
+                "loss uses the head's output, or set trains_trunk=False for this head")
+        if all(g is None for g in grads):
+            raise ValueError(
+                f"the loss of head {head.name!r} does not depend on any variable of its "
+                "var_list: check that the loss uses the head's output")
+        return grads
 
-    def _head_forward(self, head: HeadUpdate, inputs: Any, targets: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        """One head's forward pass (inside the caller's tape): its loss and objective."""
-        model = self._model
-        feats = model.features(inputs, training=True)
-        if not head.trains_trunk:
-            feats = tf.nest.map_structure(tf.stop_gradient, feats)
-        output = model.head_output(head.name, feats, training=True)
-        loss = self._head_loss(head, inputs, targets, output)
-        return loss, self._objective(head, loss, _regularization(model.trunk))
+    @not_converted
+    def apply_head(self, head: HeadUpdate, grads: Sequence[tf.Tensor | None],
+                   variables: Sequence[keras.Variable], loss: tf.Tensor) -> None:
+        """Head `head`'s optimizer applies `grads` to `variables` (monitored)."""
+        updates.apply_gradients(head.optimizer, grads, variables)
+        if self._monitor:
+            self._monitor.head_update(head.name, loss, grads, variables, head.optimizer)
 
-    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
+    def when_due(self, head: HeadUpdate, step: tf.Tensor,
+                 update: Callable[[], tuple[tf.Tensor, tf.Tensor]]) -> tuple[tf.Tensor, tf.Tensor]:
+        """`update()` -> (updated, skipped) on the steps where `head` is due."""
+        if head.every == 1:
+            return update()
+        return tf.cond(tf.equal(step % head.every, 0), update,
+                       lambda: (tf.constant(False), tf.constant(False)))
+
+    def guarded(self, head: HeadUpdate, finite: tf.Tensor, apply: Callable[[], None],
+                ) -> tuple[tf.Tensor, tf.Tensor]:
+        """`apply()` unless the head is guarded and `finite` is False -> (updated, skipped)."""
+        if not head.guarded:
+            apply()
+            return tf.constant(True), tf.constant(False)
+
+        def applied() -> tf.Tensor:
+            apply()
+            return tf.constant(True)
+
+        updated = tf.cond(finite, applied, lambda: tf.constant(False))
+        return updated, tf.logical_not(finite)
+
+    # -- schedules --------------------------------------------------------------------
+
+    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor,
+                      heads: tuple[HeadUpdate, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         with tf.GradientTape(persistent=True) as tape:
-            losses, objectives = self._forward(inputs, targets)
-        updated = self._update_due(
-            self._heads, step, lambda h: self._apply(h, objectives[h.name], losses[h.name], tape))
+            fwd = self.forward(inputs, targets, heads, step)
+        done = self._rule.apply(self, heads, fwd, step, tape=tape)
         del tape
-        return losses, updated
+        return fwd.losses, done
 
-    def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor):
-        losses, updated = {}, {}
-        for head in self._heads:
-            def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor]:
+    def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor,
+                    heads: tuple[HeadUpdate, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        losses, updated, skipped = {}, {}, {}
+        for head in heads:
+            def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
                 with tf.GradientTape() as tape:
-                    loss, objective = self._head_forward(head, inputs, targets)
-                self._apply(head, objective, loss, tape)
-                return loss, tf.constant(True)
+                    fwd = self.forward(inputs, targets, (head,), step)
+                done = self._rule.apply(self, (head,), fwd, step, tape=tape, due=False)
+                return fwd.losses[head.name], done.updated[head.name], done.skipped[head.name]
 
-            losses[head.name], updated[head.name] = self._when_due(head, step, update, _skipped)
-        return losses, updated
+            if head.every == 1:
+                out = update()
+            else:
+                out = tf.cond(tf.equal(step % head.every, 0), update,
+                              lambda: (tf.constant(float("nan")), tf.constant(False),
+                                       tf.constant(False)))
+            losses[head.name], updated[head.name], skipped[head.name] = out
+        return losses, HeadsDone(updated, skipped)
 
     # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
 
-    def _replicated(self, inputs: Any, targets: Any, step: tf.Tensor):
+    def _replicated(self, inputs: Any, targets: Any, step: tf.Tensor,
+                    heads: tuple[HeadUpdate, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         """The step under a strategy; `inputs`, `targets` are per-replica values."""
         if self._schedule == "simultaneous":
-            return self._replicated_simultaneous(inputs, targets, step)
-        return self._replicated_sequential(inputs, targets, step)
+            return self._replicated_pass(inputs, targets, step, heads)
+        losses, updated, skipped = {}, {}, {}
+        for head in heads:
+            def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                # strategy.run inside a cross-replica tf.cond: the branch holds whole
+                # replica functions, so their all-reduces are not inside replica control flow.
+                head_losses, done = self._replicated_pass(inputs, targets, step, (head,), due=False)
+                return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
 
-    def _replicated_simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
-        def gradients(inputs: Any, targets: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+            if head.every == 1:
+                out = update()
+            else:
+                out = tf.cond(tf.equal(step % head.every, 0), update,
+                              lambda: (tf.constant(float("nan")), tf.constant(False),
+                                       tf.constant(False)))
+            losses[head.name], updated[head.name], skipped[head.name] = out
+        return losses, HeadsDone(updated, skipped)
+
+    def _replicated_pass(self, inputs: Any, targets: Any, step: tf.Tensor,
+                         heads: tuple[HeadUpdate, ...], due: bool = True,
+                         ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        """One forward pass of `heads` on every replica, every head's gradient all-reduced
+        in replica context (an all-reduce cannot sit in a tf.cond there), then the trunk
+        rule applies them in cross-replica context."""
+        def gradients(inputs: Any, targets: Any) -> Any:
             scale = distribute.replica_scale(inputs)
             with tf.GradientTape(persistent=True) as tape:
-                losses, objectives = self._forward(inputs, targets)
-                scaled = {h: objective * scale for h, objective in objectives.items()}
-            # Every head's gradient, due or not: an all-reduce cannot sit in a tf.cond here.
-            grads = {h.name: self._gradients(h, scaled[h.name], tape) for h in self._heads}
+                fwd = self.forward(inputs, targets, heads, step)
+                scaled = {h: objective * scale for h, objective in fwd.objectives.items()}
+                trunk_reg = fwd.trunk_reg * scale
+            grads = self._rule.replica_gradients(self, heads, scaled, trunk_reg, tape)
             del tape
             return distribute.all_reduce_sum(
-                ({h: loss * scale for h, loss in losses.items()}, grads))
+                ({h: loss * scale for h, loss in fwd.losses.items()}, grads))
 
         strategy = self._strategy
         losses, grads = distribute.first_replica(strategy, strategy.run(gradients, (inputs, targets)))
-        updated = self._update_due(
-            self._heads, step, lambda h: self._apply_gradients(h, grads[h.name], losses[h.name]))
-        return losses, updated
-
-    def _replicated_sequential(self, inputs: Any, targets: Any, step: tf.Tensor):
-        strategy = self._strategy
-        losses, updated = {}, {}
-        for head in self._heads:
-            def gradient(inputs: Any, targets: Any, head: HeadUpdate = head) -> Any:
-                scale = distribute.replica_scale(inputs)
-                with tf.GradientTape() as tape:
-                    loss, objective = self._head_forward(head, inputs, targets)
-                    objective = objective * scale
-                return distribute.all_reduce_sum(
-                    (loss * scale, self._gradients(head, objective, tape)))
-
-            def update(head: HeadUpdate = head, gradient: Callable[..., Any] = gradient,
-                       ) -> tuple[tf.Tensor, tf.Tensor]:
-                # strategy.run inside a cross-replica tf.cond: the branch holds whole
-                # replica functions, so their all-reduces are not inside replica control flow.
-                loss, grads = distribute.first_replica(strategy, strategy.run(gradient, (inputs, targets)))
-                self._apply_gradients(head, grads, loss)
-                return loss, tf.constant(True)
-
-            losses[head.name], updated[head.name] = self._when_due(head, step, update, _skipped)
-        return losses, updated
+        return losses, self._rule.apply(self, heads, Forward(None, losses, {}, 0.0, None), step,
+                                        grads=grads, due=due)
 
 
 def check_targets(
-    targets: Any, heads: Sequence[str], needs_targets: Mapping[str, bool], strict: bool
+    targets: Any, heads: Sequence[str], needs_targets: Mapping[str, bool], strict: bool,
+    required: Sequence[str] | None = None,
 ) -> None:
     """Raises a clear error if the batch's targets do not match the heads.
 
@@ -475,12 +573,13 @@ def check_targets(
         needs_targets: head -> whether its loss reads `targets[head]`.
         strict: if True, a target key that is not a head is an error (no research
             loss could be reading it).
+        required: the heads this batch trains (None: all of `heads`).
     """
     if not isinstance(targets, Mapping):
         raise TypeError(
             f"targets must be a dict of head name -> labels, got {type(targets).__name__}"
         )
-    for head in heads:
+    for head in heads if required is None else required:
         if needs_targets[head] and head not in targets:
             raise ValueError(
                 f"the data has no targets for head {head!r} (its keys are {sorted(targets)})"

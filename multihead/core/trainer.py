@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from typing import Any, Iterator, Mapping, NamedTuple, Protocol, Sequence
@@ -14,18 +13,20 @@ import tensorflow as tf
 from multihead import _keras_internals as internals
 from multihead.core import distribute
 from multihead.core.data import DataPosition, as_dataset
+from multihead.core.evaluation import Evaluator
 from multihead.core.model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
 from multihead.core.objectives import (
     Objective,
+    check_weight,
     needs_own_targets,
     resolve_loss,
-    resolve_metric,
     resolve_optimizer,
 )
 from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
 from multihead.core.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
-from multihead.core.trunk_update import AggregatedStep, TrunkPolicy, TrunkUpdate
+from multihead.core.addresses import variable_addresses
+from multihead.core.trunk_update import PerHeadTrunk, TrunkPolicy, TrunkUpdate
 
 
 class StepResult(NamedTuple):
@@ -78,6 +79,35 @@ def _split_batch(batch: Any) -> tuple[Any, Any]:
     )
 
 
+class _LossWeight:
+    """A head's loss weight as the compiled step reads it: a variable for a number, so
+    a new number assigned to the objective takes effect on the next step without a
+    retrace; the schedule (or callable of the step) itself otherwise."""
+
+    def __init__(self, head: str, spec: Any) -> None:
+        self.head = head
+        self.spec = spec
+        self.variable = None if callable(spec) else tf.Variable(
+            check_weight(spec), dtype=tf.float32, trainable=False, name="loss_weight")
+
+    def __call__(self, step: tf.Tensor) -> tf.Tensor:
+        if self.variable is not None:
+            return self.variable.read_value()
+        return tf.cast(self.spec(step), tf.float32)
+
+    def sync(self, spec: Any) -> None:
+        """Takes the objective's current weight; raises if the step cannot."""
+        if spec is self.spec or (not callable(spec) and not callable(self.spec) and spec == self.spec):
+            return
+        if self.variable is None or callable(spec):
+            raise ValueError(
+                f"objectives[{self.head!r}].weight changed from {self.spec!r} to {spec!r} after the "
+                "step was built: a number can be replaced by another number, a schedule not at "
+                "all; build a new Trainer for that")
+        self.variable.assign(check_weight(spec))
+        self.spec = spec
+
+
 class SavesCheckpoints(Protocol):
     """What `fit(checkpoints=...)` takes: a `multihead.CheckpointManager`."""
 
@@ -90,13 +120,13 @@ class _DataKey:
     objects with the same batch size and seed."""
 
     def __init__(self, data: Any, batch_size: int | None, seed: int | None) -> None:
-        self._leaves = [data] if isinstance(data, tf.data.Dataset) else tf.nest.flatten(data)
-        self._settings = (batch_size, seed)
+        self.leaves = [data] if isinstance(data, tf.data.Dataset) else tf.nest.flatten(data)
+        self.settings = (batch_size, seed)
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, _DataKey) and self._settings == other._settings
-                and len(self._leaves) == len(other._leaves)
-                and all(a is b for a, b in zip(self._leaves, other._leaves)))
+        return (isinstance(other, _DataKey) and self.settings == other.settings
+                and len(self.leaves) == len(other.leaves)
+                and all(a is b for a, b in zip(self.leaves, other.leaves)))
 
 
 class _Stream:
@@ -186,6 +216,8 @@ class Trainer:
             the same global batch. Only the chief logs to TensorBoard and writes
             checkpoints. Not supported with a strategy: `jit_compile`, trunk
             aggregation with `rep_grad` or a loss weighting.
+        target_networks: `multihead.TargetNetwork`s whose `update()` runs inside the
+            compiled train step, after the optimizers applied (never in `evaluate`).
         max_nonfinite_steps: `fit` stops with an error naming the head when a head's
             loss or gradient is non-finite this many steps in a row (its updates
             were skipped meanwhile, see `Objective(on_nonfinite=...)`).
@@ -204,6 +236,7 @@ class Trainer:
         trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
         strategy: tf.distribute.Strategy | None = None,
         max_nonfinite_steps: int = 10,
+        target_networks: Sequence[Any] = (),
     ) -> None:
         if not isinstance(model, MultiHeadModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
@@ -221,6 +254,11 @@ class Trainer:
                 raise TypeError(
                     f"objectives[{head!r}] must be a multihead.Objective, got {type(objective).__name__}"
                 )
+        for target in target_networks:
+            if not callable(getattr(target, "update", None)):
+                raise TypeError(f"target_networks must have an update() method, got {target!r}")
+        #: Updated inside each compiled train step, after the optimizers.
+        self.target_networks = tuple(target_networks)
         self.model = model
         self.objectives = {h: objectives[h] for h in model.head_names}
         self.schedule = schedule
@@ -245,10 +283,11 @@ class Trainer:
             self._check_strategy(strategy)
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
-        # Resolve metric specs now so a bad metric name fails at construction.
-        for head, objective in self.objectives.items():
-            for spec in objective.metrics:
-                resolve_metric(spec, head)
+        # Built now so a bad metric name fails at construction.
+        self._evaluator = Evaluator(
+            model, self.loss_fns,
+            metrics={h: o.metrics for h, o in self.objectives.items()},
+            loss_specs={h: o.loss for h, o in self.objectives.items()})
         with distribute.scope(strategy):
             self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
@@ -262,13 +301,13 @@ class Trainer:
         )
         self._jit_compile = jit_compile
         self._needs_targets = {h: needs_own_targets(loss) for h, loss in self.loss_fns.items()}
-        self._checked_keys: frozenset[str] | None = None
+        self._checked_keys: tuple[frozenset[str] | None, Any] | None = None
         self._train_step: TrainStep | None = None
+        self._weights: dict[str, _LossWeight] = {}
         self._last_stream: _Stream | None = None
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
         self._nonfinite_limit = max_nonfinite_steps
-        self._predict = tf.function(lambda x: self.model(x, training=False), reduce_retracing=True)
         if model.built:
             self._build()
 
@@ -312,16 +351,16 @@ class Trainer:
             distribute.check_created_in_scope(self.strategy, self.model.weights, "model")
         with distribute.scope(self.strategy):  # optimizer slots become mirrored variables
             heads = self._build_heads()
+        rule: Any = PerHeadTrunk()
         if self.trunk_update is not None:
             with distribute.scope(self.strategy):
                 self.trunk_update.build(self.model.trunk_variables)
-            self._train_step = AggregatedStep(self.model, heads, self.schedule, self.step_variable,
-                                              self.monitor, self._jit_compile, self.trunk_update,
-                                              strategy=self.strategy)
-            return
+            rule = self.trunk_update
+        addresses = {id(v): a for a, v in variable_addresses(self.model).items()}
         self._train_step = TrainStep(
-            self.model, heads, self.schedule, self.step_variable, self.monitor, self._jit_compile,
-            strategy=self.strategy,
+            self.model, heads, self.schedule, self.step_variable, rule, self.monitor,
+            self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
+            addresses=addresses,
         )
 
     def _build_heads(self) -> list[HeadUpdate]:
@@ -339,14 +378,16 @@ class Trainer:
                     )
             else:
                 optimizer.build(var_list)
+            self._weights[head] = _LossWeight(head, objective.weight)
             heads.append(HeadUpdate(
                 name=head,
                 loss=self.loss_fns[head],
                 optimizer=optimizer,
                 var_list=tuple(var_list),
-                weight=float(objective.weight),
+                weight=self._weights[head],
                 every=objective.every,
                 trains_trunk=objective.trains_trunk,
+                guarded=objective.on_nonfinite != "apply",
             ))
         return heads
 
@@ -376,30 +417,54 @@ class Trainer:
             return {next(iter(self.objectives)): targets}
         return targets
 
-    def _check_targets(self, targets: Any) -> None:
+    def _check_targets(self, targets: Any, heads: Sequence[str] | None = None) -> None:
         keys = frozenset(targets) if isinstance(targets, Mapping) else None
-        if keys is not None and keys == self._checked_keys:
+        if keys is not None and (keys, heads) == self._checked_keys:
             return  # this key set was validated already: keep the per-step path lean
         check_targets(targets, list(self.objectives), self._needs_targets,
-                      strict=all(self._needs_targets.values()))
-        self._checked_keys = keys
+                      strict=all(self._needs_targets.values()), required=heads)
+        self._checked_keys = (keys, heads)
 
-    def step(self, batch: Any) -> StepResult:
+    def step(self, batch: Any, heads: Sequence[str] | None = None) -> StepResult:
         """Runs one compiled update on `batch = (inputs, targets)`.
 
+        Args:
+            batch: `(inputs, {head: labels})`.
+            heads: update only these heads (those of them due at this step); the other
+                heads' variables and optimizer slots are untouched. Each distinct set
+                is compiled once. None: every head.
+
         Returns:
-            The per-head losses of the heads that were due and updated.
+            The per-head losses of the heads that were due.
         """
+        if heads is not None:
+            heads = self._check_head_subset(heads)
         inputs, targets = _split_batch(batch)
         targets = self._targets(targets)
-        self._check_targets(targets)
-        output = self._ensure_built(inputs)(inputs, targets)
-        return self._result(int(output.step), output.losses.numpy(), output.updated.numpy())
+        self._check_targets(targets, heads)
+        train_step = self._ensure_built(inputs)
+        self._sync_weights()
+        output = train_step(inputs, targets, heads)
+        return self._result(int(output.step), output.losses.numpy(), output.updated.numpy(),
+                            output.skipped.numpy())
 
-    def _result(self, step: int, losses: np.ndarray, updated: np.ndarray) -> StepResult:
-        done = tuple(h for h, flag in zip(self.objectives, updated) if flag)
-        values = {h: float(v) for h, v, flag in zip(self.objectives, losses, updated) if flag}
-        return StepResult(step=step, losses=values, updated=done)
+    def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(heads, str) or not heads:
+            raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
+        self.model.check_heads(heads, "heads")
+        return tuple(heads)
+
+    def _sync_weights(self) -> None:
+        for head, weight in self._weights.items():
+            weight.sync(self.objectives[head].weight)
+
+    def _result(self, step: int, losses: np.ndarray, updated: np.ndarray,
+                skipped: np.ndarray) -> StepResult:
+        heads = list(self.objectives)
+        done = tuple(h for h, flag in zip(heads, updated) if flag)
+        dropped = tuple(h for h, flag in zip(heads, skipped) if flag)
+        values = {h: float(v) for h, v, a, b in zip(heads, losses, updated, skipped) if a or b}
+        return StepResult(step=step, losses=values, updated=done, skipped=dropped)
 
     def fit(
         self,
@@ -454,6 +519,8 @@ class Trainer:
         if eval_every is not None and eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every!r}")
         stream = self._stream(data, batch_size, seed)
+        if eval_data is not None:  # a metric that cannot be computed fails before the first step
+            self._evaluator.check_dataset(self._eval_dataset(eval_data, batch_size))
         history = History(train={h: [] for h in self.objectives})
         extra: list[Any] = [NonFiniteGuard(self._nonfinite_limit)]
         if checkpoints is not None:
@@ -470,6 +537,7 @@ class Trainer:
             while done < steps and not self.stop_training:
                 chunk = min([steps - done, call_size.next]
                             + [p - self.global_step % p for p in periods])
+                self._sync_weights()
                 called = time.perf_counter()
                 out = stream.train_step.run(stream.iterator, chunk)
                 count = int(out.count)
@@ -478,12 +546,12 @@ class Trainer:
                     stream.next_epoch()  # raises if an epoch yields no batch
                     continue
                 self.data_position.advance(count)
-                losses, updated = out.losses.numpy(), out.updated.numpy()
+                losses, updated, skipped = out.losses.numpy(), out.updated.numpy(), out.skipped.numpy()
                 first = int(out.first_step)
                 for i in range(count):
-                    result = self._result(first + i, losses[i], updated[i])
-                    for head, loss in result.losses.items():
-                        history.train[head].append((result.step, loss))
+                    result = self._result(first + i, losses[i], updated[i], skipped[i])
+                    for head in result.updated:
+                        history.train[head].append((result.step, result.losses[head]))
                     hooks.on_step_end(result.step + 1, result)
                 done += count
                 if eval_data is not None and (
@@ -534,6 +602,10 @@ class Trainer:
     def evaluate(self, data: Any, batch_size: int | None = None) -> dict[str, dict[str, float]]:
         """Per-head loss (mean over all examples) and metrics on `data`, without training.
 
+        One compiled call runs the whole dataset (losses and metrics accumulated in
+        the graph); the model runs with `training=False` and research losses get
+        `training=False`. Target networks are not updated.
+
         Args:
             data: a batched `tf.data.Dataset` or a tuple `(inputs, {head: labels})`.
             batch_size: batch size for array data (default 1024).
@@ -542,34 +614,17 @@ class Trainer:
             `{head: {"loss": value, <metric name>: value, ...}}`. Also written to
             TensorBoard (the `eval` run) when logging is on.
         """
-        dataset = as_dataset(data, batch_size or 1024, shuffle=False)
-        metrics = {h: [resolve_metric(s, h) for s in o.metrics] for h, o in self.objectives.items()}
-        totals = {h: 0.0 for h in self.objectives}
-        count = 0
-        checked = False
-        for batch in dataset:
-            inputs, targets = _split_batch(batch)
-            targets = self._targets(targets)
-            if not checked:
-                self._check_targets(targets)
-                self._ensure_built(inputs)
-                checked = True
-            outputs = self._predict(inputs)
-            n = int(tf.shape(tf.nest.flatten(inputs)[0])[0])
-            count += n
-            for head in self.objectives:
-                totals[head] += float(self.loss_fns[head](inputs, targets, outputs[head])) * n
-                for metric in metrics[head]:
-                    metric.update_state(targets[head], outputs[head])
-        if count == 0:
-            raise ValueError("the evaluation data yielded no batch")
-        results = {
-            h: {"loss": totals[h] / count, **{m.name: float(m.result()) for m in metrics[h]}}
-            for h in self.objectives
-        }
+        results = self._evaluator.evaluate(self._eval_dataset(data, batch_size))
         if self.monitor:
             self.monitor.write_eval(self.global_step, results)
         return results
+
+    def _eval_dataset(self, data: Any, batch_size: int | None) -> tf.data.Dataset:
+        dataset = self._labelled(as_dataset(data, batch_size or 1024, shuffle=False))
+        inputs_spec, targets_spec = dataset.element_spec
+        self._check_targets(targets_spec)
+        self._ensure_built(tf.nest.map_structure(_zeros_for_spec, inputs_spec))
+        return dataset
 
     def close(self) -> None:
         """Flushes and closes the TensorBoard writers."""

@@ -1,16 +1,20 @@
-"""The aggregated trunk update: one trunk optimizer fed by a combination of the heads' gradients.
+"""Trunk rules: how a step turns the heads' gradients into updates.
 
-With the default `trunk="per_head"` each head's optimizer updates the trunk with
-its own slots (`multihead.core.step.TrainStep`). With a `TrunkPolicy`:
+The train step (`multihead.core.step.TrainStep`) computes every head's objective
+in one forward pass and hands the gradients to one of two rules, which share one
+small interface (`weigh`, `replica_gradients`, `apply`):
 
-* each head's optimizer is built on the head's own variables only;
-* one trunk optimizer, built on the trunk variables (plus a loss-weighting
-  scheme's trainable variables, e.g. uncertainty log-variances), applies
+* `PerHeadTrunk` (the default, `trunk="per_head"`): each head's optimizer
+  applies the head's gradient to its var_list, trunk + head, with its own slots:
+  exactly `minimize(loss_k, var_list=trunk + head_k)`.
+* `TrunkUpdate` (a `TrunkPolicy`): each head's optimizer is built on the head's
+  own variables only; one trunk optimizer, built on the trunk variables (plus a
+  loss weighting's trainable variables, e.g. uncertainty log-variances), applies
   `d = sum_k w_k g_k`, the aggregate of the heads' trunk gradients `g_k`
-  (weights `w` from `multihead.aggregation.aggregators`), plus the gradient of the trunk's
-  own regularisation losses (added once, not aggregated: it is no head's task).
+  (weights `w` from `multihead.aggregation.aggregators`), plus the gradient of
+  the trunk's own regularisation losses (added once, not aggregated).
 
-Two ways to get the `g_k`:
+Two ways to get the `g_k` of an aggregate:
 
 * parameter space (default): one `tape.gradient` per head on trunk + head
   variables; the weights come from the Gramian summed over trunk variables.
@@ -20,18 +24,24 @@ Two ways to get the `g_k`:
   (`output_gradients=`) gives `d`. Valid where the weights stay meaningful:
   constant weights (identical result), `mgda` (the paper's upper bound),
   `imtl` (the paper works on shared features) and the loss weightings.
+
+Non-finite heads: a guarded head whose loss or gradient is not finite drops out
+of the step. Its own update is skipped; under aggregation the trunk aggregate of
+that step is taken over the other heads (exactly as a partial step without it),
+and with two or more such heads, or under a loss weighting, the trunk is not
+updated that step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead.core import distribute, updates
+from multihead.core import updates
 from multihead.aggregation.aggregators import (
     AGGREGATORS,
     REP_GRAD_AGGREGATORS,
@@ -44,10 +54,9 @@ from multihead.aggregation.loss_weighting import (
     check_loss_weighting_options,
     make_loss_weighting,
 )
-from multihead.core.model import MultiHeadModel
-from multihead.monitoring.monitor import Monitor, write_scalar
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
-from multihead.core.step import HeadUpdate, TrainStep, _regularization
+from multihead.monitoring.monitor import write_scalar
+from multihead.core.step import Forward, HeadsDone, HeadUpdate, TrainStep, all_finite
 
 PER_HEAD = "per_head"
 
@@ -139,7 +148,206 @@ def resolve_trunk(trunk: str | TrunkPolicy | Mapping[str, Any] | None) -> TrunkP
     )
 
 
-class TrunkUpdate(tf.Module):
+def _add(grads: Sequence[tf.Tensor], more: Sequence[tf.Tensor | None] | None) -> list[tf.Tensor]:
+    if more is None:
+        return list(grads)
+    return [g if r is None else g + r for g, r in zip(grads, more)]
+
+
+class _Aggregated:
+    """The aggregated rule's methods, mixed into `TrunkUpdate` (which holds its state)."""
+
+    heads: tuple[str, ...]
+    policy: TrunkPolicy
+    optimizer: keras.optimizers.Optimizer
+    aggregator: Aggregator
+    weighting: LossWeighting | None
+    rng: tf.random.Generator
+    var_list: tuple[keras.Variable, ...]
+    aggregator_for: Callable[[tuple[str, ...]], Aggregator]
+
+    def weigh(self, weighted: Mapping[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], Any]:
+        """Under a loss weighting: each aggregated head's factor, and (the stacked weighted
+        losses, the factors, the weighting's own objective) for `apply`."""
+        if self.weighting is None:
+            return {}, None
+        names = tuple(h for h in self.heads if h in weighted)
+        if names != self.heads:
+            self.aggregator_for(names)  # raises: a loss weighting weighs all heads
+        task = tf.stack([weighted[h] for h in self.heads])
+        factors = self.weighting.weights(task)
+        return ({h: factors[i] for i, h in enumerate(self.heads)},
+                (task, factors, self.weighting.objective(task)))
+
+    def replica_gradients(self, engine: TrainStep, heads: Sequence[HeadUpdate],
+                          objectives: Mapping[str, tf.Tensor], trunk_reg: Any,
+                          tape: tf.GradientTape) -> tuple[dict[str, list[Any]], Any]:
+        """Under a strategy: every head's gradient (aggregated heads: on trunk + own
+        variables, from one backward pass) and the trunk regularization's."""
+        trunk_vars = list(engine.trunk_variables)
+        grads = {}
+        for head in heads:
+            if head.trains_trunk:
+                grads[head.name] = engine.gradients(head, objectives[head.name], tape,
+                                                    trunk_vars + list(head.var_list), len(trunk_vars))
+            else:
+                grads[head.name] = engine.gradients(head, objectives[head.name], tape, head.var_list)
+        reg = None if isinstance(trunk_reg, float) else tape.gradient(trunk_reg, trunk_vars)
+        return grads, reg
+
+    def apply(self, engine: TrainStep, heads: Sequence[HeadUpdate], fwd: Forward, step: tf.Tensor,
+              tape: tf.GradientTape | None = None, grads: Any = None, due: bool = True) -> HeadsDone:
+        """The trunk optimizer applies the aggregate of the heads' trunk gradients; each
+        aggregated head's optimizer its own variables; the other heads as per head."""
+        agg = [h for h in heads if h.trains_trunk]
+        rest = [h for h in heads if not h.trains_trunk]
+        trunk_vars = list(engine.trunk_variables)
+        replica_grads, reg_grads = grads if grads is not None else (None, None)
+        rep_grad = self.policy.rep_grad and replica_grads is None
+        sources = tf.nest.flatten(fwd.features) if rep_grad else trunk_vars
+        n = len(sources)
+        per_head, own, finite = [], {}, {}
+        for head in agg:  # one backward pass per head gives both parts
+            g = (replica_grads[head.name] if replica_grads is not None else engine.gradients(
+                head, fwd.objectives[head.name], tape, sources + list(head.var_list), n))
+            per_head.append(g[:n])
+            own[head.name] = g[n:]
+            finite[head.name] = all_finite(fwd.losses[head.name], g) if head.guarded else None
+        if reg_grads is None and tape is not None and not isinstance(fwd.trunk_reg, float):
+            reg_grads = tape.gradient(fwd.trunk_reg, trunk_vars)
+
+        def trunk_step(members: Sequence[int]) -> tf.Tensor:
+            self._apply_trunk(engine, [agg[i] for i in members], [per_head[i] for i in members],
+                              sources, fwd, tape, trunk_vars, reg_grads, rep_grad)
+            return tf.constant(True)
+
+        guarded = [i for i, h in enumerate(agg) if h.guarded]
+        if agg and not guarded:
+            trunk_step(range(len(agg)))
+        elif agg:
+            self._trunk_without_bad(agg, finite, trunk_step)
+
+        updated, skipped = {}, {}
+        for head in agg:  # head variables only: their var_list excludes the trunk
+            def apply_own(head: HeadUpdate = head) -> None:
+                engine.apply_head(head, own[head.name], head.var_list, fwd.losses[head.name])
+
+            updated[head.name], skipped[head.name] = engine.guarded(head, finite[head.name], apply_own)
+        more_updated, more_skipped = _per_head_updates(
+            engine, rest, fwd, step, tape, replica_grads, due)
+        updated.update(more_updated)
+        skipped.update(more_skipped)
+        return HeadsDone(updated, skipped)
+
+    def _trunk_without_bad(self, agg: Sequence[HeadUpdate], finite: Mapping[str, tf.Tensor | None],
+                           trunk_step: Callable[[Sequence[int]], tf.Tensor]) -> None:
+        """The trunk update over the heads whose loss and gradient are finite: all of them;
+        all but one (the aggregate of the others, as a step without it); else none."""
+        k = len(agg)
+        ok = tf.stack([tf.constant(True) if finite[h.name] is None else finite[h.name] for h in agg])
+        bad = k - tf.reduce_sum(tf.cast(ok, tf.int32))
+        skip = lambda: tf.constant(False)  # noqa: E731
+
+        def one_bad() -> tf.Tensor:
+            if k == 1 or self.weighting is not None:
+                return skip()
+            branches = [lambda i=i: trunk_step([j for j in range(k) if j != i]) for i in range(k)]
+            return tf.switch_case(tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32), branches)
+
+        tf.cond(tf.equal(bad, 0), lambda: trunk_step(range(k)),
+                lambda: tf.cond(tf.equal(bad, 1), one_bad, skip))
+
+    def _apply_trunk(self, engine: TrainStep, agg: Sequence[HeadUpdate],
+                     per_head: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
+                     fwd: Forward, tape: tf.GradientTape | None, trunk_vars: list[keras.Variable],
+                     reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool) -> None:
+        names = tuple(h.name for h in agg)
+        combined, (weights, projections, gram), stacked = self._combine(names, per_head, sources)
+        if rep_grad:
+            trunk_grads = tape.gradient(tf.nest.flatten(fwd.features), trunk_vars,
+                                        output_gradients=combined)
+            trunk_grads = [g if g is not None else tf.zeros_like(v)
+                           for g, v in zip(trunk_grads, trunk_vars)]
+        else:
+            trunk_grads = combined
+        trunk_grads = _add(trunk_grads, reg_grads)
+        extra_grads: list[Any] = []
+        factors = None
+        if self.weighting is not None:
+            task, factors, weighting_objective = fwd.extra
+            extra_grads = tape.gradient(weighting_objective, list(self.var_list[len(trunk_vars):]))
+        updates.apply_gradients(self.optimizer, list(trunk_grads) + list(extra_grads), self.var_list)
+        if self.weighting is not None:
+            unweighted = None
+            if self.weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
+                norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
+                unweighted = tf.math.divide_no_nan(norms, factors)
+            self.weighting.update(task, unweighted)
+        if engine.monitor is not None:
+            self._log_aggregation(engine, names, weights, factors, gram, stacked, projections,
+                                  trunk_grads)
+
+    def _log_aggregation(self, engine: TrainStep, names: Sequence[str], weights: tf.Tensor,
+                         factors: tf.Tensor | None, gram: tf.Tensor | None,
+                         stacked: Sequence[tf.Tensor], projections: tf.Tensor,
+                         trunk_grads: Sequence[tf.Tensor]) -> None:
+        random_order = self.aggregator.random_order
+
+        def log() -> None:
+            # Constant weights need no Gramian to step: compute it on logging steps only.
+            g = gram if gram is not None else _gramian(stacked)
+            n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
+            cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
+            for i, head in enumerate(names):
+                write_scalar(f"agg_weight/{head}", weights[i])
+                if factors is not None:
+                    write_scalar(f"agg_loss_weight/{head}", factors[i])
+                write_scalar(f"agg_trunk_grad_norm/{head}", n[i])
+            for i in range(len(names)):
+                for j in range(i + 1, len(names)):
+                    write_scalar(f"agg_cosine/{names[i]}__{names[j]}", cos[i, j])
+            if random_order:
+                write_scalar("agg_projections", projections)
+            write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
+                [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
+
+        engine.monitor.when_scalars(log)  # nothing at all in the step variant that does not log
+
+    def _combine(self, names: tuple[str, ...], per_head: Sequence[Sequence[tf.Tensor | None]],
+                 sources: Sequence[Any],
+                 ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
+                            list[tf.Tensor]]:
+        """The heads' gradients of `sources` combined by the aggregator's weights;
+        (weights, projections, Gramian or None); the per-source `K x n` gradients."""
+        aggregator = self.aggregator_for(names)
+        k = len(names)
+        # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
+        pairwise = k <= _PAIRWISE_MAX_HEADS
+        stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
+        constant = aggregator.name in ("sum", "mean", "weights")
+        needs_gram = not constant or (self.weighting is not None and self.weighting.needs_grad_norms)
+        gram = None
+        if needs_gram:
+            gram = _pairwise_gramian(per_head) if pairwise else _gramian(stacked)
+            extra = {}
+            if aggregator.random_order:
+                extra["order"] = tf.argsort(self.rng.uniform([k, k]), axis=1)
+            result = aggregator(gram, **extra)
+        else:
+            result = aggregator(tf.zeros([k, k]))
+        weights = result.weights
+        static = tf.get_static_value(weights)
+        if static is not None or pairwise:  # then `stacked` is only read on logging steps
+            terms = static.tolist() if static is not None else tf.unstack(weights)
+            combined = [_weighted_sum([g[j] for g in per_head], terms, t)
+                        for j, t in enumerate(sources)]
+        else:
+            combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
+                        for s, t in zip(stacked, sources)]
+        return combined, (weights, result.projections, gram), stacked
+
+
+class TrunkUpdate(_Aggregated, tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
     Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`,
@@ -158,7 +366,7 @@ class TrunkUpdate(tf.Module):
         var_list: what the optimizer is built on (trunk + weighting variables).
     """
 
-    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy"})
+    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy", "_subsets"})
 
     def __init__(self, policy: TrunkPolicy, heads: Sequence[str],
                  optimizer: keras.optimizers.Optimizer) -> None:
@@ -177,6 +385,28 @@ class TrunkUpdate(tf.Module):
         self.rng = tf.random.Generator.from_seed(policy.seed)
         # Not a dependency of this module itself (the optimizer already tracks its variables).
         self.var_list: tuple[keras.Variable, ...] = self._no_dependency(())
+        # Aggregated head names -> the aggregator of that subset (partial steps, a head
+        # dropped as non-finite): built at trace time, one per subset.
+        self._subsets: dict[tuple[str, ...], Aggregator] = self._no_dependency({})
+
+    per_head = False
+
+    def aggregator_for(self, names: tuple[str, ...]) -> Aggregator:
+        """The aggregator of the subset `names` of the aggregated heads (the policy's
+        aggregator and options; fixed `weights` restricted to the subset)."""
+        if names == self.heads:
+            return self.aggregator
+        if names not in self._subsets:
+            if self.weighting is not None:
+                raise ValueError(
+                    f"a step of some heads only ({list(names)}) cannot use the loss weighting "
+                    f"{self.policy.aggregator!r}: it weighs all {list(self.heads)} together")
+            options = dict(self.policy.options)
+            if "weights" in options:
+                options["weights"] = [options["weights"][self.heads.index(h)] for h in names]
+            self._subsets[names] = get_aggregator(self.policy.aggregator, num_heads=len(names),
+                                                  **options)
+        return self._subsets[names]
 
     @classmethod
     def create(cls, trunk: Any, objectives: Mapping[str, Objective], schedule: str,
@@ -229,22 +459,6 @@ def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
     return tf.stack(rows)
 
 
-class _Computed:
-    """A stand-in tape for `TrainStep._apply` holding a head's already computed gradients.
-
-    The trunk and head parts of a head's gradient come from one backward pass; this
-    hands the head part to the base class's apply-and-monitor path without a second one.
-    """
-
-    def __init__(self, grads: Sequence[tf.Tensor | None]) -> None:
-        self._grads = list(grads)
-
-    def gradient(self, target: Any, sources: Sequence[Any]) -> list[tf.Tensor | None]:
-        del target
-        assert len(sources) == len(self._grads)
-        return self._grads
-
-
 def _weighted_sum(grads: Sequence[tf.Tensor | None], weights: Sequence[float | tf.Tensor],
                   like: Any) -> tf.Tensor:
     """`sum_k weights[k] grads[k]` (None = no dependence), without a `K x n` stack.
@@ -275,221 +489,48 @@ def _gramian(stacked: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in stacked])
 
 
-class AggregatedStep(TrainStep):
-    """`TrainStep` whose trunk update is one optimizer applying the heads' aggregated gradient.
 
-    Heads that do not train the trunk are updated exactly as in `TrainStep`.
-    Monitoring: for each aggregated head, `monitor.head_update` receives the
-    gradients of the head's *own* variables (its trunk part is empty: the
-    trunk is updated once, by the trunk optimizer). The aggregation itself is
-    logged as `agg_weight/<head>` (w_k), `agg_trunk_grad_norm/<head>` (|g_k|,
-    in parameter space or, with `rep_grad`, at the trunk output),
-    `agg_cosine/<a>__<b>` (cosine of g_a and g_b), `agg_projections` (PCGrad)
-    and `agg_update_norm` (|d|), all on the monitor's logging steps only.
-    """
 
-    def __init__(self, model: MultiHeadModel, heads: Sequence[HeadUpdate], schedule: str,
-                 step: tf.Variable, monitor: Monitor | None, jit_compile: bool,
-                 trunk: TrunkUpdate, strategy: tf.distribute.Strategy | None = None) -> None:
-        super().__init__(model, heads, schedule, step, monitor, jit_compile, strategy)
-        if strategy is not None and (trunk.policy.rep_grad or trunk.weighting is not None):
-            raise ValueError("trunk aggregation with rep_grad or a loss weighting is not "
-                             "supported with a strategy; use a gradient aggregator")
-        self._trunk = trunk
-        if not trunk.var_list:
-            raise ValueError("build the TrunkUpdate (trunk.build(...)) before the step")
+# -- the two trunk rules ---------------------------------------------------------------------
 
-    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
-        model, trunk = self._model, self._trunk
-        agg = [h for h in self._heads if h.trains_trunk]
-        rest = [h for h in self._heads if not h.trains_trunk]
-        trunk_vars = list(model.trunk_variables)
-        weighting = trunk.weighting
-        with tf.GradientTape(persistent=True) as tape:
-            feats, losses = self._head_losses(inputs, targets)
-            trunk_reg = _regularization(model.trunk)
-            objectives = {}
-            own = [h.weight * losses[h.name] for h in agg]
-            task = tf.stack(own)
-            loss_weights = weighting.weights(task) if weighting else None
-            for i, head in enumerate(agg):
-                # From the head's own loss, not `task[i]`: the gradient of a slice of a stack
-                # reaches every stacked loss (as zeros), so each of the K backward passes would
-                # go through all K heads (K^2 head backward passes, 1.3x the step at K=8).
-                scaled = own[i] * loss_weights[i] if weighting else own[i]
-                objectives[head.name] = scaled + _regularization(model.heads[head.name])
-            for head in rest:
-                objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
-            weighting_objective = weighting.objective(task) if weighting else None
 
-        trunk_grads, (weights, projections, gram), stacked, head_grads = self._aggregate(
-            tape, agg, objectives, feats, trunk_vars)
-        norms = None if gram is None else tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
-        if not isinstance(trunk_reg, float):
-            reg_grads = tape.gradient(trunk_reg, trunk_vars)
-            trunk_grads = [g if r is None else g + r for g, r in zip(trunk_grads, reg_grads)]
-        extra_vars = trunk.var_list[len(trunk_vars):]
-        extra_grads = (tape.gradient(weighting_objective, list(extra_vars))
-                       if weighting_objective is not None else [])
-        updates.apply_gradients(trunk.optimizer, list(trunk_grads) + list(extra_grads), trunk.var_list)
-        if weighting is not None:
-            unweighted = None
-            if weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
-                unweighted = tf.math.divide_no_nan(norms, loss_weights)
-            weighting.update(task, unweighted)
+def _per_head_updates(engine: TrainStep, heads: Sequence[HeadUpdate], fwd: Forward, step: tf.Tensor,
+                      tape: tf.GradientTape | None, grads: Mapping[str, Any] | None, due: bool,
+                      ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+    """Each head's optimizer applies the head's gradient to its whole var_list (when due,
+    and, for a guarded head, when its loss and gradient are finite)."""
+    updated, skipped = {}, {}
+    for head in heads:
+        def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor]:
+            g = (grads[head.name] if grads is not None
+                 else engine.gradients(head, fwd.objectives[head.name], tape, head.var_list))
+            loss = fwd.losses[head.name]
+            finite = all_finite(loss, g) if head.guarded else None
+            return engine.guarded(head, finite,
+                                  lambda: engine.apply_head(head, g, head.var_list, loss))
 
-        updated = {}
-        for head in agg:  # head variables only: their var_list excludes the trunk
-            self._apply(head, objectives[head.name], losses[head.name],
-                        _Computed(head_grads[head.name]))
-            updated[head.name] = tf.constant(True)
-        updated.update(self._update_due(
-            rest, step, lambda h: self._apply(h, objectives[h.name], losses[h.name], tape)))
-        del tape
-        if self._monitor:
-            self._log_aggregation(agg, weights, loss_weights, gram, stacked, projections,
-                                  trunk_grads)
-        return losses, updated
+        updated[head.name], skipped[head.name] = engine.when_due(head, step, update) if due else update()
+    return updated, skipped
 
-    def _log_aggregation(self, agg: Sequence[HeadUpdate], weights: tf.Tensor,
-                         loss_weights: tf.Tensor | None, gram: tf.Tensor | None,
-                         stacked: Sequence[tf.Tensor], projections: tf.Tensor,
-                         trunk_grads: Sequence[tf.Tensor]) -> None:
-        trunk = self._trunk
 
-        def log() -> None:
-            # Constant weights need no Gramian to step: compute it on logging steps only.
-            g = gram if gram is not None else _gramian(stacked)
-            n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
-            cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
-            for i, head in enumerate(agg):
-                write_scalar(f"agg_weight/{head.name}", weights[i])
-                if loss_weights is not None:
-                    write_scalar(f"agg_loss_weight/{head.name}", loss_weights[i])
-                write_scalar(f"agg_trunk_grad_norm/{head.name}", n[i])
-            for i in range(len(agg)):
-                for j in range(i + 1, len(agg)):
-                    write_scalar(f"agg_cosine/{agg[i].name}__{agg[j].name}", cos[i, j])
-            if trunk.aggregator.random_order:
-                write_scalar("agg_projections", projections)
-            write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
-                [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
+class PerHeadTrunk:
+    """The per-head rule: each head's optimizer updates trunk + head with its own slots."""
 
-        self._monitor.when_scalars(log)  # nothing at all in the step variant that does not log
+    per_head = True
 
-    def _replicated_simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor):
-        """Under a strategy: every head's gradient all-reduced in replica context, then the
-        aggregation (on the global gradients) and all updates in cross-replica context."""
-        model, trunk, strategy = self._model, self._trunk, self._strategy
-        agg = [h for h in self._heads if h.trains_trunk]
-        rest = [h for h in self._heads if not h.trains_trunk]
-        trunk_vars = list(model.trunk_variables)
+    def weigh(self, weighted: Mapping[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], Any]:
+        """No loss weighting: no factors, nothing extra."""
+        del weighted
+        return {}, None
 
-        def gradients(inputs: Any, targets: Any) -> Any:
-            scale = distribute.replica_scale(inputs)
-            with tf.GradientTape(persistent=True) as tape:
-                _, losses = self._head_losses(inputs, targets)
-                trunk_reg = _regularization(model.trunk)
-                has_reg = not isinstance(trunk_reg, float)
-                objectives = {}
-                for head in agg:
-                    objectives[head.name] = (head.weight * losses[head.name]
-                                             + _regularization(model.heads[head.name]))
-                for head in rest:
-                    objectives[head.name] = self._objective(head, losses[head.name], trunk_reg)
-                objectives = {h: objective * scale for h, objective in objectives.items()}
-                trunk_reg = trunk_reg * scale
-            grads = {}
-            for head in agg:  # trunk part and head part from one backward pass
-                grads[head.name] = tape.gradient(objectives[head.name],
-                                                 trunk_vars + list(head.var_list))
-                if all(g is None for g in grads[head.name][: len(trunk_vars)]):
-                    raise ValueError(
-                        f"the loss of head {head.name!r} does not depend on the trunk: check that "
-                        "the loss uses the head's output, or set trains_trunk=False for this head")
-            for head in rest:
-                grads[head.name] = self._gradients(head, objectives[head.name], tape)
-            reg = tape.gradient(trunk_reg, trunk_vars) if has_reg else None
-            del tape
-            return distribute.all_reduce_sum(
-                ({h: loss * scale for h, loss in losses.items()}, grads, reg))
+    def replica_gradients(self, engine: TrainStep, heads: Sequence[HeadUpdate],
+                          objectives: Mapping[str, tf.Tensor], trunk_reg: Any,
+                          tape: tf.GradientTape) -> dict[str, list[tf.Tensor | None]]:
+        """Every head's gradient on its var_list (under a strategy, due or not)."""
+        del trunk_reg  # inside each head's objective
+        return {h.name: engine.gradients(h, objectives[h.name], tape, h.var_list) for h in heads}
 
-        losses, grads, reg_grads = distribute.first_replica(
-            strategy, strategy.run(gradients, (inputs, targets)))
-        per_head = [grads[h.name][: len(trunk_vars)] for h in agg]
-        trunk_grads, (weights, projections, gram), stacked = self._combine(agg, per_head, trunk_vars)
-        if reg_grads is not None:
-            trunk_grads = [g if r is None else g + r for g, r in zip(trunk_grads, reg_grads)]
-        updates.apply_gradients(trunk.optimizer, list(trunk_grads), trunk.var_list)
-        updated = {}
-        for head in agg:  # head variables only: their var_list excludes the trunk
-            self._apply_gradients(head, grads[head.name][len(trunk_vars):], losses[head.name])
-            updated[head.name] = tf.constant(True)
-        updated.update(self._update_due(
-            rest, step, lambda h: self._apply_gradients(h, grads[h.name], losses[h.name])))
-        if self._monitor:
-            self._log_aggregation(agg, weights, None, gram, stacked, projections, trunk_grads)
-        return losses, updated
-
-    def _aggregate(self, tape: tf.GradientTape, agg: Sequence[HeadUpdate],
-                   objectives: Mapping[str, tf.Tensor], feats: Any, trunk_vars: list[keras.Variable],
-                   ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
-                              list[tf.Tensor], dict[str, list[tf.Tensor | None]]]:
-        """The aggregated trunk gradient; (weights, projections, Gramian of the heads'
-        gradients or None when the aggregator needs none); the per-target `K x n` gradients;
-        head -> gradients of its own variables."""
-        trunk = self._trunk
-        rep_grad = trunk.policy.rep_grad
-        targets_k = tf.nest.flatten(feats) if rep_grad else trunk_vars
-        per_head, head_grads = [], {}          # per head: grads of targets_k, and of its variables
-        for head in agg:  # one backward pass per head gives both parts
-            grads = tape.gradient(objectives[head.name], targets_k + list(head.var_list))
-            if all(g is None for g in grads[: len(targets_k)]):
-                raise ValueError(
-                    f"the loss of head {head.name!r} does not depend on the trunk: check that the "
-                    "loss uses the head's output, or set trains_trunk=False for this head"
-                )
-            per_head.append(grads[: len(targets_k)])
-            head_grads[head.name] = grads[len(targets_k):]
-        combined, result, stacked = self._combine(agg, per_head, targets_k)
-        if rep_grad:
-            trunk_grads = tape.gradient(tf.nest.flatten(feats), trunk_vars, output_gradients=combined)
-            trunk_grads = [g if g is not None else tf.zeros_like(v)
-                           for g, v in zip(trunk_grads, trunk_vars)]
-        else:
-            trunk_grads = combined
-        return trunk_grads, result, stacked, head_grads
-
-    def _combine(self, agg: Sequence[HeadUpdate], per_head: Sequence[Sequence[tf.Tensor | None]],
-                 targets_k: Sequence[Any],
-                 ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
-                            list[tf.Tensor]]:
-        """The heads' gradients of `targets_k` combined by the aggregator's weights;
-        (weights, projections, Gramian or None); the per-target `K x n` gradients."""
-        trunk = self._trunk
-        k = len(agg)
-        # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
-        pairwise = k <= _PAIRWISE_MAX_HEADS
-        stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(targets_k)]
-        constant = trunk.aggregator.name in ("sum", "mean", "weights")
-        needs_gram = not constant or (trunk.weighting is not None
-                                      and trunk.weighting.needs_grad_norms)
-        gram = None
-        if needs_gram:
-            gram = _pairwise_gramian(per_head) if pairwise else _gramian(stacked)
-            extra = {}
-            if trunk.aggregator.random_order:
-                extra["order"] = tf.argsort(trunk.rng.uniform([k, k]), axis=1)
-            result = trunk.aggregator(gram, **extra)
-        else:
-            result = trunk.aggregator(tf.zeros([k, k]))
-        weights = result.weights
-        static = tf.get_static_value(weights)
-        if static is not None or pairwise:  # then `stacked` is only read on logging steps
-            terms = static.tolist() if static is not None else tf.unstack(weights)
-            combined = [_weighted_sum([g[j] for g in per_head], terms, t)
-                        for j, t in enumerate(targets_k)]
-        else:
-            combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
-                        for s, t in zip(stacked, targets_k)]
-        return combined, (weights, result.projections, gram), stacked
+    def apply(self, engine: TrainStep, heads: Sequence[HeadUpdate], fwd: Forward, step: tf.Tensor,
+              tape: tf.GradientTape | None = None, grads: Any = None, due: bool = True) -> HeadsDone:
+        """Applies the gradients: from `tape` (one device) or `grads` (all-reduced)."""
+        return HeadsDone(*_per_head_updates(engine, heads, fwd, step, tape, grads, due))
