@@ -15,6 +15,8 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model
+from multihead.core.addresses import variable_addresses
+from multihead.monitoring import tags
 from multihead.monitoring.monitor import cosine, global_norm, histogram_buckets
 
 HEADS = ("a", "b", "c")
@@ -41,6 +43,14 @@ def read_events(log_dir: str) -> dict[str, dict[int, np.ndarray]]:
             for value in event.summary.value:
                 out[value.tag][event.step] = tf.make_ndarray(value.tensor)
     return dict(out)
+
+
+def _variable_tag(logged, tag_of, model, variable) -> str:
+    """The logged per-variable tag of `variable`: named by its stable address when the step
+    binds the monitor with addresses, else by its Keras path."""
+    address = {id(v): a for a, v in variable_addresses(model).items()}[id(variable)]
+    by_address = tag_of(address)
+    return by_address if by_address in logged else tag_of(variable.path)
 
 
 def _norm(arrays) -> float:
@@ -156,9 +166,10 @@ def test_scalar_and_histogram_cadence_and_histogram_contents(tmp_path):
     assert sorted(logged["loss/a"]) == [0, 2, 4, 6]          # every 2
     assert sorted(logged["loss/b"]) == [0, 6]                 # every 2 and due (every 3)
     assert sorted(logged["grad_cosine/a/b"]) == [0, 6]        # only when both were updated
-    tag = f"grad_hist/a/{kernel.path}"
+    tag = _variable_tag(logged, lambda name: tags.grad_hist("a", name), model, kernel)
     assert sorted(logged[tag]) == [0, 3, 6]                   # histograms every 3
-    assert sorted(logged[f"grad_hist/b/{kernel.path}"]) == [0, 3, 6]  # and b due (every 3)
+    tag_b = _variable_tag(logged, lambda name: tags.grad_hist("b", name), model, kernel)
+    assert sorted(logged[tag_b]) == [0, 3, 6]                 # and b due (every 3)
     hist = logged[tag][0]                                     # rows (left, right, count)
     assert hist.shape == (30, 3)
     assert hist[:, 2].sum() == grad0.size
@@ -236,9 +247,9 @@ def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
     # Ops without outputs are not traced by tfdbg: check those in the compiled graphs.
     # Steps that do not log run a variant without a single summary op, and no flush.
     x, y = make_batch(("a", "b"), seed=0)
-    variants = on._train_step._variants  # noqa: SLF001
-    quiet = _op_types(variants[False][0].get_concrete_function(x, y).graph)
-    monitored = variants[True][0].get_concrete_function(x, y).graph
+    variant = on._train_step._variant  # noqa: SLF001 - (monitored, heads) -> (one step, many)
+    quiet = _op_types(variant(False, ("a", "b"))[0].get_concrete_function(x, y).graph)
+    monitored = variant(True, ("a", "b"))[0].get_concrete_function(x, y).graph
     assert not {"WriteSummary", "FlushSummaryWriter", "If", "StatelessIf"} & quiet
     assert "WriteSummary" in _op_types(monitored) and "FlushSummaryWriter" not in _op_types(monitored)
     # In the monitored variant, writes sit only in branches gated on the step.
@@ -279,7 +290,8 @@ def test_variable_norms_are_the_norms_of_each_applied_gradient(tmp_path):
     grads = tape.gradient(loss, ref.var_list("b"))
     logged = read_events(str(tmp_path / "train"))
     for v, g in zip(model.var_list("b"), grads):
-        np.testing.assert_allclose(float(logged[f"grad_norm/b/var/{v.path}"][0]),
+        tag = _variable_tag(logged, lambda name: tags.variable_grad_norm("b", name), model, v)
+        np.testing.assert_allclose(float(logged[tag][0]),
                                    np.linalg.norm(g.numpy().astype(np.float64)), rtol=1e-5)
 
 
@@ -319,9 +331,10 @@ def test_two_monitors_in_one_process_do_not_interfere(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"every": 0}, "log every must be an integer >= 1, got 0"),
-    ({"every": 2.5}, "log every must be an integer >= 1, got 2.5"),
-    ({"histograms_every": -1}, r"histograms_every must be an integer >= 0 \(0 disables them\), got -1"),
+    ({"every": 0}, "^every: must be >= 1, got 0; scalars are written every this many steps$"),
+    ({"every": 2.5}, r"^every: expected an integer, got 2.5 \(float\)"),
+    ({"every": True}, r"^every: expected an integer, got True \(bool\)"),
+    ({"histograms_every": -1}, "^histograms_every: must be >= 0, got -1; 0 disables histograms$"),
 ])
 def test_bad_cadence_fails_at_construction(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -365,3 +378,64 @@ def test_research_loss_with_python_control_flow_trains_on_logging_and_other_step
     trainer.close()
     assert losses == sorted(losses, reverse=True)
     assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [0, 2]
+
+
+def _per_variable_tags(model, log_dir, addresses) -> set[str]:
+    """Runs one monitored step of `model` (every head, SGD) with a bare Monitor bound with
+    `addresses`, and returns the per-variable tags it wrote."""
+    heads = model.head_names
+    monitor = mh.Monitor(log_dir, every=1, histograms_every=1, variable_norms=True)
+    var_lists = {h: list(model.var_list(h)) for h in heads}
+    optimizers = {h: keras.optimizers.SGD(0.1) for h in heads}
+    for h in heads:
+        optimizers[h].build(var_lists[h])
+    monitor.bind(var_lists, model.trunk_variables, optimizers, addresses=addresses)
+    x, y = make_batch(heads, seed=0)
+
+    @tf.function
+    def step(x, y):
+        def update():
+            for h in heads:
+                with tf.GradientTape() as tape:
+                    loss = _mse(y[h], model.heads[h](model.trunk(x, training=True), training=True))
+                grads = tape.gradient(loss, var_lists[h])
+                optimizers[h].apply_gradients(zip(grads, var_lists[h]))
+                monitor.head_update(h, loss, grads, var_lists[h], optimizers[h])
+
+        monitor.monitored(tf.constant(0, tf.int64), update)
+
+    step(x, y)
+    monitor.close()
+    written = (tags.parse(t) for t in read_events(os.path.join(log_dir, "train")))
+    return {(t.kind, t.heads, t.address) for t in written if t is not None and t.address is not None}
+
+
+def test_per_variable_tags_use_stable_addresses_identical_across_builds(tmp_path):
+    first, second = make_model(("a", "b"), seed=0), make_model(("a", "b"), seed=0)
+    assert {v.path for v in first.variables} != {v.path for v in second.variables}  # Keras auto-names
+    found = [_per_variable_tags(m, str(tmp_path / name),
+                                {id(v): a for a, v in variable_addresses(m).items()})
+             for m, name in ((first, "one"), (second, "two"))]
+    assert found[0] == found[1]
+    # every variable of each head's var_list, norms and histograms, by address
+    expected = {(kind, (h,), address) for kind in (tags.GRAD_NORM, tags.GRAD_HIST) for h in ("a", "b")
+                for address in variable_addresses(first)
+                if address.startswith(("trunk/", f"heads/{h}/"))}
+    assert found[0] == expected
+    assert (tags.GRAD_HIST, ("a",), "trunk/0/kernel") in expected
+
+
+def test_per_variable_tags_without_addresses_use_the_keras_path(tmp_path):
+    model = make_model(("a", "b"), seed=0)
+    found = _per_variable_tags(model, str(tmp_path), None)
+    assert {address for _, _, address in found} == {v.path for v in model.trainable_variables}
+
+
+def test_bind_rejects_two_variables_with_one_address(tmp_path):
+    model = make_model(("a", "b"), seed=0)
+    monitor = mh.Monitor(str(tmp_path))
+    with pytest.raises(ValueError, match="addresses: two variables are named 'same'"):
+        monitor.bind({h: model.var_list(h) for h in ("a", "b")}, model.trunk_variables,
+                     {h: keras.optimizers.SGD() for h in ("a", "b")},
+                     addresses={id(v): "same" for v in model.trainable_variables})
+    monitor.close()

@@ -15,6 +15,7 @@ import tensorflow as tf
 import multihead as mh
 from conftest import make_batch, make_model
 from multihead.experiments import cli
+from multihead.monitoring import tags
 from multihead.monitoring.report import DPI, FIGSIZE, load_report
 
 HEADS = ("a", "b", "c")
@@ -140,3 +141,59 @@ def test_bad_run_dir_is_a_one_line_error_with_exit_code_2(tmp_path, capsys, case
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and expected in captured.err
     assert not (tmp_path / "nowhere").exists()
+
+
+def _write_scalars(log_dir, by_step: dict[int, dict[str, float]]) -> None:
+    writer = tf.summary.create_file_writer(str(log_dir))
+    for step, values in by_step.items():
+        with writer.as_default(step=step):
+            for tag, value in values.items():
+                tf.summary.scalar(tag, value)
+    writer.close()
+
+
+def test_heads_and_pairs_are_read_through_the_tag_schema(tmp_path):
+    """Heads come from `loss/<head>` only, pairs from `<kind>/<a>/<b>`; head names may hold `__`."""
+    run = tmp_path / "run"
+    _write_scalars(run / "train", {
+        0: {tags.loss("x__y"): 1.0, tags.loss("z"): 2.0, tags.lr("z"): 0.1,
+            tags.variable_grad_norm("z", "trunk/0/kernel"): 3.0,
+            tags.trunk_grad_norm("x__y"): 1.0, tags.trunk_grad_norm("z"): 1.0,
+            tags.grad_cosine("x__y", "z"): -0.5},
+        1: {tags.loss("x__y"): 0.5, tags.loss("z"): 1.0, tags.grad_cosine("x__y", "z"): 0.1},
+    })
+    report = load_report(run)
+    assert report.heads == ("x__y", "z")
+    assert report.conflict["x__y"]["z"] == report.conflict["z"]["x__y"] == pytest.approx(-0.2)  # (-0.5+0.1)/2
+
+
+def test_aggregated_trunk_conflict_comes_from_agg_cosine(tmp_path):
+    """One trunk optimizer: no head logs a trunk gradient norm, the aggregation logs the cosines."""
+    run = tmp_path / "run"
+    _write_scalars(run / "train", {
+        step: {tags.loss("a"): 1.0, tags.loss("b"): 1.0, tags.loss("c"): 1.0,
+               tags.head_grad_norm("a"): 1.0, tags.agg_trunk_grad_norm("a"): 2.0,
+               tags.agg_trunk_grad_norm("b"): 2.0, tags.agg_cosine("a", "b"): cos}
+        for step, cos in ((0, -0.4), (1, -0.2))
+    })
+    report = load_report(run)
+    assert report.conflict["a"]["b"] == report.conflict["b"]["a"] == pytest.approx(-0.3)  # (-0.4-0.2)/2
+    assert report.conflict["a"]["a"] == report.conflict["b"]["b"] == 1.0
+    assert report.conflict["c"]["c"] is None and report.conflict["a"]["c"] is None  # c: no trunk gradient
+
+
+def test_aggregated_trunk_run_reports_the_logged_cosines(tmp_path, capsys):
+    """End to end with a trunk aggregator: the conflict matrix is the mean of the raw
+    `agg_cosine/<a>/<b>` events the step wrote."""
+    trainer = mh.Trainer(make_model(HEADS, seed=1), {h: mh.Objective("mse") for h in HEADS},
+                         trunk={"aggregator": "mean"}, log_dir=str(tmp_path), log_every=1,
+                         histograms_every=0)
+    for s in range(3):
+        trainer.step(make_batch(HEADS, seed=s))
+    trainer.close()
+    raw = _raw_scalars(str(tmp_path / "train"))
+    data = _report_json(capsys, str(tmp_path))
+    for x, y in itertools.combinations(HEADS, 2):
+        assert tags.agg_cosine(x, y) in raw, sorted(raw)
+        mean = np.mean(list(raw[tags.agg_cosine(x, y)].values()))
+        assert data["conflict"][x][y] == pytest.approx(mean, rel=1e-9)

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 import keras
 import yaml
 
-from multihead.experiments.config import ConfigError, ExperimentConfig, suggest, to_dict
+from multihead._checks import check_float, check_int, check_keys, suggest
+from multihead.experiments.config import ConfigError, ExperimentConfig, to_dict
 from multihead.core.data import MultiTaskData, mmoe_synthetic
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
@@ -29,18 +30,17 @@ def _public_names(module: Any) -> list[str]:
 def _mlp(spec: Any, path: str) -> keras.Sequential:
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{path}: expected a mapping with 'units', got {spec!r}")
-    for key in spec:
-        if key not in _MLP_KEYS:
-            raise ConfigError(f"{path}.{key}: unknown key{suggest(str(key), _MLP_KEYS)}")
+    check_keys(spec, _MLP_KEYS, path, error=ConfigError)
     units = spec.get("units")
-    if (not isinstance(units, list) or not units
-            or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in units)):
+    if not isinstance(units, list) or not units:
         raise ConfigError(f"{path}.units: expected a non-empty list of positive integers, got {units!r}")
+    units = [check_int(u, f"{path}.units[{i}]", minimum=1, error=ConfigError,
+                       hint="units lists the width of each Dense layer")
+             for i, u in enumerate(units)]
     activation = spec.get("activation", "relu")
     output_activation = spec.get("output_activation", activation)
-    dropout = spec.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ConfigError(f"{path}.dropout: expected a number in [0, 1), got {dropout!r}")
+    dropout = check_float(spec.get("dropout", 0.0), f"{path}.dropout", minimum=0.0, maximum=1.0,
+                          max_open=True, error=ConfigError)
     layers: list[keras.layers.Layer] = []
     try:
         for i, n in enumerate(units):

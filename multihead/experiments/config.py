@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import os
 import re
 import types
@@ -19,15 +18,11 @@ from typing import Any, Mapping, Sequence, Union
 
 import yaml
 
+from multihead._checks import check_bounds, check_choice, check_float, check_int, check_keys, describe
+
 
 class ConfigError(ValueError):
     """A config value is missing, unknown or of the wrong type; the message says where."""
-
-
-def suggest(name: str, candidates: Sequence[str]) -> str:
-    """` (did you mean 'x'?)` for the closest candidate, or an empty string."""
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # -- YAML ------------------------------------------------------------------------------
@@ -237,10 +232,6 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
 def _convert(tp: Any, value: Any, path: str) -> Any:
     """Checks `value` against type hint `tp`, returning the typed value."""
     origin = typing.get_origin(tp)
@@ -262,29 +253,25 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return _build(tp, value, path)
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected a list, got {_describe(value)}")
+            raise ConfigError(f"{path}: expected a list, got {describe(value)}")
         (item,) = typing.get_args(tp)
         return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping, got {_describe(value)}")
+            raise ConfigError(f"{path}: expected a mapping, got {describe(value)}")
         _, item = typing.get_args(tp)
         return {str(k): _convert(item, v, _join(path, k)) for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {_describe(value)}")
+            raise ConfigError(f"{path}: expected true or false, got {describe(value)}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {_describe(value)}")
-        return value
+        return check_int(value, path, error=ConfigError)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {_describe(value)}")
-        return float(value)
+        return check_float(value, path, error=ConfigError)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {_describe(value)}")
+            raise ConfigError(f"{path}: expected a string, got {describe(value)}")
         return value
     raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
 
@@ -293,12 +280,9 @@ def _build(cls: type, raw: Any, path: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{path or 'config'}: expected a mapping, got {_describe(raw)}")
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {describe(raw)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in fields:
-            where = _join(path, key)
-            raise ConfigError(f"{where}: unknown key{suggest(str(key), list(fields))}")
+    check_keys(raw, list(fields), path, error=ConfigError)
     hints = typing.get_type_hints(cls)
     values = {}
     for name, field in fields.items():
@@ -311,12 +295,10 @@ def _build(cls: type, raw: Any, path: str) -> Any:
         choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         # `choices` constrain strings, `minimum` numbers (a key may allow both, e.g. "auto" or 20)
-        if choices is not None and not number and value not in choices:
-            raise ConfigError(
-                f"{where}: must be one of {list(choices)}, got {value!r}{suggest(str(value), choices)}"
-            )
-        if minimum is not None and number and value < minimum:
-            raise ConfigError(f"{where}: must be >= {minimum}, got {value!r}")
+        if choices is not None and not number:
+            check_choice(value, where, choices, error=ConfigError)
+        if minimum is not None and number:
+            check_bounds(value, where, minimum=minimum, error=ConfigError)
         values[name] = value
     return cls(**values)
 
@@ -380,14 +362,12 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
     if not isinstance(raw, Mapping):
         raise ConfigError(
             f"train.trunk: must be per_head or a mapping {{optimizer: ..., aggregator: ...}}, "
-            f"got {_describe(raw)}"
+            f"got {describe(raw)}"
         )
     trunk = _build(TrunkConfig, raw, "train.trunk")
     from multihead.core.trunk_update import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
 
-    if trunk.aggregator not in TRUNK_AGGREGATORS:
-        raise ConfigError(f"train.trunk.aggregator: must be one of {list(TRUNK_AGGREGATORS)}, got "
-                          f"{trunk.aggregator!r}{suggest(trunk.aggregator, TRUNK_AGGREGATORS)}")
+    check_choice(trunk.aggregator, "train.trunk.aggregator", TRUNK_AGGREGATORS, error=ConfigError)
     try:
         TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
                     options=trunk.options, rep_grad=trunk.rep_grad)

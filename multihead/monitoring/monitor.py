@@ -8,7 +8,9 @@ section per head):
 * `grad_norm/<head>/trunk`, `grad_norm/<head>/head`: global L2 norm of the
   gradient the head's optimizer applied, split into its trunk part and its head
   part (no trunk part for a head with `trains_trunk=False`).
-* `grad_norm/<head>/var/<variable path>`: per-variable norms (optional).
+* `grad_norm/<head>/var/<address>`: per-variable norms (optional); `<address>` is
+  the variable's stable address (`trunk/0/kernel`) when `bind` is given them,
+  so two builds of one architecture log the same tags.
 * `lr/<head>`: the learning rate the optimizer used for this update.
 * `update_ratio/<head>`: `||w_after - w_before|| / ||w_before||` over the head's
   var_list, the relative size of the update the optimizer applied.
@@ -18,8 +20,10 @@ section per head):
   gradients are taken at the same parameters (the gradient conflict of PCGrad,
   Yu et al. 2020). Under `sequential`, it is the cosine of the gradients *as
   applied*: b's gradient is taken at the parameters a's update left.
-* `grad_hist/<head>/<variable path>`: gradient histograms, at their own cadence.
+* `grad_hist/<head>/<address>`: gradient histograms, at their own cadence.
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
+
+Every tag is built by `multihead.monitoring.tags`, the schema `multihead report` reads.
 
 Cost: on steps that do not log, no monitoring work runs at all. The train step
 is compiled twice: a variant with the monitor (`Monitor.monitored`), run on
@@ -45,6 +49,7 @@ trunk per head but the last (set `grad_cosine=False` to drop the latter).
 from __future__ import annotations
 
 import os
+import re
 from typing import Callable, Mapping, Sequence, TypeVar
 
 import keras
@@ -53,6 +58,8 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from multihead import _keras_internals as internals
+from multihead._checks import check_choice, check_int
+from multihead.monitoring import tags
 
 _Grad = tf.Tensor | tf.IndexedSlices | None
 T = TypeVar("T")
@@ -113,13 +120,6 @@ def histogram_buckets(values: tf.Tensor, bins: int = HISTOGRAM_BINS) -> tf.Tenso
     counts = tf.histogram_fixed_width(flat, tf.stack([low, high]), nbins=bins)
     edges = low + (high - low) * tf.range(bins + 1, dtype=tf.float64) / bins
     return tf.stack([edges[:-1], edges[1:], tf.cast(counts, tf.float64)], axis=1)
-
-
-def _check_cadence(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        what = "an integer >= 1" if minimum == 1 else "an integer >= 0 (0 disables them)"
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-    return value
 
 
 def _no_op() -> None:
@@ -188,8 +188,10 @@ class Monitor:
         variable_norms: bool = False,
         grad_cosine: bool = True,
     ) -> None:
-        self.every = _check_cadence("log every", every, 1)
-        self.histograms_every = _check_cadence("histograms_every", histograms_every, 0)
+        self.every = check_int(every, "every", minimum=1,
+                               hint="scalars are written every this many steps")
+        self.histograms_every = check_int(histograms_every, "histograms_every", minimum=0,
+                                          hint="0 disables histograms")
         self.variable_norms = bool(variable_norms)
         self.grad_cosine = bool(grad_cosine)
         self.log_dir = os.fspath(log_dir)
@@ -209,6 +211,7 @@ class Monitor:
         self._trunk_ids: set[int] = set()
         self._before: dict[int, tf.Variable] = {}  # id(variable) -> its weights before the update
         self._variables: dict[int, keras.Variable] = {}
+        self._addresses: dict[int, str] = {}  # id(variable) -> the name its tags use
         self._lr: dict[str, tf.Variable] = {}
         self._optimizers: dict[str, keras.optimizers.Optimizer] = {}
         self._trunk_grad: dict[str, list[tf.Variable]] = {}
@@ -225,6 +228,7 @@ class Monitor:
         var_lists: Mapping[str, Sequence[keras.Variable]],
         trunk_variables: Sequence[keras.Variable],
         optimizers: Mapping[str, keras.optimizers.Optimizer],
+        addresses: Mapping[int, str] | None = None,
     ) -> None:
         """Creates the monitor's buffers for these heads; call once, eagerly, before tracing.
 
@@ -233,8 +237,14 @@ class Monitor:
             trunk_variables: the trunk's trainable variables; a head's gradient is
                 split into its trunk part and its head part by variable identity.
             optimizers: head -> its optimizer (for the learning rate it applies).
+            addresses: `id(variable)` -> its stable address (`trunk/0/kernel`), the
+                name per-variable tags use; from
+                `{id(v): a for a, v in variable_addresses(model).items()}`. A variable
+                without one is named by its Keras path (`multi_head_model/dense/kernel`),
+                which depends on how many layers the process built before.
         """
         self._heads = tuple(var_lists)
+        self._addresses = {}
         self._optimizers = dict(optimizers)
         self._trunk_ids = {id(v) for v in trunk_variables}
         trunk_heads = [h for h, vs in var_lists.items() if any(id(v) in self._trunk_ids for v in vs)]
@@ -244,8 +254,14 @@ class Monitor:
                 for v in variables:
                     if id(v) not in self._before:
                         self._variables[id(v)] = v
+                        self._addresses[id(v)] = (addresses or {}).get(id(v)) or v.path
                         self._before[id(v)] = tf.Variable(
                             tf.zeros(v.shape, v.dtype), trainable=False, name="monitor_before")
+            named: dict[str, int] = {}
+            for ref, address in self._addresses.items() if addresses else ():
+                if named.setdefault(address, ref) != ref:
+                    raise ValueError(f"addresses: two variables are named {address!r}; give each "
+                                     "variable its own address (see variable_addresses(model))")
             self._lr = {h: tf.Variable(0.0, trainable=False, name="monitor_lr") for h in self._heads}
             self._recorded_at = {h: tf.Variable(tf.constant(-1, tf.int64), trainable=False,
                                                 name="monitor_recorded_at") for h in self._heads}
@@ -267,15 +283,21 @@ class Monitor:
         def chart(title: str, regex: str) -> layout_pb2.Chart:
             return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
 
+        def regex(*choices: str) -> str:
+            # `*` is no head-name character: it stands for any other head.
+            alternatives = [re.escape(t).replace(r"\*", "[^/]+") for t in choices]
+            return f"^{alternatives[0]}$" if len(choices) == 1 else f"^({'|'.join(alternatives)})$"
+
         categories = []
         for head in self._heads:
             categories.append(layout_pb2.Category(title=head, chart=[
-                chart("loss", rf"^loss/{head}$"),
-                chart("gradient norm (trunk, head)", rf"^grad_norm/{head}/(trunk|head)$"),
-                chart("learning rate", rf"^lr/{head}$"),
-                chart("update ratio", rf"^update_ratio/{head}$"),
+                chart("loss", regex(tags.loss(head))),
+                chart("gradient norm (trunk, head)",
+                      regex(tags.trunk_grad_norm(head), tags.head_grad_norm(head))),
+                chart("learning rate", regex(tags.lr(head))),
+                chart("update ratio", regex(tags.update_ratio(head))),
                 chart("trunk gradient cosine with other heads",
-                      rf"^grad_cosine/({head}/.*|.*/{head})$"),
+                      regex(tags.grad_cosine(head, "*"), tags.grad_cosine("*", head))),
             ]))
         layout = cs_summary.pb(layout_pb2.Layout(category=categories))
         with self._train_writer.as_default():
@@ -286,7 +308,7 @@ class Monitor:
         """Writes the resolved experiment config (YAML text) as the `config` text summary."""
         markdown = "\n".join("    " + line for line in text.splitlines())  # a code block
         with self._train_writer.as_default(step=step):
-            tf.summary.text("config", markdown)
+            tf.summary.text(tags.CONFIG, markdown)
         self._train_writer.flush()
 
     # -- inside the traced step ----------------------------------------------------------
@@ -423,19 +445,20 @@ class Monitor:
         self._seen.append(head)
 
         def scalars() -> None:
-            self._emit_scalar(f"loss/{head}", loss)
+            self._emit_scalar(tags.loss(head), loss)
             if trunk:
                 trunk_norm = global_norm([g for g, _ in trunk])
-                self._emit_scalar(f"grad_norm/{head}/trunk", trunk_norm)
+                self._emit_scalar(tags.trunk_grad_norm(head), trunk_norm)
             if own:
-                self._emit_scalar(f"grad_norm/{head}/head", global_norm([g for g, _ in own]))
+                self._emit_scalar(tags.head_grad_norm(head), global_norm([g for g, _ in own]))
             if self.variable_norms:
                 for g, v in pairs:
-                    self._emit_scalar(f"grad_norm/{head}/var/{v.path}", global_norm([g]))
-            self._emit_scalar(f"lr/{head}", self._lr[head])
+                    self._emit_scalar(tags.variable_grad_norm(head, self._address(v)),
+                                      global_norm([g]))
+            self._emit_scalar(tags.lr(head), self._lr[head])
             before = [self._before[id(v)] for v in variables]
             update = [v - w for v, w in zip(variables, before)]
-            self._emit_scalar(f"update_ratio/{head}",
+            self._emit_scalar(tags.update_ratio(head),
                               tf.math.divide_no_nan(global_norm(update), global_norm(before)))
             for v, w in zip(variables, before):
                 w.assign(v)  # the next head's update starts from here
@@ -447,9 +470,12 @@ class Monitor:
         if self.histograms_every:
             def histograms() -> None:
                 for g, v in pairs:
-                    self._emit_histogram(f"grad_hist/{head}/{v.path}", _dense(g))
+                    self._emit_histogram(tags.grad_hist(head, self._address(v)), _dense(g))
 
             self._gated(self._histograms_due(step), histograms)
+
+    def _address(self, variable: keras.Variable) -> str:
+        return self._addresses.get(id(variable)) or variable.path
 
     def _write_cosines(self, head: str, trunk_grads: list[_Grad], norm: tf.Tensor,
                        earlier: list[str], step: tf.Tensor) -> None:
@@ -457,7 +483,7 @@ class Monitor:
             def write() -> None:
                 dot = flat_dot(self._trunk_grad[other], trunk_grads)
                 first, second = sorted((other, head), key=self._heads.index)
-                self._emit_scalar(f"grad_cosine/{first}/{second}",
+                self._emit_scalar(tags.grad_cosine(first, second),
                                   cosine(dot, self._trunk_norm[other], norm))
             return write
 
@@ -477,14 +503,13 @@ class Monitor:
         with self._eval_writer.as_default(step=step):
             for head, values in metrics.items():
                 for name, value in values.items():
-                    tf.summary.scalar(f"{name}/{head}", value)
+                    tf.summary.scalar(tags.eval_metric(name, head), value)
         self._eval_writer.flush()
 
     def write_scalars(self, step: int, scalars: Mapping[str, float], run: str = "train") -> None:
         """Writes `{tag: value}` at `step` eagerly to the `train` or `eval` run (e.g. RL episode
         returns, whose x axis is environment steps rather than update steps)."""
-        if run not in ("train", "eval"):
-            raise ValueError(f"run must be 'train' or 'eval', got {run!r}")
+        check_choice(run, "run", ("train", "eval"))
         if run == "eval" and self._eval_writer is None:
             self._eval_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "eval"))
         writer = self._train_writer if run == "train" else self._eval_writer

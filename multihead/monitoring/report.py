@@ -5,7 +5,9 @@ of the head part of the gradient its optimizer applied, and the mean update
 ratio; then the heads x heads matrix of mean trunk-gradient cosines (negative:
 the heads pull the shared trunk in conflicting directions). The numbers are the
 ones `multihead.Monitor` logged (`loss/<head>`, `grad_norm/<head>/trunk|head`,
-`update_ratio/<head>`, `grad_cosine/<a>/<b>`), averaged over the logged steps.
+`update_ratio/<head>`, `grad_cosine/<a>/<b>`, or `agg_cosine/<a>/<b>` when one
+trunk optimizer applied the heads' aggregated gradient), averaged over the logged
+steps. Tags are read through `multihead.monitoring.tags`, the schema the writers use.
 
 Example:
     >>> report = load_report("runs/quickstart-20260101-120000")   # doctest: +SKIP
@@ -22,6 +24,8 @@ import tempfile
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
+
+from multihead.monitoring import tags
 
 
 class ReportError(ValueError):
@@ -69,8 +73,8 @@ class RunReport:
         heads: head names, in the order they were logged.
         summaries: head -> `HeadSummary`.
         conflict: `conflict[a][b]` = mean cosine of a's and b's trunk gradients
-            over the steps both were updated (1 on the diagonal, None when never
-            logged, e.g. a head with `trains_trunk=False`).
+            over the steps both were updated (`grad_cosine`, else `agg_cosine`; 1 on
+            the diagonal, None when never logged, e.g. a head with `trains_trunk=False`).
         train: every scalar tag of the `train` run.
         eval: every scalar tag of the `eval` run (empty without evaluations).
     """
@@ -146,7 +150,18 @@ def _mean(series: Series | None) -> float | None:
 def _heads_in_order(train: Mapping[str, Series]) -> tuple[str, ...]:
     # Tags were first written at the same step in the step's head order, and the
     # dict keeps the order tags were first read in.
-    return tuple(tag[len("loss/"):] for tag in train if tag.startswith("loss/") and tag.count("/") == 1)
+    parsed = (tags.parse(tag) for tag in train)
+    return tuple(p.heads[0] for p in parsed if p is not None and p.kind == tags.LOSS)
+
+
+def _pair_series(train: Mapping[str, Series], kind: str) -> dict[frozenset[str], Series]:
+    """Unordered head pair -> the series of `<kind>/<a>/<b>`."""
+    pairs = {}
+    for tag, series in train.items():
+        parsed = tags.parse(tag)
+        if parsed is not None and parsed.kind == kind:
+            pairs[frozenset(parsed.heads)] = series
+    return pairs
 
 
 def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
@@ -175,30 +190,34 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
     evals = read_scalars(eval_dir) if train_dir != run_dir and os.path.isdir(eval_dir) else {}
     summaries = {}
     for head in heads:
-        loss = train[f"loss/{head}"]
+        loss = train[tags.loss(head)]
         finite = np.where(np.isfinite(loss.values), loss.values, np.inf)
         best = int(np.argmin(finite))
-        eval_loss = evals.get(f"loss/{head}")
+        eval_loss = evals.get(tags.eval_metric(tags.LOSS, head))
         summaries[head] = HeadSummary(
             head=head,
             final_loss=float(loss.values[-1]),
             final_step=int(loss.steps[-1]),
             best_loss=float(loss.values[best]),
             best_step=int(loss.steps[best]),
-            mean_trunk_grad_norm=_mean(train.get(f"grad_norm/{head}/trunk")),
-            mean_head_grad_norm=_mean(train.get(f"grad_norm/{head}/head")),
-            mean_update_ratio=_mean(train.get(f"update_ratio/{head}")),
+            mean_trunk_grad_norm=_mean(train.get(tags.trunk_grad_norm(head))),
+            mean_head_grad_norm=_mean(train.get(tags.head_grad_norm(head))),
+            mean_update_ratio=_mean(train.get(tags.update_ratio(head))),
             eval_loss=float(eval_loss.values[-1]) if eval_loss is not None else None,
         )
+    # Each head's optimizer updating the trunk logs `grad_cosine`; one trunk optimizer
+    # fed the heads' aggregated gradients logs the same cosine as `agg_cosine`.
+    cosines = {**_pair_series(train, tags.AGG_COSINE), **_pair_series(train, tags.GRAD_COSINE)}
+    trunk_heads = {h for h in heads if summaries[h].mean_trunk_grad_norm is not None}
+    trunk_heads |= {h for h in heads if tags.agg_trunk_grad_norm(h) in train}
+    trunk_heads |= {h for pair in cosines for h in pair}
     conflict: dict[str, dict[str, float | None]] = {a: {} for a in heads}
     for a in heads:
         for b in heads:
             if a == b:
-                trunk = summaries[a].mean_trunk_grad_norm
-                conflict[a][b] = 1.0 if trunk is not None else None
+                conflict[a][b] = 1.0 if a in trunk_heads else None
             else:
-                series = train.get(f"grad_cosine/{a}/{b}") or train.get(f"grad_cosine/{b}/{a}")
-                conflict[a][b] = _mean(series)
+                conflict[a][b] = _mean(cosines.get(frozenset((a, b))))
     return RunReport(run_dir, heads, summaries, conflict, train, evals)
 
 
@@ -270,14 +289,15 @@ def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
     loss_ax, norm_ax, conflict_ax = fig.subplots(1, 3)
     colors = matplotlib.colormaps["tab10"]
     for i, head in enumerate(report.heads):
-        loss = report.train[f"loss/{head}"]
+        loss = report.train[tags.loss(head)]
         loss_ax.plot(loss.steps, loss.values, color=colors(i % 10), label=head)
-        for part, style in (("trunk", "-"), ("head", "--")):
-            series = report.train.get(f"grad_norm/{head}/{part}")
+        for tag, part, style in ((tags.trunk_grad_norm(head), "trunk", "-"),
+                                 (tags.head_grad_norm(head), "head", "--")):
+            series = report.train.get(tag)
             if series is not None:
                 norm_ax.plot(series.steps, series.values, style, color=colors(i % 10),
                              label=f"{head} {part}")
-    positive = all(np.all(report.train[f"loss/{h}"].values > 0) for h in report.heads)
+    positive = all(np.all(report.train[tags.loss(h)].values > 0) for h in report.heads)
     loss_ax.set(title="training loss", xlabel="step", yscale="log" if positive else "linear")
     norm_ax.set(title="applied gradient norm (- trunk, -- head)", xlabel="step", yscale="log")
     for ax in (loss_ax, norm_ax):
