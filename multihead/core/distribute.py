@@ -101,7 +101,7 @@ def _tf_config() -> dict[str, Any]:
         raise ValueError(
             "distribute strategy 'multi_worker' needs the TF_CONFIG environment variable, e.g. "
             'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
-            '"task": {"type": "worker", "index": 0}}\' (see README, Distributed training)')
+            '"task": {"type": "worker", "index": 0}}\' (see docs/distributed.md)')
     try:
         config = json.loads(raw)
         workers = config["cluster"]["worker"]
@@ -221,7 +221,7 @@ def local_devices(count: int = 2) -> None:
     """Splits the CPU into `count` logical devices (call before TensorFlow initialises).
 
     For trying `mirrored` on a machine without several GPUs: e.g. at the top of a
-    script, `mh.distribute.local_devices(2)`, then `make_strategy("mirrored")`
+    script, `multihead.core.distribute.local_devices(2)`, then `make_strategy("mirrored")`
     finds `/cpu:0` and `/cpu:1`.
     """
     cpu = tf.config.list_physical_devices("CPU")[0]

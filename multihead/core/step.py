@@ -30,7 +30,8 @@ import tensorflow as tf
 
 from multihead.core import distribute, updates
 from multihead.core.model import MultiHeadModel
-from multihead.monitoring.monitor import Monitor
+from multihead.monitoring import tags
+from multihead.monitoring.monitor import Monitor, write_scalar
 from multihead.core.objectives import HeadLoss
 
 if TYPE_CHECKING:
@@ -224,6 +225,9 @@ class TrainStep:
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads}, addresses=addresses)
         self.trace_count = 0
+        #: Per head, in head order: steps whose update was dropped as non-finite.
+        self.nonfinite_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64), trainable=False,
+                                           name="nonfinite_skips")
         self._jit_compile = jit_compile
         self._concrete: dict[Hashable, Callable[..., Any]] = {}
         self._step_counts: dict[int, tf.Tensor] = {}
@@ -353,6 +357,25 @@ class TrainStep:
                 self._stack(done.updated, tf.bool, False),
                 self._stack(done.skipped, tf.bool, False))
 
+    def _count_and_log(self, heads: Sequence[HeadUpdate], step: tf.Tensor, done: HeadsDone) -> None:
+        """Counts the dropped updates; on logging steps writes each head's loss weight and
+        its count of dropped updates."""
+        guarded = [h for h in heads if h.guarded]
+        if guarded:
+            self.nonfinite_skips.assign_add(tf.cast(self._stack(done.skipped, tf.bool, False), tf.int64))
+        monitor = self._monitor
+        if monitor is None:
+            return
+
+        def log() -> None:
+            for i, head in enumerate(self._heads):
+                if head in heads:
+                    write_scalar(tags.loss_weight(head.name), head.weight(step))
+                    if head.guarded:
+                        write_scalar(tags.nonfinite_skips(head.name), self.nonfinite_skips[i])
+
+        monitor.when_scalars(log)
+
     def _single(self, body: Callable[..., Any], inputs: Any, targets: Any) -> StepOutput:
         step = self._step.read_value()
         return StepOutput(step, *self._outputs(*body(inputs, targets)))
@@ -384,12 +407,19 @@ class TrainStep:
         else:
             update = lambda: self._sequential(inputs, targets, step, heads)  # noqa: E731
         if monitored:
-            result = self._monitor.monitored(step, update)
+            def update_and_log() -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                out = update()
+                self._count_and_log(heads, step, out[1])
+                return out
+
+            result = self._monitor.monitored(step, update_and_log)
         elif self._monitor is not None:
             with tf.summary.record_if(False):  # summaries written by user code: not this step
                 result = update()
         else:
             result = update()
+        if not monitored:
+            self._count_and_log(heads, step, result[1])
         for target in self._target_networks:
             target.update()
         self._step.assign_add(1)

@@ -55,6 +55,7 @@ from multihead.aggregation.loss_weighting import (
     make_loss_weighting,
 )
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
+from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
 from multihead.core.step import Forward, HeadsDone, HeadUpdate, TrainStep, all_finite
 
@@ -275,7 +276,8 @@ class _Aggregated:
         factors = None
         if self.weighting is not None:
             task, factors, weighting_objective = fwd.extra
-            extra_grads = tape.gradient(weighting_objective, list(self.var_list[len(trunk_vars):]))
+            if weighting_objective is not None:
+                extra_grads = tape.gradient(weighting_objective, list(self.var_list[len(trunk_vars):]))
         updates.apply_gradients(self.optimizer, list(trunk_grads) + list(extra_grads), self.var_list)
         if self.weighting is not None:
             unweighted = None
@@ -299,16 +301,16 @@ class _Aggregated:
             n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
             cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
             for i, head in enumerate(names):
-                write_scalar(f"agg_weight/{head}", weights[i])
+                write_scalar(tags.agg_weight(head), weights[i])
                 if factors is not None:
-                    write_scalar(f"agg_loss_weight/{head}", factors[i])
-                write_scalar(f"agg_trunk_grad_norm/{head}", n[i])
+                    write_scalar(tags.agg_loss_weight(head), factors[i])
+                write_scalar(tags.agg_trunk_grad_norm(head), n[i])
             for i in range(len(names)):
                 for j in range(i + 1, len(names)):
-                    write_scalar(f"agg_cosine/{names[i]}__{names[j]}", cos[i, j])
+                    write_scalar(tags.agg_cosine(names[i], names[j]), cos[i, j])
             if random_order:
-                write_scalar("agg_projections", projections)
-            write_scalar("agg_update_norm", tf.sqrt(tf.add_n(
+                write_scalar(tags.AGG_PROJECTIONS, projections)
+            write_scalar(tags.AGG_UPDATE_NORM, tf.sqrt(tf.add_n(
                 [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
 
         engine.monitor.when_scalars(log)  # nothing at all in the step variant that does not log
