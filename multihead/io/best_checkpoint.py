@@ -1,0 +1,120 @@
+"""`BestCheckpoint`: keeps one checkpoint, that of the best evaluation of a run.
+
+At every evaluation that beats the best so far, the whole training state
+(`save_checkpoint(path, model, trainer=trainer)`: model, optimizers, step, data
+position) is written to `<directory>/best-<step>`; then `<directory>/best.json`,
+which names it, is replaced atomically (`os.replace`); then the previous best is
+deleted. A crash at any point leaves `best.json` naming a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Mapping, Sequence
+
+from multihead.core.callbacks import Callback, Metrics, MonitoredQuantity, _number
+from multihead.io.checkpoints import save_checkpoint
+
+_POINTER = "best.json"
+
+
+class BestCheckpoint(Callback):
+    """Keeps the checkpoint of the best evaluation in `directory` (only that one).
+
+    The record in `<directory>/best.json` (path, step, value, monitor, mode) survives the
+    process: a `BestCheckpoint` on the same directory, monitor and mode starts from the
+    recorded best, so a resumed run replaces it only with a better evaluation.
+
+    Example:
+        >>> best = mh.BestCheckpoint("runs/x/best", monitor="eval/y1/loss")
+        >>> trainer.fit(data, 10_000, eval_data=held_out, eval_every=500,
+        ...             callbacks=[best])                               # doctest: +SKIP
+        >>> mh.restore_checkpoint(best.path, fresh_model, parts=["trunk", "heads"])  # doctest: +SKIP
+
+    Args:
+        directory: where `best-<step>` and `best.json` are written.
+        monitor: `"eval/<head>/<metric>"`, `"eval/mean_loss"` or a callable of the eval
+            metrics (see `multihead.core.callbacks.MonitoredQuantity`).
+        mode: `"min"`, `"max"` or `"auto"` (from the metric name).
+        min_delta: the amount an evaluation must beat the best by (>= 0).
+        parts: the checkpoint parts to save (see `save_checkpoint`); None saves all.
+        targets: name -> target network saved with the trainer's state.
+
+    Attributes:
+        path: the prefix of the best checkpoint, or None before the first save.
+        best_step, best_value: the evaluation it holds.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str],
+                 monitor: str | Callable[[Metrics], float] = "eval/mean_loss",
+                 mode: str = "auto", min_delta: float = 0.0,
+                 parts: Sequence[str] | None = None,
+                 targets: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise TypeError(f"BestCheckpoint: directory must be a path, got {directory!r}")
+        self.directory = os.fspath(directory)
+        self.quantity = MonitoredQuantity(monitor, mode, "BestCheckpoint")
+        self.min_delta = _number("BestCheckpoint", "min_delta", min_delta, minimum=0)
+        self.parts = parts
+        self.targets = targets
+        self.path: str | None = None
+        self.best_step: int | None = None
+        self.best_value: float | None = None
+        self._adopt_record()
+
+    @staticmethod
+    def read(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+        """The record in `<directory>/best.json` (with `path` made absolute), or None."""
+        pointer = os.path.join(os.fspath(directory), _POINTER)
+        if not os.path.exists(pointer):
+            return None
+        with open(pointer) as fh:
+            record = json.load(fh)
+        record["path"] = os.path.join(os.fspath(directory), record["path"])
+        return record
+
+    def _adopt_record(self) -> None:
+        record = self.read(self.directory)
+        if record is None:
+            return
+        self.path = record["path"]  # replaced (and deleted) by the next save in any case
+        if record.get("monitor") == self.quantity.name and record.get("mode") == self.quantity.mode \
+                and isinstance(self.quantity.monitor, str):
+            self.best_step, self.best_value = record["step"], record["value"]
+
+    def on_eval_end(self, step: int, metrics: Metrics) -> None:
+        value = self.quantity.value(metrics)
+        if self.quantity.improves(value, self.best_value, self.min_delta):
+            self._save(step, value)
+            self.best_step, self.best_value = step, value
+
+    def _save(self, step: int, value: float) -> None:
+        trainer = self.trainer
+        if not getattr(trainer, "is_chief", True):
+            # A non-chief worker of a multi-worker run takes part in the save (it may
+            # involve collectives) into a scratch directory it deletes.
+            scratch = tempfile.mkdtemp(prefix="multihead-worker-best-")
+            try:
+                save_checkpoint(os.path.join(scratch, "best"), trainer.model, self.parts,
+                                trainer=trainer, targets=self.targets)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return
+        name = f"best-{step}"
+        path = save_checkpoint(os.path.join(self.directory, name), trainer.model, self.parts,
+                               trainer=trainer, targets=self.targets)
+        record = {"path": name, "step": step, "value": value, "monitor": self.quantity.name,
+                  "mode": self.quantity.mode}
+        pointer = os.path.join(self.directory, _POINTER)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".best-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, pointer)
+        old, self.path = self.path, path
+        if old is not None and os.path.abspath(old) != os.path.abspath(path):
+            for file in glob.glob(glob.escape(old) + ".*"):
+                os.remove(file)
