@@ -78,7 +78,6 @@ class CallbackList:
 
     def __init__(self, callbacks: Sequence[Any], trainer: Trainer) -> None:
         self.callbacks = [_adapted(c, i) for i, c in enumerate(callbacks)]
-        trainer.stop_reason = None  # a fit starts without a reason to stop
         for callback in self.callbacks:
             callback.set_trainer(trainer)
 
@@ -170,7 +169,7 @@ class NonFiniteGuard(Callback):
 
 def _request_stop(trainer: Trainer, reason: str) -> None:
     """Sets `trainer.stop_training`; `trainer.stop_reason` keeps the first reason of a `fit`."""
-    if not trainer.stop_training or getattr(trainer, "stop_reason", None) is None:
+    if not trainer.stop_training or trainer.stop_reason is None:
         trainer.stop_reason = reason
     trainer.stop_training = True
 

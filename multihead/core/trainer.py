@@ -307,6 +307,8 @@ class Trainer:
         self._last_stream: _Stream | None = None
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
+        #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
+        self.stop_reason: str | None = None
         self._nonfinite_limit = max_nonfinite_steps
         if model.built:
             self._build()
@@ -529,7 +531,7 @@ class Trainer:
             extra.append(ProgressCallback(steps))
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
-        self.stop_training = False
+        self.stop_training, self.stop_reason = False, None
         start = time.perf_counter()
         done = 0
         hooks.on_train_begin()
