@@ -10,15 +10,10 @@ import os as _os
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from multihead.aggregation.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
-from multihead.io.checkpoints import (  # noqa: E402
-    CheckpointManager,
-    CheckpointMismatchError,
-    CheckpointReadError,
-    available_parts,
-    checkpoint_parts,
-    restore_checkpoint,
-    save_checkpoint,
-)
+from multihead.io.checkpoint_file import CheckpointMismatchError, CheckpointReadError  # noqa: E402
+from multihead.io.checkpoints import checkpoint_parts, restore_checkpoint, save_checkpoint  # noqa: E402
+from multihead.io.manager import CheckpointManager  # noqa: E402
+from multihead.io.parts import available_parts  # noqa: E402
 from multihead.core.callbacks import Callback  # noqa: E402
 from multihead.core.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
 from multihead.core.distribute import make_strategy  # noqa: E402

@@ -1,15 +1,12 @@
-"""Partial checkpoints: restore into fresh models, stable keys, mismatch errors, manager safety."""
-
-import os
+"""Partial checkpoints: restore into fresh models, stable keys, mismatch errors."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import make_batch, make_model, weights
 
 import multihead as mh
-from conftest import make_batch, make_model, weights
-from multihead.io.checkpoints import CheckpointManager
 
 HEADS = ("a", "b")
 
@@ -136,79 +133,6 @@ def test_group_parts_and_targets_part(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def _manager_run(directory, steps, every=5):
-    model = make_model(seed=1)
-    trainer = _trainer(model)
-    manager = CheckpointManager(directory, model, trainer, every=every, keep=3)
-    data = make_batch(HEADS, n=40, seed=7)
-    trainer.fit(data, steps, batch_size=8, verbose=False, checkpoints=manager)
-    return model, trainer, manager, data
-
-
-@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
-def test_damaged_latest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path, damage):
-    model, trainer, manager, data = _manager_run(tmp_path, 10)
-    at_ten = weights(model.weights)
-    trainer.fit(data, 5, batch_size=8, verbose=False, checkpoints=manager)
-    assert [CheckpointManager.step_of(p) for p in manager.checkpoints] == [5, 10, 15]
-    (data_file,) = [f for f in os.listdir(tmp_path) if f.startswith("ckpt-15.data")]
-    path = tmp_path / data_file
-    raw = path.read_bytes()
-    if damage == "truncate":
-        path.write_bytes(raw[: len(raw) // 2])
-    else:
-        middle = len(raw) // 2
-        path.write_bytes(raw[:middle] + bytes(b ^ 0xFF for b in raw[middle:middle + 16])
-                         + raw[middle + 16:])
-
-    fresh_model = make_model(seed=4)
-    fresh = _trainer(fresh_model)
-    with pytest.warns(RuntimeWarning, match=r"ckpt-15.*falling back to .*ckpt-10"):
-        step = CheckpointManager(tmp_path, fresh_model, fresh, every=5).restore_latest()
-    assert step == 10 and fresh.global_step == 10
-    for a, v in zip(at_ten, fresh_model.weights):
-        np.testing.assert_array_equal(a, v.numpy())
-
-
-class _Crash(Exception):
-    """Stands for the process dying."""
-
-
-def test_crash_during_save_never_leaves_the_manager_on_a_partial_checkpoint(tmp_path, monkeypatch):
-    model, trainer, manager, data = _manager_run(tmp_path, 10)
-    at_ten = weights(model.weights)
-
-    # Crash after ckpt-15's files are written but before the state file names it ...
-    def crash_before_recording(*args, **kwargs):
-        raise _Crash()
-
-    monkeypatch.setattr(manager._manager, "_record_state", crash_before_recording)
-    with pytest.raises(_Crash):
-        trainer.fit(data, 5, batch_size=8, verbose=False, checkpoints=manager)
-    assert any(f.startswith("ckpt-15") for f in os.listdir(tmp_path))
-    # ... and a half-written ckpt-20 (a data file cut short, no index) from a crash mid-write.
-    (data10,) = [f for f in os.listdir(tmp_path) if f.startswith("ckpt-10.data")]
-    (tmp_path / data10.replace("ckpt-10", "ckpt-20")).write_bytes(
-        (tmp_path / data10).read_bytes()[:100])
-
-    fresh_model = make_model(seed=4)
-    fresh = _trainer(fresh_model)
-    reopened = CheckpointManager(tmp_path, fresh_model, fresh, every=5)
-    assert reopened.latest_checkpoint.endswith("ckpt-10")
-    assert reopened.restore_latest() == 10
-    for a, v in zip(at_ten, fresh_model.weights):
-        np.testing.assert_array_equal(a, v.numpy())
-
-
-def test_manager_keeps_the_last_n_and_validates_arguments(tmp_path):
-    _, _, manager, _ = _manager_run(tmp_path, 20, every=4)
-    assert [CheckpointManager.step_of(p) for p in manager.checkpoints] == [12, 16, 20]
-    with pytest.raises(ValueError, match="every must be an integer >= 0, got -1"):
-        CheckpointManager(tmp_path, make_model(), every=-1)
-    fresh = make_model()
-    assert CheckpointManager(tmp_path / "empty", fresh).restore_latest() is None
-
-
 @pytest.mark.parametrize("aggregator", ["pcgrad", "dwa"])
 def test_aggregated_trunk_update_state_is_a_part_and_resumes_exactly(tmp_path, aggregator):
     """PCGrad's projection-order generator and DWA's loss history live in `trunk_update`."""
@@ -259,15 +183,3 @@ def test_data_position_fast_forwards_a_fresh_dataset_to_the_same_batches():
     restored.mark_restored()
     with pytest.raises(ValueError, match="has only 7 batches.*without the 'data' part"):
         next(restored.cycle(mh.as_dataset(data, 8, seed=1)))
-
-
-def test_cadence_saves_once_per_period_even_when_steps_jump(tmp_path):
-    model = make_model()
-    trainer = _trainer(model)
-    manager = CheckpointManager(tmp_path, model, trainer, every=5, keep=10)
-    saved = []
-    for step in [1, 2, 4, 5, 6, 9, 12, 13, 16, 20, 20]:  # e.g. 1-4 steps per execution
-        trainer.step_variable.assign(step)
-        if manager.maybe_save(step):
-            saved.append(step)
-    assert saved == [5, 12, 16, 20]  # first step at or past 5, 10, 15 and 20; 20 only once

@@ -12,11 +12,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import make_model
 from tensorflow.core.util import event_pb2
 
 import multihead as mh
-from conftest import make_model
-from multihead.io.checkpoints import CheckpointManager
+from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
 DATA = mh.mmoe_synthetic(tasks=list(HEADS), train_size=200, eval_size=40, input_dim=5, seed=1)
@@ -122,20 +122,6 @@ def test_resumed_tensorboard_logs_have_each_step_once(tmp_path):
     assert {step for (run, tag, step) in stopped if tag == "loss/a"} == set(range(30))
 
 
-def test_rewind_never_rewrites_a_file_a_live_writer_has_open(tmp_path):
-    from multihead.io.checkpoints import rewind_events
-
-    live = _trainer(seed=0, dropout=0.0, log_dir=tmp_path)
-    _fit(live, 4)
-    live.monitor.flush()
-    before = _events(tmp_path)
-    assert rewind_events(tmp_path, saved_at=0.0) == 0  # every event is newer, but the file is open
-    assert _events(tmp_path) == before
-    live.close()
-    assert rewind_events(tmp_path, saved_at=0.0) > 0  # closed (as after a crash): rewound
-    assert _events(tmp_path) == {}
-
-
 # -- a real crash: SIGKILL of `multihead train`, then `multihead train --resume` -----------
 
 CONFIG = """\
@@ -161,7 +147,7 @@ def _env():
 
 def _cli(*args, timeout=180):
     result = subprocess.run([sys.executable, "-m", "multihead", *args], env=_env(),
-                            capture_output=True, text=True, timeout=timeout)
+                            capture_output=True, text=True, timeout=timeout, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     return result
 

@@ -1,7 +1,9 @@
-"""A real TensorBoard server serves the per-head tags and values the Monitor wrote."""
+"""A real TensorBoard server serves the per-head tags and values the Monitor wrote, and a
+resumed run's steps once, with both of its loaders (Python and the Rust data server)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -11,10 +13,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import keras
 import numpy as np
+import pytest
+from conftest import make_batch, make_model
 
 import multihead as mh
-from conftest import make_batch, make_model
 
 HEADS = ("y1", "y2")
 STARTUP_TIMEOUT_S = 90
@@ -34,20 +38,49 @@ def _get(port: int, path: str, **params: str):
 
 def _wait_for_tags(port: int, proc: subprocess.Popen, tag: str, log) -> dict:
     """Polls the scalars tag listing until the train run's `tag` is loaded."""
+    return _wait_until(port, proc, log, lambda: _get(port, "/data/plugin/scalars/tags"),
+                       lambda tags: tag in tags.get("train", {}), f"the tag {tag!r}")
+
+
+def _wait_until(port: int, proc: subprocess.Popen, log, fetch, done, what: str):
+    """Polls `fetch()` until `done(result)`, while the server runs, for at most STARTUP_TIMEOUT_S."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    result = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log.seek(0)
             raise AssertionError(f"tensorboard exited with code {proc.returncode}: "
                                  f"{log.read().decode(errors='replace')[-2000:]}")
         try:
-            tags = _get(port, "/data/plugin/scalars/tags")
-            if tag in tags.get("train", {}):
-                return tags
-        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
-            pass  # not listening yet
+            result = fetch()
+            if done(result):
+                return result
+        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError, KeyError):
+            pass  # not listening yet, or the run not loaded yet
         time.sleep(0.5)
-    raise AssertionError(f"tensorboard did not serve {tag!r} within {STARTUP_TIMEOUT_S} s")
+    raise AssertionError(f"tensorboard did not serve {what} within {STARTUP_TIMEOUT_S} s "
+                         f"(last answer: {result!r})")
+
+
+@contextlib.contextmanager
+def _tensorboard(logdir, tmp_path, *flags: str):
+    """A TensorBoard server on a free 127.0.0.1 port: yields (port, process, log); always stopped."""
+    port = _free_port()
+    with open(tmp_path / "tensorboard.log", "w+b") as log:  # a file, not a pipe: it never fills up
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+             "--port", str(port), *flags],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            yield port, proc, log
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
 
 
 def test_tensorboard_serves_per_head_tags_and_values(tmp_path):
@@ -63,14 +96,7 @@ def test_tensorboard_serves_per_head_tags_and_values(tmp_path):
     trainer.monitor.write_config("seed: 0\ntrain: {steps: 4}\n")
     trainer.close()
 
-    port = _free_port()
-    log = open(tmp_path / "tensorboard.log", "w+b")  # a file, not a pipe: it can never fill up
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(run), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
+    with _tensorboard(run, tmp_path) as (port, proc, log):
         tags = _wait_for_tags(port, proc, "grad_cosine/y1/y2", log)
         expected = {f"{kind}/{h}" for kind in ("loss", "lr", "update_ratio") for h in HEADS}
         expected |= {f"grad_norm/{h}/{part}" for h in HEADS for part in ("trunk", "head")}
@@ -90,11 +116,51 @@ def test_tensorboard_serves_per_head_tags_and_values(tmp_path):
         assert "config" in _get(port, "/data/plugin/text/tags")["train"]
         layout = _get(port, "/data/plugin/custom_scalars/layout")
         assert [category["title"] for category in layout["category"]] == list(HEADS)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        log.close()
+
+
+def _served(port: int, run: str, tag: str) -> list[tuple[int, float]]:
+    return [(int(step), value) for _, step, value in
+            _get(port, "/data/plugin/scalars/scalars", run=run, tag=tag)]
+
+
+def _last_step(points: list[tuple[int, float]]) -> int | None:
+    return max((step for step, _ in points), default=None)
+
+
+@pytest.mark.parametrize("load_fast", ["false", "true"])  # the Python loader; the Rust data server
+def test_a_resumed_run_shows_each_step_once(tmp_path, load_fast):
+    """A run stopped at step 17 (checkpoint at 10) and resumed to 20 shows steps 0..19 once.
+
+    The stopped run evaluated at 5, 10, 15 and 17; the resumed one evaluates every
+    10 steps, so the eval run must show 5, 10 and 20: the evaluations after the
+    checkpoint belong to the lost run.
+    """
+    logs, data = tmp_path / "logs", make_batch(HEADS, n=40, seed=7)
+
+    def run(steps, eval_every, restore):
+        keras.utils.set_random_seed(0)
+        trainer = mh.Trainer(make_model(HEADS, seed=1),
+                             {h: mh.Objective("mse", keras.optimizers.Adam(1e-2)) for h in HEADS},
+                             log_dir=str(logs), log_every=1, histograms_every=0)
+        manager = mh.CheckpointManager(tmp_path / "ckpt", trainer.model, trainer, every=10)
+        if restore:
+            assert manager.restore_latest() == 10
+        history = trainer.fit(data, steps, batch_size=8, eval_data=data, eval_every=eval_every,
+                              verbose=False, checkpoints=manager)
+        trainer.close()  # the stopped run's events after step 10 reach the disk, as before a crash
+        return dict(history.train["y1"])
+
+    stopped = run(17, eval_every=5, restore=False)
+    resumed = run(10, eval_every=10, restore=True)
+    expected = {**{s: v for s, v in stopped.items() if s < 10}, **resumed}
+    assert sorted(expected) == list(range(20))
+
+    with _tensorboard(logs, tmp_path, f"--load_fast={load_fast}", "--reload_interval=1") as (
+            port, proc, log):
+        served = _wait_until(port, proc, log, lambda: _served(port, "train", "loss/y1"),
+                             lambda points: _last_step(points) == 19, "train steps up to 19")
+        evals = _wait_until(port, proc, log, lambda: _served(port, "eval", "loss/y1"),
+                            lambda points: _last_step(points) == 20, "the eval at step 20")
+    assert [s for s, _ in served] == list(range(20))  # each step once, in order
+    np.testing.assert_allclose([v for _, v in served], [expected[s] for s in range(20)], rtol=1e-6)
+    assert [s for s, _ in evals] == [5, 10, 20]

@@ -1,0 +1,190 @@
+"""Checkpoint parts: the names under which a model, trainer and targets are saved.
+
+The object graph of a multihead checkpoint is
+
+    trunk                 the trunk layer
+    heads/<name>          each head layer
+    rng                   the seed states of the model's random layers (Dropout, ...)
+    optimizers/<name>     each head's optimizer (slots, iterations, and the
+                          variables it was built on)
+    trunk_update          the aggregated trunk update (trunk optimizer, loss
+                          weighting, RNG), when the trainer has one
+    step                  the trainer's step counter
+    data                  the position of `Trainer.fit` in its data stream
+    targets/<name>        target networks (copies and sync counters)
+
+so a checkpoint restores into a freshly built model in another process (Keras
+auto-names such as `dense_7` never enter the keys), and any subset of parts can
+be saved or restored: a trunk-only restore into a model with other heads works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+
+from multihead import _keras_internals as internals
+from multihead.core.model import MultiHeadModel
+
+if TYPE_CHECKING:
+    from multihead.core.trainer import Trainer
+
+#: Parts that name a group: `"heads"` is every `heads/<name>`, and so on.
+GROUPS = ("heads", "optimizers", "targets")
+#: The order parts are listed in (the order of the object graph in the module doc; `run`
+#: is the `CheckpointManager`'s own record).
+ORDER = ("trunk", "heads", "rng", "optimizers", "trunk_update", "step", "data", "targets", "run")
+
+
+def target_map(targets: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`targets` as a dict, after checking every name and object can be a part.
+
+    Raises:
+        ValueError: a name is empty or holds '/'.
+        TypeError: a target is not trackable.
+    """
+    found = dict(targets or {})
+    for name, target in found.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"targets: name {name!r} is not allowed; use a non-empty name without '/'")
+        if not isinstance(target, tf.__internal__.tracking.Trackable):
+            raise TypeError(
+                f"targets[{name!r}] must be a trackable object (a TargetNetwork or tf.Module), "
+                f"got {type(target).__name__}"
+            )
+    return found
+
+
+def available_parts(model: MultiHeadModel, trainer: Trainer | None = None,
+                    targets: Mapping[str, Any] | None = None) -> list[str]:
+    """Every part name that `save_checkpoint` can write for this model (trainer, targets).
+
+    Example:
+        >>> available_parts(model)                                   # doctest: +SKIP
+        ['trunk', 'heads/y1', 'heads/y2', 'rng']
+
+    Args:
+        model: the model.
+        trainer: its trainer; adds the optimizer, step and data parts.
+        targets: name -> target network; adds a `targets/<name>` part each.
+
+    Returns:
+        Part names, in the order of the object graph.
+    """
+    parts = ["trunk"] + [f"heads/{h}" for h in model.head_names] + ["rng"]
+    if trainer is not None:
+        parts += [f"optimizers/{h}" for h in trainer.optimizers]
+        if trainer.trunk_update is not None:
+            parts.append("trunk_update")
+        parts += ["step", "data"]
+    parts += [f"targets/{name}" for name in target_map(targets)]
+    return parts
+
+
+def expand_parts(parts: Sequence[str] | None, known: list[str], trainer: Trainer | None) -> list[str]:
+    """The part names `parts` asks for (groups expanded), from the `known` ones.
+
+    Args:
+        parts: part names or groups; None asks for every known part.
+        known: the parts available (`available_parts`).
+        trainer: the trainer given, to say why an optimizer part is unknown without one.
+
+    Raises:
+        TypeError: `parts` is a string.
+        ValueError: a part is unknown, or `parts` is empty.
+    """
+    if parts is None:
+        return list(known)
+    if isinstance(parts, str):
+        raise TypeError(f"parts must be a list of part names, got the string {parts!r}; "
+                        f"write parts=[{parts!r}]")
+    wanted: list[str] = []
+    for part in parts:
+        if part in GROUPS:
+            members = [k for k in known if k.startswith(part + "/")]
+        else:
+            members = [part] if part in known else []
+        if not members:
+            hint = ""
+            if trainer is None and part.split("/")[0] in ("optimizers", "step", "data", "trunk_update"):
+                hint = " (optimizer, step and data parts need trainer=...)"
+            elif part.startswith("targets"):
+                hint = " (target parts need targets={name: target})"
+            raise ValueError(f"unknown checkpoint part {part!r}{hint}; parts are {known}")
+        wanted += [m for m in members if m not in wanted]
+    if not wanted:
+        raise ValueError("parts is empty; name at least one part or pass None for all")
+    return wanted
+
+
+def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mapping[str, Any],
+                 parts: Sequence[str]) -> dict[str, Any]:
+    """Part name -> the trackable object saved under it."""
+    objects: dict[str, Any] = {}
+    for part in parts:
+        kind, _, name = part.partition("/")
+        if kind == "trunk":
+            objects[part] = model.trunk
+        elif kind == "heads":
+            objects[part] = model.heads[name]
+        elif kind == "rng":
+            objects[part] = group({
+                "trunk": internals.seed_generator_states(model.trunk),
+                "heads": group({h: internals.seed_generator_states(model.heads[h]) for h in model.head_names}),
+            })
+        elif kind == "optimizers":
+            objects[part] = trainer.optimizers[name]
+        elif kind == "trunk_update":
+            objects[part] = trainer.trunk_update
+        elif kind == "step":
+            objects[part] = trainer.step_variable
+        elif kind == "data":
+            objects[part] = trainer.data_position
+        elif kind == "targets":
+            objects[part] = targets[name]
+    return objects
+
+
+def checkpoint_root(objects: Mapping[str, Any]) -> tf.train.Checkpoint:
+    """The checkpoint root: `trunk`, `heads/<name>`, ... as nested nodes."""
+    top: dict[str, Any] = {}
+    for part, obj in objects.items():
+        kind, _, name = part.partition("/")
+        if name:
+            top.setdefault(kind, {})[name] = obj
+        else:
+            top[kind] = obj
+    return tf.train.Checkpoint(**{k: group(v) if isinstance(v, dict) else v for k, v in top.items()})
+
+
+def group(children: Mapping[str, Any]) -> Any:
+    """A node whose children are exactly `children`.
+
+    Not a `tf.train.Checkpoint`: a head may be called `save` or `read`, and such a
+    node would lose its methods to those names.
+    """
+    node = tf.__internal__.tracking.AutoTrackable()
+    for name, child in children.items():
+        setattr(node, name, child)
+    return node
+
+
+def check_ready(model: MultiHeadModel, trainer: Trainer | None) -> None:
+    """Checks `model` (and `trainer`) have every variable a checkpoint holds.
+
+    Builds the trainer's optimizers: their slots must exist before a save or restore.
+
+    Raises:
+        TypeError: `model` is not a `MultiHeadModel`.
+        ValueError: the model is not built, or `trainer` trains another model.
+    """
+    if not isinstance(model, MultiHeadModel):
+        raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
+    if not model.built or not model.trunk.built:
+        raise ValueError("the model has no variables yet: call model.build(input_shape) first")
+    if trainer is not None:
+        if trainer.model is not model:
+            raise ValueError("trainer.model is not the model given; pass the trainer's own model")
+        trainer.build_optimizers()
