@@ -11,10 +11,17 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from multihead.aggregation.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
 from multihead.io.checkpoint_file import CheckpointMismatchError, CheckpointReadError  # noqa: E402
+from multihead.io.best_checkpoint import BestCheckpoint  # noqa: E402
 from multihead.io.checkpoints import checkpoint_parts, restore_checkpoint, save_checkpoint  # noqa: E402
 from multihead.io.manager import CheckpointManager  # noqa: E402
 from multihead.io.parts import available_parts  # noqa: E402
-from multihead.core.callbacks import Callback  # noqa: E402
+from multihead.core.callbacks import (  # noqa: E402
+    Callback,
+    EarlyStopping,
+    LambdaCallback,
+    ReduceLROnPlateau,
+    TerminateOnNonFinite,
+)
 from multihead.core.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
 from multihead.core.distribute import make_strategy  # noqa: E402
 from multihead.io.export import ExportResult, export_saved_model  # noqa: E402
@@ -36,22 +43,27 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATORS",
     "Aggregation",
+    "BestCheckpoint",
     "Callback",
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointReadError",
+    "EarlyStopping",
     "ExportResult",
     "History",
     "ImportReport",
+    "LambdaCallback",
     "Monitor",
     "MultiHeadModel",
     "MultiTaskData",
     "Objective",
     "Partition",
-    "RunReport",
+    "ReduceLROnPlateau",
     "ReplayBuffer",
+    "RunReport",
     "StepResult",
     "TargetNetwork",
+    "TerminateOnNonFinite",
     "Trainer",
     "TrunkPolicy",
     "__version__",

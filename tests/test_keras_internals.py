@@ -19,14 +19,14 @@ _NAMEDTUPLE = {"replace", "asdict", "fields", "make"}  # public API despite the 
 
 
 def _private_reads(line: str) -> list[str]:
-    """The private names `line` reads on objects other than its own (`self`, `cls`)
-    or the internals module."""
+    """The private names `line` reads on objects other than its own (`self`, `cls`), the
+    internals module, or the package's own private modules (`multihead._checks`)."""
     code = line.split("#", 1)[0]
     if code.strip().startswith(("\"", "'")):
         return []
     found = []
     for m in _PRIVATE.finditer(code):
-        if m.group("obj") in {"self", "cls", "internals"} or m.group("name") in _NAMEDTUPLE:
+        if m.group("obj") in {"self", "cls", "internals", "multihead"} or m.group("name") in _NAMEDTUPLE:
             continue
         if m.group("obj") is None and not m.group(0).startswith("keras") and "attr(" not in code:
             continue  # a string that merely starts with an underscore
