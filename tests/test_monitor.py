@@ -442,3 +442,27 @@ def test_bind_rejects_two_variables_with_one_address(tmp_path):
                      {h: keras.optimizers.SGD() for h in ("a", "b")},
                      addresses={id(v): "same" for v in model.trainable_variables})
     monitor.close()
+
+
+@pytest.mark.parametrize("clip", [{"clipnorm": 0.05}, {"global_clipnorm": 0.05}, {"clipvalue": 0.001}])
+def test_clipped_and_raw_trunk_gradient_norms_are_both_logged(tmp_path, clip):
+    """grad_norm/<head>/trunk is the raw gradient; grad_norm_clipped/<head>/trunk is what the
+    optimizer applied, read here from the weight change of a plain SGD with lr 1."""
+    model = make_model(("a",), seed=0)
+    trainer = mh.Trainer(model, {"a": mh.Objective("mse", keras.optimizers.SGD(1.0, **clip))},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0)
+    x, y = make_batch(("a",), seed=0)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(y["a"] - model(x)["a"]))
+    raw = tape.gradient(loss, model.trunk_variables)
+    before = [v.numpy().copy() for v in model.trunk_variables]
+    trainer.step((x, y))
+    trainer.close()
+    applied = [b - v.numpy() for b, v in zip(before, model.trunk_variables)]
+    logged = {tag: float(values[0]) for tag, values in read_events(str(tmp_path / "train")).items()
+              if 0 in values and values[0].dtype.kind == "f"}
+    raw_norm = np.sqrt(sum(np.sum(np.square(g.numpy())) for g in raw))
+    applied_norm = np.sqrt(sum(np.sum(np.square(g)) for g in applied))
+    assert logged["grad_norm/a/trunk"] == pytest.approx(raw_norm, rel=1e-5)
+    assert logged["grad_norm_clipped/a/trunk"] == pytest.approx(applied_norm, rel=1e-4)
+    assert applied_norm < raw_norm  # the clip was active

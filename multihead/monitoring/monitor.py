@@ -126,6 +126,21 @@ def _no_op() -> None:
     return None
 
 
+def clipped_gradients(optimizer: keras.optimizers.Optimizer,
+                      grads: Sequence[_Grad]) -> list[tf.Tensor] | None:
+    """The gradients as `optimizer` applies them after its own clipping (`clipnorm` per
+    variable, else `global_clipnorm`, else `clipvalue`, Keras' order), or None when it
+    does not clip."""
+    dense = [_dense(g) for g in grads]
+    if optimizer.clipnorm:
+        return [tf.clip_by_norm(g, optimizer.clipnorm) for g in dense]
+    if optimizer.global_clipnorm:
+        return tf.clip_by_global_norm(dense, optimizer.global_clipnorm)[0]
+    if optimizer.clipvalue:
+        return [tf.clip_by_value(g, -optimizer.clipvalue, optimizer.clipvalue) for g in dense]
+    return None
+
+
 class _InStepWriter(tf.summary.SummaryWriter):
     """The train writer as the default writer inside the compiled step, minus the flush.
 
@@ -433,8 +448,12 @@ class Monitor:
         variables: Sequence[keras.Variable],
         optimizer: keras.optimizers.Optimizer,
     ) -> None:
-        """Called right after head `head`'s optimizer applied `grads` to `variables`."""
-        del optimizer  # its learning rate was read before the step's first update
+        """Called right after head `head`'s optimizer applied `grads` to `variables`.
+
+        `grad_norm/<head>/trunk` is the norm of the raw gradient (before the optimizer's
+        clipping); with `clipnorm`, `global_clipnorm` or `clipvalue`,
+        `grad_norm_clipped/<head>/trunk` is the norm of what the optimizer applied.
+        """
         if not self.active:
             return  # not inside `monitored`: the step variant that does not log
         step = self._step
@@ -449,6 +468,10 @@ class Monitor:
             if trunk:
                 trunk_norm = global_norm([g for g, _ in trunk])
                 self._emit_scalar(tags.trunk_grad_norm(head), trunk_norm)
+                clipped = clipped_gradients(optimizer, [g for g, _ in pairs])
+                if clipped is not None:
+                    applied = [c for c, (_, v) in zip(clipped, pairs) if id(v) in self._trunk_ids]
+                    self._emit_scalar(tags.grad_norm_clipped(head), global_norm(applied))
             if own:
                 self._emit_scalar(tags.head_grad_norm(head), global_norm([g for g, _ in own]))
             if self.variable_norms:
