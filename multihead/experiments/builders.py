@@ -8,17 +8,19 @@ shorthand `{"mlp": {"units": [64, 64], "activation": "relu"}}`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import keras
 import yaml
 
 from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.experiments.config import ConfigError, ExperimentConfig, to_dict
+from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
 from multihead.core.data import MultiTaskData, mmoe_synthetic
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
 from multihead.core.trainer import Trainer
+from multihead.io.best_checkpoint import BestCheckpoint
 
 _MLP_KEYS = ("units", "activation", "output_activation", "dropout", "kernel_regularizer")
 
@@ -122,11 +124,70 @@ def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
                 resolve_metric(metric, name)
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"{path}.metrics[{i}]: {err}") from None
-        objectives[name] = Objective(
-            loss=head.loss, optimizer=head.optimizer, weight=head.weight, every=head.every,
-            trains_trunk=head.trains_trunk, metrics=list(head.metrics),
-        )
+        try:
+            weight = head.weight if not isinstance(head.weight, Mapping) else dict(head.weight)
+            objectives[name] = Objective(
+                loss=head.loss, optimizer=head.optimizer, weight=weight, every=head.every,
+                trains_trunk=head.trains_trunk, metrics=list(head.metrics),
+                on_nonfinite=head.on_nonfinite,
+            )
+        except (ValueError, TypeError) as err:  # checked at load; a direct from_dict caller too
+            raise ConfigError(f"{path}.weight: {str(err).splitlines()[0]}") from None
     return objectives
+
+
+class RunCallbacks(NamedTuple):
+    """The `fit` callbacks of a config's `callbacks:` section, by kind (None / empty when absent)."""
+
+    early_stopping: EarlyStopping | None
+    best_checkpoint: BestCheckpoint | None
+    reduce_lr_on_plateau: tuple[ReduceLROnPlateau, ...]
+
+    def as_list(self) -> list[Any]:
+        """Every callback, in the order `fit` calls them."""
+        return [c for c in (self.early_stopping, self.best_checkpoint) if c is not None] + \
+            list(self.reduce_lr_on_plateau)
+
+
+def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallbacks:
+    """The callbacks of `config.callbacks` (validated at load: heads, monitors, modes).
+
+    Args:
+        config: the experiment.
+        best_dir: where `best_checkpoint` keeps its checkpoint (`RUN_DIR/best`); None
+            leaves it out (used to check the rest before a run directory exists).
+
+    Raises:
+        ConfigError: `reduce_lr_on_plateau` names a head whose optimizer has a
+            learning-rate schedule (a schedule cannot be assigned a reduced rate).
+    """
+    cfg = config.callbacks
+    plateau = []
+    for i, entry in enumerate(cfg.reduce_lr_on_plateau):
+        spec = config.model.heads[entry.head].optimizer
+        try:
+            rate = resolve_optimizer(spec, entry.head).learning_rate
+        except (ValueError, TypeError):
+            rate = None  # reported under model.heads.<head>.optimizer by build_objectives
+        if rate is not None and not isinstance(rate, keras.Variable):
+            raise ConfigError(
+                f"callbacks.reduce_lr_on_plateau[{i}].head: the optimizer of head {entry.head!r} "
+                "has a learning-rate schedule, which cannot be reduced on a plateau; give "
+                f"model.heads.{entry.head}.optimizer a number as learning_rate, or remove the entry")
+        plateau.append(ReduceLROnPlateau(
+            entry.head, monitor=entry.monitor, factor=entry.factor, patience=entry.patience,
+            min_delta=entry.min_delta, min_lr=entry.min_lr, cooldown=entry.cooldown,
+            mode=entry.mode))
+    stop = cfg.early_stopping
+    best = cfg.best_checkpoint
+    return RunCallbacks(
+        early_stopping=None if stop is None else EarlyStopping(
+            stop.monitor, patience=stop.patience, min_delta=stop.min_delta, mode=stop.mode,
+            restore_best=stop.restore_best),
+        best_checkpoint=None if best is None or best_dir is None else BestCheckpoint(
+            best_dir, monitor=best.monitor, mode=best.mode, min_delta=best.min_delta),
+        reduce_lr_on_plateau=tuple(plateau),
+    )
 
 
 def build_trunk(config: ExperimentConfig) -> Any:
@@ -185,19 +246,22 @@ def build_data(config: ExperimentConfig) -> MultiTaskData:
 
 def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: Mapping[str, Objective],
                   run_dir: str | None, trunk: Any = "per_head", strategy: Any = None,
-                  write_config: bool = True) -> Trainer:
-    """The `Trainer` of a run: schedule, logging and XLA settings from `config`.
+                  write_config: bool = True, target_networks: Sequence[Any] = ()) -> Trainer:
+    """The `Trainer` of a run: schedule, logging, XLA and non-finite settings from `config`.
 
     TensorBoard events go to `run_dir` (unless `log.tensorboard` is false or
     `run_dir` is None); with `write_config`, the resolved config is written as the
-    `config` text summary at step 0.
+    `config` text summary at step 0. `target_networks` are updated inside each
+    compiled train step, after the optimizers (`Trainer(target_networks=...)`).
     """
     cfg = config
     trainer = Trainer(model, objectives, schedule=cfg.train.schedule,
                       log_dir=run_dir if cfg.log.tensorboard else None, log_every=cfg.log.every,
                       histograms_every=cfg.log.histograms_every,
                       log_variable_norms=cfg.log.variable_norms,
-                      jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy)
+                      jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy,
+                      max_nonfinite_steps=cfg.train.max_nonfinite_steps,
+                      target_networks=list(target_networks))
     if trainer.monitor is not None and write_config:
         trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return trainer

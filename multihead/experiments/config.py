@@ -18,7 +18,15 @@ from typing import Any, Mapping, Sequence, Union
 
 import yaml
 
-from multihead._checks import check_bounds, check_choice, check_float, check_int, check_keys, describe
+from multihead._checks import (
+    check_bounds,
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    describe,
+    suggest,
+)
 
 
 class ConfigError(ValueError):
@@ -92,10 +100,15 @@ class HeadConfig:
                          doc="Keras layer dict, list of them, or {mlp: {...}}")
     loss: Any = _field("mse", doc="Keras loss name or serialization dict")
     optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
-    weight: float = _field(1.0, minimum=0)
+    weight: Any = _field(1.0, doc="factor on the head's loss: a number >= 0, or a Keras "
+                                  "LearningRateSchedule dict {class_name: ..., config: {...}} "
+                                  "evaluated at each step")
     every: int = _field(1, minimum=1)
     trains_trunk: bool = _field(True)
     metrics: list[Any] = _field([], doc="Keras metric names or dicts, reported by evaluation")
+    on_nonfinite: str = _field("skip", choices=("skip", "raise", "apply"),
+                               doc="a step where this head's loss or gradient is NaN/Inf: skip "
+                                   "drops its update, raise stops the run, apply applies it")
 
 
 @dataclasses.dataclass
@@ -131,6 +144,9 @@ class TrainConfig:
         "auto", minimum=1, choices=("auto",),
         doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
     trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
+    max_nonfinite_steps: int = _field(10, minimum=1,
+                                      doc="stop with an error when a head's loss or gradient is "
+                                          "non-finite this many steps in a row")
 
 
 @dataclasses.dataclass
@@ -150,6 +166,54 @@ class CheckpointConfig:
 
     every: int = _field(0, minimum=0, doc="periodic checkpoints; 0: only the final one")
     keep: int = _field(3, minimum=1, doc="how many of the newest checkpoints to keep")
+
+
+_MODES = ("auto", "min", "max")
+_MONITOR_DOC = "eval/<head>/<metric> (loss or one of the head's metrics) or eval/mean_loss"
+
+
+@dataclasses.dataclass
+class EarlyStoppingConfig:
+    """`callbacks.early_stopping:` stop when an evaluation metric stops improving."""
+
+    monitor: str = _field("eval/mean_loss", doc=_MONITOR_DOC)
+    patience: int = _field(3, minimum=1, doc="evaluations in a row without improvement")
+    min_delta: float = _field(0.0, minimum=0, doc="the amount an evaluation must beat the best by")
+    mode: str = _field("auto", choices=_MODES, doc="auto: min for losses, max for accuracies")
+    restore_best: bool = _field(True, doc="end the run with the weights of the best evaluation")
+
+
+@dataclasses.dataclass
+class BestCheckpointConfig:
+    """`callbacks.best_checkpoint:` keep the checkpoint of the best evaluation in `RUN_DIR/best/`."""
+
+    monitor: str = _field("eval/mean_loss", doc=_MONITOR_DOC)
+    mode: str = _field("auto", choices=_MODES)
+    min_delta: float = _field(0.0, minimum=0)
+
+
+@dataclasses.dataclass
+class ReduceLROnPlateauConfig:
+    """One entry of `callbacks.reduce_lr_on_plateau:`: scale one head's learning rate down."""
+
+    head: str = _field(doc="the head whose optimizer's learning rate is reduced")
+    monitor: Union[str, None] = _field(None, doc="default eval/<head>/loss; " + _MONITOR_DOC)
+    factor: float = _field(0.1, doc="multiplies the rate, in (0, 1)")
+    patience: int = _field(2, minimum=1)
+    min_delta: float = _field(1e-4, minimum=0)
+    min_lr: float = _field(0.0, minimum=0)
+    cooldown: int = _field(0, minimum=0, doc="evaluations after a reduction before waiting again")
+    mode: str = _field("auto", choices=_MODES)
+
+
+@dataclasses.dataclass
+class CallbacksConfig:
+    """`callbacks:` what acts on the evaluations of a supervised run (`train.eval_every`)."""
+
+    early_stopping: Union[EarlyStoppingConfig, None] = _field(None)
+    best_checkpoint: Union[BestCheckpointConfig, None] = _field(None)
+    reduce_lr_on_plateau: Any = _field(
+        [], doc="a list of {head: ..., factor: ...}, or a mapping head -> {factor: ...}")
 
 
 @dataclasses.dataclass
@@ -222,6 +286,7 @@ class ExperimentConfig:
     train: TrainConfig = _field(TrainConfig())
     log: LogConfig = _field(LogConfig())
     checkpoint: CheckpointConfig = _field(CheckpointConfig())
+    callbacks: CallbacksConfig = _field(CallbacksConfig(), doc="supervised only")
     distribute: DistributeConfig = _field(DistributeConfig())
 
 
@@ -309,7 +374,10 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         config = _build(ExperimentConfig, raw, "")
         if not config.model.heads:
             raise ConfigError("model.heads: at least one head is required")
+        for name, head in config.model.heads.items():
+            head.weight = _check_weight(head.weight, f"model.heads.{name}.weight")
         config.train.trunk = _check_trunk(config)
+        config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
         if config.train.jit_compile and config.log.tensorboard:
             raise ConfigError("train.jit_compile: XLA cannot compile the TensorBoard summaries in "
@@ -322,6 +390,138 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         return config
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _check_weight(weight: Any, path: str) -> Union[float, dict[str, Any]]:
+    """A head's `weight`: a number >= 0, or a Keras `LearningRateSchedule` serialization dict
+    that deserializes (checked now, kept as the dict)."""
+    if not isinstance(weight, Mapping):
+        return check_float(weight, path, minimum=0, error=ConfigError,
+                           hint="or give a schedule {class_name: ExponentialDecay, config: {...}}")
+    import keras  # only when a schedule is given
+
+    schedules = keras.optimizers.schedules
+    known = [n for n in dir(schedules) if isinstance(getattr(schedules, n), type)
+             and issubclass(getattr(schedules, n), schedules.LearningRateSchedule)
+             and n != "LearningRateSchedule"]
+    check_keys(weight, ["class_name", "config", "module", "registered_name"], path, error=ConfigError)
+    name = weight.get("class_name")
+    if name is None:
+        raise ConfigError(f"{path}.class_name: required key is missing; a schedule is "
+                          "{class_name: ExponentialDecay, config: {...}}")
+    check_choice(name, f"{path}.class_name", known, error=ConfigError)
+    options = weight.get("config") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"{path}.config: expected a mapping, got {describe(options)}")
+    try:
+        getattr(schedules, name).from_config(dict(options))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{path}.config: cannot build {name}: {str(err).splitlines()[0]}") from None
+    return {"class_name": name, "config": dict(options)}
+
+
+def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
+    """Validates `callbacks` against the task, the heads and their metrics; returns
+    `reduce_lr_on_plateau` as a list of typed entries."""
+    callbacks = config.callbacks
+    raw = callbacks.reduce_lr_on_plateau
+    path = "callbacks.reduce_lr_on_plateau"
+    heads = list(config.model.heads)
+    if raw is None:
+        raw = []
+    if isinstance(raw, Mapping):  # head -> options
+        entries = []
+        for head, options in raw.items():
+            where = _join(path, head)
+            if options is None:
+                options = {}
+            if not isinstance(options, Mapping):
+                raise ConfigError(f"{where}: expected a mapping of options, got {describe(options)}")
+            if "head" in options:
+                raise ConfigError(f"{where}.head: the key {head!r} already names the head; remove it")
+            entries.append((where, f"{where}", _build(ReduceLROnPlateauConfig,
+                                                      {**options, "head": str(head)}, where)))
+    elif isinstance(raw, list):
+        entries = [(f"{path}[{i}]", f"{path}[{i}].head",
+                    _build(ReduceLROnPlateauConfig, item, f"{path}[{i}]"))
+                   for i, item in enumerate(raw)]
+    else:
+        raise ConfigError(f"{path}: expected a list of {{head: ..., factor: ...}} or a mapping "
+                          f"head -> options, got {describe(raw)}")
+    used = [name for name in ("early_stopping", "best_checkpoint") if getattr(callbacks, name)]
+    used += ["reduce_lr_on_plateau"] if entries else []
+    if used and config.task != "supervised":
+        raise ConfigError(f"callbacks.{used[0]}: only used with task supervised, but task is "
+                          f"{config.task!r}; remove it")
+    seen: dict[str, str] = {}
+    for where, head_key, entry in entries:
+        if entry.head not in heads:
+            raise ConfigError(f"{head_key}: the model has no head {entry.head!r}"
+                              f"{suggest(entry.head, heads)}; its heads are {heads}")
+        if entry.head in seen:
+            raise ConfigError(f"{head_key}: head {entry.head!r} already has an entry at "
+                              f"{seen[entry.head]}; give one entry per head")
+        seen[entry.head] = where
+        check_bounds(entry.factor, f"{where}.factor", minimum=0, maximum=1, min_open=True,
+                     max_open=True, error=ConfigError, hint="e.g. 0.5 halves the rate")
+        entry.monitor = _check_monitor(config, entry.monitor or f"eval/{entry.head}/loss",
+                                       entry.mode, f"{where}.monitor")
+    for name in ("early_stopping", "best_checkpoint"):
+        section = getattr(callbacks, name)
+        if section is not None:
+            section.monitor = _check_monitor(config, section.monitor, section.mode,
+                                             f"callbacks.{name}.monitor")
+    for name in [n for n in used if n != "best_checkpoint"]:
+        if config.train.eval_every is None:
+            raise ConfigError(f"callbacks.{name}: acts at evaluations, but train.eval_every is not "
+                              "set (the run evaluates only at its end); set train.eval_every")
+    return [entry for _, _, entry in entries]
+
+
+def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str) -> str:
+    """A callback's `monitor` naming a head and a metric the evaluation reports, with the
+    metric as the evaluation names it (`eval/y1/mae` -> `eval/y1/mean_absolute_error`)."""
+    parts = monitor.split("/")
+    heads = list(config.model.heads)
+    if monitor != "eval/mean_loss":
+        if len(parts) != 3 or parts[0] != "eval" or not all(parts[1:]):
+            raise ConfigError(f"{path}: must be eval/<head>/<metric> or eval/mean_loss, got "
+                              f"{monitor!r}")
+        head, metric = parts[1], parts[2]
+        if head not in heads:
+            raise ConfigError(f"{path}: the model has no head {head!r} (in {monitor!r})"
+                              f"{suggest(head, heads)}; its heads are {heads}")
+        names = _metric_names(config, head)
+        if metric not in names:
+            available = [f"eval/{head}/{n}" for n in names] + ["eval/mean_loss"]
+            raise ConfigError(f"{path}: the evaluation of head {head!r} has no metric {metric!r}"
+                              f"{suggest(metric, names)}; available: {', '.join(available)}")
+        monitor = f"eval/{head}/{names[metric]}"
+    from multihead.core.callbacks import MonitoredQuantity  # TF import: only when used
+
+    try:
+        MonitoredQuantity(monitor, mode, "callback")
+    except ValueError as err:
+        raise ConfigError(f"{path.rsplit('.', 1)[0]}.mode: {str(err).partition(': ')[2]}") from None
+    return monitor
+
+
+def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
+    """What a monitor may call each metric of `head` -> the name the evaluation reports it
+    under: `loss`, the resolved names and the names as written in `metrics:`."""
+    from multihead.core.objectives import resolve_metric  # TF import: only when used
+
+    spec = config.model.heads[head]
+    names = {"loss": "loss"}
+    for metric in spec.metrics:
+        try:
+            resolved = resolve_metric(metric, head, spec.loss).name
+        except (ValueError, TypeError):
+            continue  # reported under model.heads.<head>.metrics by the builder
+        names[resolved] = resolved
+        if isinstance(metric, str):
+            names.setdefault(metric, resolved)
+    return names
 
 
 def _check_distribute(config: ExperimentConfig) -> None:

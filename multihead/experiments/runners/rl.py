@@ -3,7 +3,7 @@
 Config -> objects: environments of `env:`, checks of the task's heads, each
 head's `Objective` from `model.heads` with the task's research loss. The run:
 `RLRun` owns the trainer, the environment driver, the episode log and the
-evaluations, takes train steps (NaN check, target-network updates), and ends the
+evaluations, takes train steps (NaN check; the step itself updates the target networks), and ends the
 run with the final checkpoint and the metrics. Needs `pip install multihead[rl]`.
 """
 
@@ -163,8 +163,8 @@ class RLTask:
         env_spec: the environments.
         model: the online model.
         objectives: head -> objective with the task's research loss.
-        targets: head -> the target network the task's losses read; each one's
-            `update()` follows every train step.
+        targets: head -> the target network the task's losses read; the trainer runs
+            each one's `update()` inside every train step, after the optimizers.
         trunk: `Trainer(trunk=...)`.
     """
 
@@ -195,9 +195,10 @@ class RLRun:
         self.task = task
         self.run_dir = run_dir
         self.total = cfg.train.steps
-        # The Trainer is not given the target networks: `train` updates them after each step.
+        # The compiled train step updates the target networks after its optimizers apply.
         self.trainer = build_trainer(cfg, task.model, task.objectives, run_dir, trunk=task.trunk,
-                                     strategy=None, write_config=True)
+                                     strategy=None, write_config=True,
+                                     target_networks=list(task.targets.values()))
         self.log = EpisodeLog(self.trainer.monitor, Progress(self.total) if verbose else None)
         self.evaluations = Evaluations(task.env_spec.make, act, task.env.eval_episodes,
                                        EVAL_SEED_OFFSET + cfg.seed, cfg.train.eval_every or self.total,
@@ -212,7 +213,8 @@ class RLRun:
         return self.driver.env_steps < self.total
 
     def train(self, inputs: Any, targets: Any) -> StepResult:
-        """One train step on `(inputs, targets)`, then one `update()` of each target network.
+        """One train step on `(inputs, targets)`; the step ends with one `update()` of each
+        target network.
 
         Raises:
             FloatingPointError: a head's loss is not finite.
@@ -223,8 +225,6 @@ class RLRun:
                 raise FloatingPointError(
                     f"the loss of head {head!r} became {loss} at env step {self.driver.env_steps}")
             self.losses[head].append(loss)
-        for target in self.task.targets.values():
-            target.update()
         return result
 
     def after_steps(self) -> bool:

@@ -10,6 +10,8 @@ import keras
 
 from multihead.experiments.baselines import constant_baseline
 from multihead.experiments.builders import (
+    RunCallbacks,
+    build_callbacks,
     build_data,
     build_model,
     build_objectives,
@@ -19,6 +21,7 @@ from multihead.experiments.builders import (
 )
 from multihead.io.checkpoints import CheckpointManager, save_checkpoint
 from multihead.experiments.config import ConfigError, ExperimentConfig
+from multihead.core.callbacks import EarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
@@ -41,16 +44,21 @@ class SupervisedRunner:
                                 strategy=self.strategy, write_config=not resume)
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
                                         every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
+        callbacks = build_callbacks(cfg, os.path.join(run_dir, "best"))
         if resume:
             _restore_for_resume(checkpoints, cfg.train.steps)
-        remaining = cfg.train.steps - trainer.global_step
+        start_step = trainer.global_step
+        remaining = cfg.train.steps - start_step
         wall_time = 0.0
+        evals: list[tuple[int, dict[str, dict[str, float]]]] = []
         if remaining > 0:
             history = trainer.fit(self.data.train, remaining, batch_size=cfg.train.batch_size,
                                   eval_data=self.data.eval, eval_every=cfg.train.eval_every,
                                   verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
-                                  steps_per_execution=cfg.train.steps_per_execution)
-            final_eval, wall_time = history.eval[-1][1], history.wall_time
+                                  steps_per_execution=cfg.train.steps_per_execution,
+                                  callbacks=callbacks.as_list())
+            evals, wall_time = history.eval, history.wall_time
+            final_eval = _final_eval(evals, callbacks.early_stopping)
         else:
             final_eval = trainer.evaluate(self.data.eval, batch_size=cfg.train.batch_size)
         if checkpoints.latest_checkpoint is None or \
@@ -68,15 +76,57 @@ class SupervisedRunner:
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
                             trainer=trainer)
         trainer.close()
+        done = trainer.global_step - start_step
         return {
             "task": "supervised",
             "steps": trainer.global_step,
             "wall_time_s": wall_time,
-            "steps_per_s": remaining / wall_time if wall_time else None,
+            "steps_per_s": done / wall_time if wall_time else None,
             "train": train_metrics,
             "eval": final_eval,
             "baseline": {h: {"loss": v} for h, v in baselines.items()},
+            "evals": [{"step": step, "eval": metrics} for step, metrics in evals],
+            "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
+                        if trainer.stop_reason is not None else None),
+            **_callback_metrics(callbacks, run_dir),
         }
+
+
+def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
+                early_stopping: EarlyStopping | None) -> dict[str, dict[str, float]]:
+    """The evaluation of the weights the run ends with: the last one, or that of the best
+    step when early stopping restored the best weights (bitwise, so its evaluation holds)."""
+    if early_stopping is not None and early_stopping.restore_best and \
+            early_stopping.best_step is not None:
+        return dict(evals)[early_stopping.best_step]
+    return evals[-1][1]
+
+
+def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
+    """What each configured callback did, for `metrics.json`."""
+    out: dict[str, Any] = {}
+    stop = callbacks.early_stopping
+    if stop is not None:
+        out["early_stopping"] = {
+            "monitor": stop.quantity.name, "mode": stop.quantity.mode,
+            "best_step": stop.best_step, "best_value": stop.best_value,
+            "stopped_step": stop.stopped_step,
+            "restored_best": stop.restore_best and stop.best_step is not None,
+        }
+    best = callbacks.best_checkpoint
+    if best is not None:
+        out["best_checkpoint"] = {
+            "path": os.path.relpath(best.path, run_dir) if best.path else None,
+            "monitor": best.quantity.name, "mode": best.quantity.mode,
+            "step": best.best_step, "value": best.best_value,
+        }
+    if callbacks.reduce_lr_on_plateau:
+        out["reduce_lr_on_plateau"] = {
+            plateau.head: [{"step": step, "from": old, "to": new}
+                           for step, old, new in plateau.reductions]
+            for plateau in callbacks.reduce_lr_on_plateau
+        }
+    return out
 
 
 def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
@@ -101,5 +151,6 @@ def prepare(config: ExperimentConfig) -> SupervisedRunner:
     with scope(strategy):  # mirrored variables
         model = build_model(config, (None,) + data.x_train.shape[1:])
     objectives = build_objectives(config)
+    build_callbacks(config, best_dir=None)  # a head's learning-rate schedule fails here, not mid-run
     return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config),
                             strategy=strategy)
