@@ -439,8 +439,8 @@ def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
                 raise ConfigError(f"{where}: expected a mapping of options, got {describe(options)}")
             if "head" in options:
                 raise ConfigError(f"{where}.head: the key {head!r} already names the head; remove it")
-            entries.append((where, f"{where}", _build(ReduceLROnPlateauConfig,
-                                                      {**options, "head": str(head)}, where)))
+            entry = _build(ReduceLROnPlateauConfig, {**options, "head": str(head)}, where)
+            entries.append((where, where, entry))  # the key names the head
     elif isinstance(raw, list):
         entries = [(f"{path}[{i}]", f"{path}[{i}].head",
                     _build(ReduceLROnPlateauConfig, item, f"{path}[{i}]"))
@@ -493,7 +493,7 @@ def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str)
                               f"{suggest(head, heads)}; its heads are {heads}")
         names = _metric_names(config, head)
         if metric not in names:
-            available = [f"eval/{head}/{n}" for n in names] + ["eval/mean_loss"]
+            available = [f"eval/{head}/{n}" for n in dict.fromkeys(names.values())] + ["eval/mean_loss"]
             raise ConfigError(f"{path}: the evaluation of head {head!r} has no metric {metric!r}"
                               f"{suggest(metric, names)}; available: {', '.join(available)}")
         monitor = f"eval/{head}/{names[metric]}"

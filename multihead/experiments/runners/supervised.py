@@ -64,7 +64,13 @@ class SupervisedRunner:
         if checkpoints.latest_checkpoint is None or \
                 checkpoints.step_of(checkpoints.latest_checkpoint) != trainer.global_step:
             checkpoints.save()  # the end of the run is always a resumable checkpoint
-        train_metrics = trainer.evaluate(self.data.train, batch_size=cfg.train.batch_size * 8)
+        # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
+        # evaluations of the eval data.
+        monitor, trainer.monitor = trainer.monitor, None
+        try:
+            train_metrics = trainer.evaluate(self.data.train, batch_size=cfg.train.batch_size * 8)
+        finally:
+            trainer.monitor = monitor
         baselines = {}
         for head in self.model.head_names:
             output_shape = tuple(self.model(self.data.x_eval[:1])[head].shape[1:])
