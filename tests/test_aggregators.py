@@ -193,9 +193,10 @@ def test_cagrad_equals_reference(k, d, c, rescale, seed, solver):
 
 
 def upgrad_reference(g, reg):
-    """Quinton & Rey: (1/K) sum_i argmin_{v >= e_i} v^T Q v, Q the normalised, regularised Gramian."""
+    """Quinton & Rey: (1/K) sum_i argmin_{v >= e_i} v^T Q v, Q the Gramian normalised by its
+    trace and regularised, as torchjd's UPGrad."""
     gram = g.astype(np.float64) @ g.T.astype(np.float64)
-    q = gram / gram.diagonal().max() + reg * np.eye(len(g))
+    q = gram / gram.trace() + reg * np.eye(len(g))
     ws = []
     for i in range(len(g)):
         lower = np.eye(len(g))[i]

@@ -18,10 +18,19 @@ Weightings (`<name>_weighting(gram, ...) -> Weighting`):
   Optimization", NeurIPS 2018 (Frank-Wolfe min-norm point, their Algorithm 2).
 * `cagrad_weighting`: Liu et al., "Conflict-Averse Gradient Descent for
   Multi-task Learning", NeurIPS 2021.
-* `upgrad_weighting`: Quinton & Rey, "Jacobian Descent for Multi-Objective
-  Optimization", 2024 (arXiv:2406.16232).
+* `upgrad_weighting`, `dualproj_weighting`: Quinton & Rey, "Jacobian Descent
+  for Multi-Objective Optimization", 2024 (arXiv:2406.16232), as torchjd.
 * `imtl_weighting`: Liu et al., "Towards Impartial Multi-task Learning"
   (IMTL-G), ICLR 2021.
+* `aligned_mtl_weighting`: Senushkin et al., "Independent Component Alignment
+  for Multi-Task Learning", CVPR 2023.
+* `config_weighting`: Liu et al., "ConFIG: Towards Conflict-free Training of
+  Physics Informed Neural Networks", ICLR 2025.
+* `krum_weighting`: Blanchard et al., "Machine Learning with Adversaries:
+  Byzantine Tolerant Gradient Descent", NeurIPS 2017.
+
+The weights have the Gramian's dtype: float32 in the step, float64 when the
+Gramian is float64 (`aggregate(..., dtype="float64")`, for analysis).
 
 `aggregate(grads, name, **options)` applies one of them to an explicit `K x D`
 matrix; `get_aggregator(name, **options)` validates a name and its options once
@@ -48,7 +57,8 @@ class Weighting(NamedTuple):
     """Result of a Gramian-based weighting.
 
     Attributes:
-        weights: `(K,)` float32; the aggregate is `weights @ G`.
+        weights: `(K,)`, the Gramian's dtype (float32 in the step, float64 for
+            analysis); the aggregate is `weights @ G`.
         projections: int32 scalar, the number of gradient projections made
             (PCGrad's conflicting pairs; 0 for the other aggregators).
     """
@@ -71,10 +81,48 @@ class Aggregation(NamedTuple):
     projections: tf.Tensor
 
 
-def gramian(grads: tf.Tensor) -> tf.Tensor:
+def gramian(grads: tf.Tensor, dtype: tf.DType | str = tf.float32) -> tf.Tensor:
     """`G G^T` of a `K x D` gradient matrix (inner products of the heads' gradients)."""
-    grads = tf.convert_to_tensor(grads, tf.float32)
+    grads = tf.cast(tf.convert_to_tensor(grads), dtype)
     return tf.matmul(grads, grads, transpose_b=True)
+
+
+def _as_gram(gram: tf.Tensor) -> tf.Tensor:
+    """The Gramian as a float tensor: float64 stays float64 (analysis), anything else float32."""
+    gram = tf.convert_to_tensor(gram)
+    return gram if gram.dtype in (tf.float32, tf.float64) else tf.cast(gram, tf.float32)
+
+
+def _eps(dtype: tf.DType) -> float:
+    return float(np.finfo(dtype.as_numpy_dtype).eps)
+
+
+def _ridge(dtype: tf.DType, k: int) -> float:
+    """Ridge added to a unit-diagonal K x K system so that rounding never makes it indefinite:
+    a few times the rounding error of its entries, so it moves a well-posed solution by about
+    as much as rounding does (float32 ~2e-6 K, float64 ~4e-15 K)."""
+    return 16.0 * k * _eps(dtype)
+
+
+def _feasibility_tol(dtype: tf.DType) -> float:
+    """How far below its bound an active-set candidate may fall and still count as feasible."""
+    return 100.0 * _eps(dtype)
+
+
+def _diagonal_scaling(gram: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """`(C, s, zero)`: `C = diag(s) gram diag(s)` with `s_i = 1 / |g_i|`, the cosine matrix.
+
+    Solving on `C` instead of `gram` keeps every system's diagonal at 1 whatever the
+    spread of the heads' gradient norms (a ridge added after dividing by the largest
+    diagonal entry would swamp a head 1e4x smaller than the largest). `zero` flags rows
+    whose norm is below rounding of the largest (`|g_i| <= eps |g|_max`, all rows when
+    every gradient is 0); `s_i = 0` there, so their rows and columns of `C` are 0.
+    """
+    d = tf.linalg.diag_part(gram)
+    eps = _eps(gram.dtype)
+    zero = d <= eps**2 * tf.reduce_max(d)
+    s = tf.where(zero, tf.zeros_like(d), tf.math.rsqrt(tf.where(zero, tf.ones_like(d), d)))
+    return gram * s[:, None] * s[None, :], s, zero
 
 
 def _k(gram: tf.Tensor) -> int:
@@ -105,20 +153,20 @@ def _quadratic_forms(w: tf.Tensor, q: tf.Tensor) -> tf.Tensor:
 
 def sum_weighting(gram: tf.Tensor) -> Weighting:
     """`d = sum_k g_k`: what per-head SGD does to the trunk, with one optimizer."""
-    return Weighting(tf.ones([_k(gram)], tf.float32), _no_projection())
+    return Weighting(tf.ones([_k(gram)], _as_gram(gram).dtype), _no_projection())
 
 
 def mean_weighting(gram: tf.Tensor) -> Weighting:
     """`d = (1/K) sum_k g_k`."""
     k = _k(gram)
-    return Weighting(tf.fill([k], 1.0 / k), _no_projection())
+    return Weighting(tf.fill([k], tf.constant(1.0 / k, _as_gram(gram).dtype)), _no_projection())
 
 
 def fixed_weighting(gram: tf.Tensor, weights: Sequence[float]) -> Weighting:
     """`d = sum_k weights[k] g_k` with fixed user weights."""
     if len(weights) != _k(gram):
         raise ValueError(f"weights has {len(weights)} entries for {_k(gram)} heads")
-    return Weighting(tf.constant(weights, tf.float32), _no_projection())
+    return Weighting(tf.constant(weights, _as_gram(gram).dtype), _no_projection())
 
 
 # -- PCGrad ----------------------------------------------------------------------------
@@ -144,11 +192,11 @@ def pcgrad_weighting(gram: tf.Tensor, order: tf.Tensor | None = None) -> Weighti
         Weights with `d = weights @ G`, and the number of projections made.
     """
     k = _k(gram)
-    gram = tf.convert_to_tensor(gram, tf.float32)
+    gram = _as_gram(gram)
     if order is None:
         order = tf.tile(tf.range(k)[None, :], [k, 1])
     order = tf.cast(order, tf.int32)
-    coeffs = tf.eye(k)
+    coeffs = tf.eye(k, dtype=gram.dtype)
     rows = tf.range(k)
     projections = tf.constant(0, tf.int32)
     sq_norms = tf.linalg.diag_part(gram)
@@ -158,7 +206,7 @@ def pcgrad_weighting(gram: tf.Tensor, order: tf.Tensor | None = None) -> Weighti
         dots = tf.reduce_sum(coeffs * rows_j, axis=1)        # g_i' . g_{j_i}
         conflict = tf.logical_and(dots < 0.0, tf.not_equal(j, rows))
         scale = tf.where(conflict, tf.math.divide_no_nan(dots, tf.gather(sq_norms, j)), 0.0)
-        coeffs -= scale[:, None] * tf.one_hot(j, k)
+        coeffs -= scale[:, None] * tf.one_hot(j, k, dtype=gram.dtype)
         projections += tf.reduce_sum(tf.cast(conflict, tf.int32))
     return Weighting(tf.reduce_sum(coeffs, axis=0), projections)
 
@@ -168,56 +216,64 @@ def pcgrad_weighting(gram: tf.Tensor, order: tf.Tensor | None = None) -> Weighti
 
 def _min_norm_line(v1v1: tf.Tensor, v1v2: tf.Tensor, v2v2: tf.Tensor) -> tf.Tensor:
     """Sener & Koltun Algorithm 1: gamma minimising |gamma v1 + (1 - gamma) v2|^2 on [0, 1]."""
+    one, zero = tf.ones_like(v1v1), tf.zeros_like(v1v1)
     gamma = tf.math.divide_no_nan(v2v2 - v1v2, v1v1 - 2.0 * v1v2 + v2v2)
-    gamma = tf.where(v1v2 >= v1v1, 1.0, tf.where(v1v2 >= v2v2, 0.0, gamma))
+    gamma = tf.where(v1v2 >= v1v1, one, tf.where(v1v2 >= v2v2, zero, gamma))
     return tf.clip_by_value(gamma, 0.0, 1.0)
 
 
-def _face_systems(q: tf.Tensor, faces: np.ndarray) -> tf.Tensor:
+def _face_systems(q: tf.Tensor, faces: tf.Tensor) -> tf.Tensor:
     """`(S, K, K)`: `q` restricted to the coordinates of each row of `faces` (0/1 masks),
     the identity on the others.
 
     Each system is positive definite when `q` is, so one batched solve handles them all.
     """
+    k = q.shape[0]
     outer = faces[:, :, None] * faces[:, None, :]
-    off_diagonal = np.eye(faces.shape[1], dtype=np.float32)[None] * (1.0 - faces)[:, None, :]
-    return tf.constant(outer) * q[None] + tf.constant(off_diagonal)
+    off_diagonal = tf.eye(k, dtype=q.dtype)[None] * (1.0 - faces)[:, None, :]
+    return outer * q[None] + off_diagonal
 
 
-def _min_norm_face(a: tf.Tensor) -> tf.Tensor:
-    """The min-norm weights from `a_S = q_SS^-1 1_S` (zero off S), one row per face S.
-
-    On face S the KKT conditions `q_SS w_S = lambda 1, 1.w = 1` give `w = a / 1.a`,
-    with objective `w^T q w = 1 / 1.a` (`1.a = a^T q a > 0`). The optimum is the
-    feasible (`w >= 0`) candidate with the largest `1.a`.
-    """
-    total = tf.reduce_sum(a, axis=1)
-    w = a / total[:, None]
-    # A finite sum has finite terms; a negative one (rounding garbage) never wins: every
-    # vertex (singleton face) is feasible with 1.a = 1 / gram_ii > 0.
-    feasible = tf.logical_and(tf.reduce_all(w >= -1e-6, axis=1), tf.math.is_finite(total))
-    best = tf.argmax(tf.where(feasible, total, -np.inf), output_type=tf.int32)
-    return tf.maximum(tf.gather(w, best), 0.0)
+def _faces(k: int, dtype: tf.DType, empty: bool = False) -> tf.Tensor:
+    return tf.constant(_free_masks(k)[0 if empty else 1:], dtype)
 
 
-def simplex_qp(gram: tf.Tensor, reg: float = 1e-6) -> tf.Tensor:
+def simplex_qp(gram: tf.Tensor, reg: float | None = None) -> tf.Tensor:
     """Solves `min_{w >= 0, sum w = 1} w^T gram w` exactly (the min-norm point's weights).
 
-    The optimum lies in the relative interior of some face of the simplex, where
-    it solves the KKT system `gram_SS w_S = lambda 1, 1^T w_S = 1` of that face's
-    support S, i.e. `w_S` is proportional to `gram_SS^-1 1`. All 2^K - 1 supports
-    are solved in one batched `K x K` solve; the best feasible (w >= 0) candidate
-    is the optimum (`_min_norm_face`). `reg * I` is added so that affinely
-    dependent gradients (K > D, duplicates) keep the systems regular.
+    The optimum lies in the relative interior of some face S of the simplex, where
+    it solves the KKT system `gram_SS w_S = lambda 1, 1^T w_S = 1`. The system is
+    solved in the cosine matrix `C = diag(s) gram diag(s)` (`s = 1 / |g_i|`): with
+    `w = s * a`, `C_SS a_S = s_S` and `w = s a / (s.a)`, objective `1 / (s.a)`. All
+    2^K - 1 faces are solved in one batched solve; the feasible (`w >= 0`) candidate
+    with the largest `s.a` is the optimum. `C`'s unit diagonal makes the solve as
+    accurate whatever the spread of the gradients' norms; a ridge at rounding level
+    (`_ridge`) keeps faces of affinely dependent gradients (duplicates, K > D) regular,
+    where the solution of the ridged system tends to the null direction (`|d| = 0`).
+    A zero gradient is the min-norm point itself: then `w` is uniform over the zero rows.
 
     Args:
-        gram: `K x K` positive semi-definite matrix, normalised (max diagonal 1).
-        reg: ridge added to `gram`.
+        gram: `K x K` positive semi-definite matrix (float32 or float64).
+        reg: ridge added to `C`; None: `_ridge(dtype, K)`.
     """
     k = _k(gram)
-    faces = _free_masks(k)[1:]                                            # (S, K), S = 2^K - 1
-    a = tf.linalg.solve(_face_systems(gram + reg * tf.eye(k), faces), tf.constant(faces[:, :, None]))
-    return _min_norm_face(a[:, :, 0])
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    c, s, zero = _diagonal_scaling(gram)
+    ridge = _ridge(dtype, k) if reg is None else reg
+    faces = _faces(k, dtype)                                              # (S, K), S = 2^K - 1
+    a = tf.linalg.solve(_face_systems(c + ridge * tf.eye(k, dtype=dtype), faces),
+                        (faces * s[None, :])[:, :, None])[:, :, 0]
+    total = tf.reduce_sum(a * s[None, :], axis=1)                         # s.a = 1 / objective
+    w = a * s[None, :] / total[:, None]
+    # Every vertex (singleton face) is feasible with s.a = 1 / ridge-ish > 0, so some face wins.
+    feasible = (tf.reduce_all(w >= -_feasibility_tol(dtype), axis=1)
+                & tf.math.is_finite(total) & (total > 0))
+    best = tf.argmax(tf.where(feasible, total, tf.constant(-np.inf, dtype)), output_type=tf.int32)
+    w = tf.maximum(tf.gather(w, best), 0.0)
+    w = w / tf.reduce_sum(w)
+    zeros = tf.cast(zero, dtype)
+    return tf.where(tf.reduce_any(zero), zeros / tf.reduce_sum(zeros), w)
 
 
 def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
@@ -230,10 +286,12 @@ def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
     `g_t` (Algorithm 1); stop when the step moves `w` by less than `tol` (L1)
     or after `max_iter` steps (sublinear convergence: many steps when the
     min-norm point is near 0). With `solver="exact"`, by `simplex_qp` (one
-    batched solve over the 2^K faces, K <= UPGRAD_MAX_HEADS): same point,
-    to float precision, at a fraction of the cost. `"auto"`: exact when
-    K <= UPGRAD_MAX_HEADS. With `rep_grad` this is MGDA-UB (the gradients are
-    taken at the trunk output).
+    batched solve over the 2^K faces, K <= UPGRAD_MAX_HEADS), solved on the
+    cosine matrix so that it is exact to rounding (float32 ~1e-6, float64 ~1e-12
+    relative) whatever the spread of the heads' gradient norms. `"auto"`: exact
+    when K <= UPGRAD_MAX_HEADS. With a zero gradient (the min-norm point is 0),
+    `w` is uniform over the zero rows. With `rep_grad` this is MGDA-UB (the
+    gradients are taken at the trunk output).
 
     Args:
         gram: `K x K` Gramian.
@@ -242,24 +300,24 @@ def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
         tol: Frank-Wolfe stops when `sum |w_new - w|` falls below this.
     """
     k = _k(gram)
-    gram = tf.convert_to_tensor(gram, tf.float32)
-    # The weights do not depend on the Gramian's scale: normalise for float32 robustness.
-    scale = tf.reduce_max(tf.linalg.diag_part(gram))
-    gram = tf.math.divide_no_nan(gram, scale)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
     if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
         return Weighting(simplex_qp(gram), _no_projection())
-    w0 = tf.fill([k], 1.0 / k)
+    # The weights do not depend on the Gramian's scale: normalise for float32 robustness.
+    gram = tf.math.divide_no_nan(gram, tf.reduce_max(tf.linalg.diag_part(gram)))
+    w0 = tf.fill([k], tf.constant(1.0 / k, dtype))
 
     def body(i: tf.Tensor, w: tf.Tensor, change: tf.Tensor):
         gw = tf.linalg.matvec(gram, w)
         t = tf.argmin(gw, output_type=tf.int32)
         gamma = _min_norm_line(gram[t, t], gw[t], tf.tensordot(w, gw, 1))
-        new = (1.0 - gamma) * w + gamma * tf.one_hot(t, k)
+        new = (1.0 - gamma) * w + gamma * tf.one_hot(t, k, dtype=dtype)
         return i + 1, new, tf.reduce_sum(tf.abs(new - w))
 
     _, w, _ = tf.while_loop(
         lambda i, w, change: tf.logical_and(i < max_iter, change >= tol),
-        body, (tf.constant(0), w0, tf.constant(np.inf, tf.float32)),
+        body, (tf.constant(0), w0, tf.constant(np.inf, dtype)),
     )
     return Weighting(w, _no_projection())
 
@@ -278,7 +336,7 @@ def _project_simplex(v: tf.Tensor) -> tf.Tensor:
     return tf.maximum(v - theta, 0.0)
 
 
-def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e-6) -> tf.Tensor:
+def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor) -> tf.Tensor:
     """`argmin_{w in simplex} b.w + radius sqrt(w^T g w)` by enumerating the simplex's faces.
 
     Where `g_w != 0` the objective is smooth and, on the support S of the optimum,
@@ -290,10 +348,10 @@ def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e
     cover it. The best feasible candidate of all is the optimum.
     """
     k = _k(g)
-    faces = _free_masks(k)[1:]
-    masks = tf.constant(faces)                                             # (S, K)
+    dtype = g.dtype
+    masks = _faces(k, dtype)                                               # (S, K)
     rhs = tf.stack([masks, masks * b[None, :]], axis=2)                    # (S, K, 2)
-    sol = tf.linalg.solve(_face_systems(g + reg * tf.eye(k), faces), rhs)
+    sol = tf.linalg.solve(_face_systems(g + _ridge(dtype, k) * tf.eye(k, dtype=dtype), masks), rhs)
     a, c = sol[:, :, 0], sol[:, :, 1]
     a_sum, c_sum = tf.reduce_sum(a, 1), tf.reduce_sum(c, 1)
     b_c = tf.reduce_sum(masks * b[None, :] * c, 1)
@@ -302,11 +360,13 @@ def _cagrad_exact(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, reg: float = 1e
     mu = (c_sum + root) / a_sum
     # Smooth KKT points, then the min-norm candidates (from the same solve).
     w = tf.concat([(mu[:, None] * a - c) / root[:, None], a / a_sum[:, None]], axis=0)
-    feasible = tf.reduce_all(tf.math.is_finite(w), axis=1) & tf.reduce_all(w >= -1e-6, axis=1)
+    feasible = (tf.reduce_all(tf.math.is_finite(w), axis=1)
+                & tf.reduce_all(w >= -_feasibility_tol(dtype), axis=1))
     feasible &= tf.concat([disc > 0, tf.ones_like(disc > 0)], axis=0)
-    w = tf.where(feasible[:, None], tf.maximum(w, 0.0), 1.0 / k)
+    w = tf.where(feasible[:, None], tf.maximum(w, 0.0), tf.constant(1.0 / k, dtype))
     norms = tf.sqrt(tf.maximum(_quadratic_forms(w, g), 0.0))
-    objective = tf.where(feasible, tf.reduce_sum(w * b, axis=1) + radius * norms, np.inf)
+    objective = tf.where(feasible, tf.reduce_sum(w * b, axis=1) + radius * norms,
+                         tf.constant(np.inf, dtype))
     return tf.gather(w, tf.argmin(objective, output_type=tf.int32))
 
 
@@ -314,6 +374,7 @@ def _cagrad_pgd(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, max_iter: int,
                 tol: float) -> tf.Tensor:
     """The same problem by projected gradient descent on the simplex (any K)."""
     k = _k(g)
+    dtype = g.dtype
     lipschitz = tf.reduce_max(tf.linalg.eigvalsh(g)) + 1e-12
     eps = 1e-10
 
@@ -328,7 +389,8 @@ def _cagrad_pgd(g: tf.Tensor, b: tf.Tensor, radius: tf.Tensor, max_iter: int,
 
     _, w, _ = tf.while_loop(
         lambda i, w, change: tf.logical_and(i < max_iter, change >= tol),
-        body, (tf.constant(0), tf.fill([k], 1.0 / k), tf.constant(np.inf, tf.float32)),
+        body, (tf.constant(0), tf.fill([k], tf.constant(1.0 / k, dtype)),
+               tf.constant(np.inf, dtype)),
     )
     return w
 
@@ -355,21 +417,22 @@ def cagrad_weighting(gram: tf.Tensor, c: float = 0.4, rescale: int = 1, solver: 
         max_iter, tol: of the `"pgd"` solver.
     """
     k = _k(gram)
-    gram = tf.convert_to_tensor(gram, tf.float32)
-    mean = tf.fill([k], 1.0 / k)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    mean = tf.fill([k], tf.constant(1.0 / k, dtype))
     if c == 0:
         return Weighting(mean, _no_projection())
     scale = tf.reduce_max(tf.linalg.diag_part(gram))
     g = tf.math.divide_no_nan(gram, scale)             # argmin is scale invariant
     b = tf.reduce_mean(g, axis=1)                       # G g0 in Gramian form
-    g0_norm = tf.sqrt(tf.maximum(tf.reduce_mean(b), 0.0) + 1e-12)
+    g0_norm = tf.sqrt(tf.maximum(tf.reduce_mean(b), 0.0) + 1e-24)
     radius = c * g0_norm
     if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
         w = _cagrad_exact(g, b, radius)
     else:
         w = _cagrad_pgd(g, b, radius, max_iter, tol)
-    gw_norm = tf.sqrt(tf.maximum(tf.tensordot(w, tf.linalg.matvec(g, w), 1), 0.0)) + 1e-8
-    weights = mean + (radius / gw_norm) * w
+    gw_norm = tf.sqrt(tf.maximum(tf.tensordot(w, tf.linalg.matvec(g, w), 1), 0.0))
+    weights = mean + tf.math.divide_no_nan(radius, gw_norm) * w
     if rescale == 1:
         weights /= 1.0 + c**2
     elif rescale == 2:
@@ -377,13 +440,41 @@ def cagrad_weighting(gram: tf.Tensor, c: float = 0.4, rescale: int = 1, solver: 
     return Weighting(weights, _no_projection())
 
 
-# -- UPGrad ----------------------------------------------------------------------------
+# -- UPGrad and DualProj ---------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)
 def _free_masks(k: int) -> np.ndarray:
     """All 2^k subsets of `range(k)` as 0/1 rows (1 = coordinate free, 0 = at its bound)."""
-    return np.array(list(itertools.product([0.0, 1.0], repeat=k)), np.float32)
+    return np.array(list(itertools.product([0.0, 1.0], repeat=k)), np.float64)
+
+
+def _box_qp_definite(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
+    """`box_qp` for a positive definite, well-scaled `gram` (the active-set enumeration)."""
+    k = _k(gram)
+    dtype = gram.dtype
+    lower_t = tf.transpose(lower)                                         # (K, P): column p = bound p
+    faces = _faces(k, dtype, empty=True)
+    masks = faces[:, :, None]                                             # (S, K, 1)
+    # Every candidate is laid out (S, K, P), as the batched solve wants it: transposing
+    # (S, P, K) tensors or broadcasting batched matmuls cost ~70 us each on these shapes.
+    fixed = (1.0 - masks) * lower_t[None]                                 # bound coords at their bound
+    # gram @ fixed_s = (gram * bound_s) @ lower_t, for every face in one 2-D matmul.
+    bound_cols = (1.0 - faces)[:, None, :]                                # (S, 1, K)
+    gram_fixed = tf.reshape(tf.matmul(tf.reshape(gram[None] * bound_cols, [-1, k]), lower_t),
+                            tf.shape(fixed))
+    # Free coords see the fixed ones: gram_FF w_F = -(gram @ fixed)_F.
+    free = tf.linalg.solve(_face_systems(gram, faces), -masks * gram_fixed)
+    cand = masks * free + fixed                                           # (S, K, P)
+    scale = tf.reduce_max(tf.abs(lower_t)) + 1.0
+    feasible = tf.reduce_all(cand >= lower_t[None] - _feasibility_tol(dtype) * scale, axis=1)
+    # The solve makes the gradient gram @ cand vanish on the free coordinates, so
+    # cand^T gram cand = cand . (gram @ cand) = cand . (gram @ fixed) (gram is symmetric).
+    objective = tf.where(feasible, tf.reduce_sum(cand * gram_fixed, axis=1),
+                         tf.constant(np.inf, dtype))
+    best = tf.argmin(objective, axis=0, output_type=tf.int32)             # (P,)
+    # out[p] = cand[best[p], :, p]
+    return tf.gather(tf.gather(cand, best), tf.range(tf.shape(best)[0]), axis=2, batch_dims=1)
 
 
 def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
@@ -392,62 +483,84 @@ def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
     The optimum has some coordinates at their bound and the others solving the
     unconstrained problem restricted to them. All 2^K such candidates are
     computed in one batched solve; the best feasible one is the optimum (the
-    all-at-bound candidate is always feasible). `gram` must be positive definite.
+    all-at-bound candidate is always feasible). The problem is solved in
+    `u = w / s` on the cosine matrix (`s_i = 1 / sqrt(gram_ii)`, unit diagonal,
+    as in `simplex_qp`) plus a ridge at rounding level, so a singular `gram`
+    (linearly dependent rows, K > D) is solved too: its restricted systems are
+    consistent, and the ridged solution tends to the minimum-norm one. A zero
+    row's coordinate does not change the objective; it is left at `max(bound, 0)`.
 
     Args:
-        gram: `K x K` positive definite matrix.
+        gram: `K x K` positive semi-definite matrix.
         lower: `P x K` lower bounds.
 
     Returns:
         `P x K` minimisers.
     """
     k = _k(gram)
-    gram = tf.convert_to_tensor(gram, tf.float32)
-    lower_t = tf.transpose(tf.convert_to_tensor(lower, tf.float32))      # (K, P): column p = bound p
-    faces = _free_masks(k)
-    masks = tf.constant(faces[:, :, None])                                # (S, K, 1)
-    # Every candidate is laid out (S, K, P), as the batched solve wants it: transposing
-    # (S, P, K) tensors or broadcasting batched matmuls cost ~70 us each on these shapes.
-    fixed = (1.0 - masks) * lower_t[None]                                 # bound coords at their bound
-    # gram @ fixed_s = (gram * bound_s) @ lower_t, for every face in one 2-D matmul.
-    bound_cols = tf.constant((1.0 - faces)[:, None, :])                   # (S, 1, K)
-    gram_fixed = tf.reshape(tf.matmul(tf.reshape(gram[None] * bound_cols, [-1, k]), lower_t),
-                            tf.shape(fixed))
-    # Free coords see the fixed ones: gram_FF w_F = -(gram @ fixed)_F.
-    free = tf.linalg.solve(_face_systems(gram, faces), -masks * gram_fixed)
-    cand = masks * free + fixed                                           # (S, K, P)
-    scale = tf.reduce_max(tf.abs(lower_t)) + 1.0
-    feasible = tf.reduce_all(cand >= lower_t[None] - 1e-5 * scale, axis=1)  # (S, P)
-    # The solve makes the gradient gram @ cand vanish on the free coordinates, so
-    # cand^T gram cand = cand . (gram @ cand) = cand . (gram @ fixed) (gram is symmetric).
-    objective = tf.where(feasible, tf.reduce_sum(cand * gram_fixed, axis=1), np.inf)
-    best = tf.argmin(objective, axis=0, output_type=tf.int32)             # (P,)
-    # out[p] = cand[best[p], :, p]
-    return tf.gather(tf.gather(cand, best), tf.range(tf.shape(best)[0]), axis=2, batch_dims=1)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    lower = tf.cast(tf.convert_to_tensor(lower), dtype)
+    d = tf.linalg.diag_part(gram)
+    zero = d <= _eps(dtype) ** 2 * tf.reduce_max(d)
+    s = tf.where(zero, tf.ones_like(d), tf.math.rsqrt(tf.where(zero, tf.ones_like(d), d)))
+    c = gram * s[:, None] * s[None, :] + _ridge(dtype, k) * tf.eye(k, dtype=dtype)
+    u = _box_qp_definite(c, lower / s[None, :])
+    return u * s[None, :]
 
 
-def upgrad_weighting(gram: tf.Tensor, reg: float = 1e-4) -> Weighting:
+def _normalize_trace(gram: tf.Tensor, norm_eps: float, reg: float) -> tf.Tensor:
+    """torchjd's `regularize(normalize(gram, norm_eps), reg_eps)`: `gram / trace(gram)`
+    (0 when the trace is below `norm_eps`), plus `reg I`."""
+    k = _k(gram)
+    trace = tf.linalg.trace(gram)
+    g = tf.where(trace < norm_eps, tf.zeros_like(gram), tf.math.divide_no_nan(gram, trace))
+    return g + reg * tf.eye(k, dtype=gram.dtype)
+
+
+def upgrad_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-4) -> Weighting:
     """UPGrad (Quinton & Rey 2024, Jacobian descent): mean of each g_i projected onto the dual cone.
 
     The projection of `g_i` onto the dual cone `{x : G x >= 0}` of the heads'
     gradients is `w_i @ G` with `w_i = argmin_{v >= e_i} v^T gram v` (their
     Proposition 1); the aggregate is `(1/K) sum_i w_i @ G`, so its inner
-    product with every `g_j` is non-negative. As in torchjd, the Gramian is
-    normalised by its largest diagonal entry and regularised with `reg * I`
-    so that the small QPs are strictly convex.
+    product with every `g_j` is non-negative. As torchjd does, the Gramian is
+    divided by its trace (replaced by 0 when the trace is below `norm_eps`, an
+    absolute threshold: then the weights are the mean's) and `reg * I` is added
+    (torchjd's `reg_eps`): with `reg > 0` every small QP is strictly convex and the
+    aggregate may conflict with a head by up to `reg` times its weight; `reg = 0`
+    is the exact projection (`box_qp` solves singular Gramians too).
 
     Args:
         gram: `K x K` Gramian, `K <= UPGRAD_MAX_HEADS`.
-        reg: ridge added to the normalised Gramian.
+        reg: ridge added to the normalised Gramian (torchjd's `reg_eps`, default 1e-4).
+        norm_eps: torchjd's `norm_eps` (default 1e-4).
     """
     k = _k(gram)
     if k > UPGRAD_MAX_HEADS:
         raise ValueError(f"upgrad supports at most {UPGRAD_MAX_HEADS} heads, got {k}")
-    gram = tf.convert_to_tensor(gram, tf.float32)
-    scale = tf.reduce_max(tf.linalg.diag_part(gram))
-    g = tf.math.divide_no_nan(gram, scale) + reg * tf.eye(k)
-    w = box_qp(g, tf.eye(k))
+    gram = _as_gram(gram)
+    w = box_qp(_normalize_trace(gram, norm_eps, reg), tf.eye(k, dtype=gram.dtype))
     return Weighting(tf.reduce_mean(w, axis=0), _no_projection())
+
+
+def dualproj_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-4) -> Weighting:
+    """DualProj (torchjd; Quinton & Rey 2024): the mean projected onto the dual cone.
+
+    `w = argmin_{v >= 1/K} v^T gram v`: the projection of the mean gradient
+    `(1/K) sum_k g_k` onto `{x : G x >= 0}`, the projection GEM (Lopez-Paz &
+    Ranzato, NeurIPS 2017) makes against its memory's gradients. The Gramian is
+    normalised and regularised as in `upgrad_weighting` (torchjd's DualProj).
+
+    Args:
+        gram: `K x K` Gramian, `K <= UPGRAD_MAX_HEADS`.
+        reg: torchjd's `reg_eps` (default 1e-4).
+        norm_eps: torchjd's `norm_eps` (default 1e-4).
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    lower = tf.fill([1, k], tf.constant(1.0 / k, gram.dtype))
+    return Weighting(box_qp(_normalize_trace(gram, norm_eps, reg), lower)[0], _no_projection())
 
 
 # -- IMTL-G ----------------------------------------------------------------------------
@@ -456,27 +569,141 @@ def upgrad_weighting(gram: tf.Tensor, reg: float = 1e-4) -> Weighting:
 def imtl_weighting(gram: tf.Tensor) -> Weighting:
     """IMTL-G (Liu et al., ICLR 2021): the aggregate has equal projections on every unit g_k.
 
-    With `u_k = g_k / |g_k|`, `D = [g_1 - g_2, ..., g_1 - g_K]^T`,
-    `U = [u_1 - u_2, ..., u_1 - u_K]^T`, the paper's closed form is
-    `alpha_{2..K} = g_1 U^T (D U^T)^{-1}`, `alpha_1 = 1 - sum alpha_{2..K}`, and
-    `d = sum_k alpha_k g_k`. Every product is an entry of the Gramian.
+    With `u_k = g_k / |g_k|` the paper's closed form
+    `alpha_{2..K} = g_1 U^T (D U^T)^{-1}`, `alpha_1 = 1 - sum alpha_{2..K}`
+    (`D = [g_1 - g_k]`, `U = [u_1 - u_k]`) solves `d . u_k = d . u_1` for every k
+    and `sum alpha = 1`, with `d = alpha @ G`. Here the same conditions are one
+    `(K+1) x (K+1)` system in `beta = alpha * |g|`: `cos @ beta = t 1`,
+    `sum beta / |g| = 1` (`cos` the cosine matrix, `t` the common projection),
+    well scaled whatever the spread of the norms. A zero gradient has no direction:
+    its row is dropped (`alpha_k = 0`, the answer on the other rows); with every
+    gradient zero, `alpha = 1/K`. When the system is singular (parallel gradients,
+    more heads than gradient dimensions) the least-squares solution is taken,
+    where `solve` would fail the step.
     """
     k = _k(gram)
-    gram = tf.convert_to_tensor(gram, tf.float32)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
     if k == 1:
-        return Weighting(tf.ones([1]), _no_projection())
-    norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 1e-20))
-    cos_part = gram / norms[None, :]             # [a, b] = g_a . u_b
-    # g_a . (u_1 - u_b) for b = 2..K
-    g_dot_u = cos_part[:, :1] - cos_part[:, 1:]                  # (K, K-1)
-    du = g_dot_u[:1, :] - g_dot_u[1:, :]                         # (K-1, K-1): (g_1 - g_a).(u_1 - u_b)
-    # alpha_rest solves alpha^T (D U^T) = g_1 U^T, i.e. (D U^T)^T alpha = (g_1 U^T)^T. D U^T
-    # is singular when two heads' gradients are parallel (or more heads than gradient
-    # dimensions): then the minimum-norm least-squares solution, where `solve` would
-    # fail the step ("Input matrix is not invertible").
-    alpha_rest = tf.linalg.lstsq(tf.linalg.adjoint(du), g_dot_u[0][:, None], fast=False)[:, 0]
-    alpha = tf.concat([[1.0 - tf.reduce_sum(alpha_rest)], alpha_rest], axis=0)
-    return Weighting(alpha, _no_projection())
+        return Weighting(tf.ones([1], dtype), _no_projection())
+    cos, s, zero = _diagonal_scaling(gram)
+    keep = tf.cast(tf.logical_not(zero), dtype)
+    # Zero rows: the equation beta_k = 0 in place of a projection condition.
+    top = tf.concat([cos + tf.linalg.diag(1.0 - keep), -keep[:, None]], axis=1)      # (K, K+1)
+    inv_norm = s / tf.reduce_max(s)                  # the sum condition divided by max 1/|g|
+    bottom = tf.concat([inv_norm, tf.zeros([1], dtype)], axis=0)[None, :]            # (1, K+1)
+    rhs = tf.concat([tf.zeros([k], dtype), [1.0 / tf.reduce_max(s)]], axis=0)[:, None]
+    beta = tf.linalg.lstsq(tf.concat([top, bottom], axis=0), rhs, fast=False)[:k, 0]
+    alpha = beta * s * keep
+    uniform = tf.fill([k], tf.constant(1.0 / k, dtype))
+    return Weighting(tf.where(tf.reduce_all(zero), uniform, alpha), _no_projection())
+
+
+# -- Aligned-MTL -----------------------------------------------------------------------
+
+
+def aligned_mtl_weighting(gram: tf.Tensor, scale_mode: str = "min") -> Weighting:
+    """Aligned-MTL (Senushkin et al., "Independent Component Alignment for Multi-Task
+    Learning", CVPR 2023): align the gradients to an orthogonal, equally scaled system.
+
+    With `gram = V diag(lambda) V^T` restricted to its rank (eigenvalues above
+    `max(lambda) K eps`, as the authors' code), `B = sqrt(sigma) V diag(lambda^-1/2) V^T`
+    makes the aligned gradients `B^T G` orthogonal with equal norms `sqrt(sigma)`;
+    the update is their sum, `w = B @ 1` (the authors' and LibMTL's task weights 1).
+    `sigma` is the smallest kept eigenvalue (`scale_mode="min"`, default), their
+    lower median (`"median"`) or their mean (`"rmse"`), as the authors'
+    `ProcrustesSolver`. With every gradient zero, `w = 0`.
+
+    Args:
+        gram: `K x K` Gramian.
+        scale_mode: `"min"`, `"median"` or `"rmse"`.
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    lam, v = tf.linalg.eigh(gram)                              # ascending
+    tol = tf.reduce_max(lam) * k * _eps(dtype)
+    kept = lam > tol
+    rank = tf.reduce_sum(tf.cast(kept, tf.int32))
+    inv_sqrt = tf.where(kept, tf.math.rsqrt(tf.where(kept, lam, tf.ones_like(lam))),
+                        tf.zeros_like(lam))
+    if scale_mode == "min":
+        sigma = tf.reduce_min(tf.where(kept, lam, tf.constant(np.inf, dtype)))
+    elif scale_mode == "median":        # torch.median: the lower median of the kept ones
+        sigma = tf.gather(lam, tf.maximum(k - rank + (rank - 1) // 2, 0))
+    else:
+        sigma = tf.math.divide_no_nan(tf.reduce_sum(tf.where(kept, lam, tf.zeros_like(lam))),
+                                      tf.cast(rank, dtype))
+    sigma = tf.where(rank > 0, sigma, tf.zeros_like(sigma))
+    b = tf.sqrt(sigma) * tf.matmul(v * inv_sqrt[None, :], v, transpose_b=True)
+    return Weighting(tf.reduce_sum(b, axis=1), _no_projection())
+
+
+# -- ConFIG ----------------------------------------------------------------------------
+
+
+def config_weighting(gram: tf.Tensor) -> Weighting:
+    """ConFIG (Liu et al., "ConFIG: Towards Conflict-free Training of Physics Informed
+    Neural Networks", ICLR 2025): equal positive projection on every unit gradient.
+
+    The direction is `x = pinv(U) 1`, `U` the matrix of unit gradients `u_k`
+    (the least-norm x with `u_k . x = 1` for every k), rescaled to length
+    `sum_k g_k . x / |x|`: `d = (sum_k g_k . x / |x|^2) x` (the authors' code and
+    torchjd's ConFIG with its default weights 1). From the Gramian:
+    `x = G^T beta`, `beta = diag(1/|g|) cos^+ 1`, with the pseudo-inverse of the
+    cosine matrix taken over its eigenvalues above `K eps` times the largest (torch's
+    `pinv(U)` cuts U's singular values at `max(K, D) eps` times the largest instead).
+    A zero gradient has no unit vector: it gets weight 0 (torchjd: `nan_to_num`).
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    cos, s, _ = _diagonal_scaling(gram)
+    lam, v = tf.linalg.eigh(cos)
+    kept = lam > tf.reduce_max(lam) * k * _eps(dtype)
+    inv = tf.where(kept, 1.0 / tf.where(kept, lam, tf.ones_like(lam)), tf.zeros_like(lam))
+    y = tf.linalg.matvec(v, inv * tf.reduce_sum(v, axis=0))     # cos^+ 1
+    beta = s * y
+    gram_beta = tf.linalg.matvec(gram, beta)
+    scale = tf.math.divide_no_nan(tf.reduce_sum(gram_beta), tf.tensordot(beta, gram_beta, 1))
+    return Weighting(scale * beta, _no_projection())
+
+
+# -- Krum ------------------------------------------------------------------------------
+
+
+def krum_weighting(gram: tf.Tensor, n_byzantine: int = 0, n_selected: int = 1) -> Weighting:
+    """Krum / Multi-Krum (Blanchard et al., "Machine Learning with Adversaries: Byzantine
+    Tolerant Gradient Descent", NeurIPS 2017): the mean of the most central gradients.
+
+    Each gradient's score is the sum of its squared distances
+    `|g_i - g_j|^2 = gram_ii + gram_jj - 2 gram_ij` to its `K - n_byzantine - 2`
+    nearest other gradients; the `n_selected` gradients with the lowest scores
+    are averaged (ties: lowest index), as torchjd's Krum. With fewer heads than
+    `n_byzantine + 3` (a step with a head dropped), each score is the distance to
+    the nearest other gradient.
+
+    Args:
+        gram: `K x K` Gramian.
+        n_byzantine: f, the number of gradients that may be arbitrary.
+        n_selected: m, how many of the best-scored gradients are averaged (1: Krum).
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    if k == 1:
+        return Weighting(tf.ones([1], dtype), _no_projection())
+    sq = tf.linalg.diag_part(gram)
+    dist = tf.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
+    # Self excluded by position rather than as "the smallest": duplicates are also at 0.
+    dist = tf.where(tf.eye(k, dtype=tf.bool), tf.constant(np.inf, dtype), dist)
+    n_closest = min(max(k - n_byzantine - 2, 1), k - 1)
+    nearest = -tf.math.top_k(-dist, k=n_closest).values
+    scores = tf.reduce_sum(nearest, axis=1)
+    m = min(n_selected, k)
+    chosen = tf.math.top_k(-scores, k=m).indices
+    weights = tf.reduce_sum(tf.one_hot(chosen, k, dtype=dtype), axis=0) / m
+    return Weighting(weights, _no_projection())
 
 
 # -- registry --------------------------------------------------------------------------
@@ -515,7 +742,11 @@ _SPECS: dict[str, tuple[Callable[..., Weighting], bool, bool, str]] = {
     "mgda": (mgda_weighting, True, False, "Sener & Koltun, NeurIPS 2018"),
     "cagrad": (cagrad_weighting, False, False, "Liu et al., NeurIPS 2021"),
     "upgrad": (upgrad_weighting, False, False, "Quinton & Rey, arXiv:2406.16232"),
+    "dualproj": (dualproj_weighting, False, False, "Quinton & Rey, arXiv:2406.16232 (torchjd)"),
     "imtl": (imtl_weighting, True, False, "Liu et al., ICLR 2021 (IMTL-G)"),
+    "aligned_mtl": (aligned_mtl_weighting, True, False, "Senushkin et al., CVPR 2023"),
+    "config": (config_weighting, False, False, "Liu et al., ICLR 2025"),
+    "krum": (krum_weighting, False, False, "Blanchard et al., NeurIPS 2017"),
 }
 
 #: Names accepted by `get_aggregator`.
@@ -527,7 +758,9 @@ _OPTIONS = {
     "sum": {}, "mean": {}, "weights": {"weights": None},
     "pcgrad": {}, "mgda": {"solver": "auto", "max_iter": 250, "tol": 1e-6},
     "cagrad": {"c": 0.4, "rescale": 1, "solver": "auto", "max_iter": 200, "tol": 1e-7},
-    "upgrad": {"reg": 1e-4}, "imtl": {},
+    "upgrad": {"reg": 1e-4, "norm_eps": 1e-4}, "dualproj": {"reg": 1e-4, "norm_eps": 1e-4},
+    "imtl": {}, "aligned_mtl": {"scale_mode": "min"}, "config": {},
+    "krum": {"n_byzantine": None, "n_selected": 1},
 }
 
 
@@ -550,7 +783,8 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
             `weights` length and `upgrad`'s limit).
         **options: the aggregator's keyword options (`weights=[...]` for
             `weights`; `c`, `rescale` for `cagrad`; `max_iter`, `tol` for `mgda`;
-            `reg` for `upgrad`).
+            `reg`, `norm_eps` for `upgrad` and `dualproj`; `scale_mode` for
+            `aligned_mtl`; `n_byzantine`, `n_selected` for `krum`).
 
     Raises:
         ValueError: unknown name or option, or a bad option value.
@@ -600,18 +834,31 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
                              f"got {merged['solver']!r}")
         _number(name, "max_iter", merged["max_iter"], 1, integer=True)
         _number(name, "tol", merged["tol"], 0.0)
-    if name == "upgrad":
+    if name in ("upgrad", "dualproj"):
+        # reg = 0 is the exact projection (box_qp solves singular Gramians); a negative
+        # ridge makes the QP non-convex, an infinite one every weight 0: refused.
         _number(name, "reg", merged["reg"], 0.0)
+        _number(name, "norm_eps", merged["norm_eps"], 0.0)
         if num_heads is not None and num_heads > UPGRAD_MAX_HEADS:
             raise ValueError(
-                f"aggregator 'upgrad' supports at most {UPGRAD_MAX_HEADS} heads training the trunk, "
+                f"aggregator {name!r} supports at most {UPGRAD_MAX_HEADS} heads training the trunk, "
                 f"got {num_heads}; use mgda or cagrad for more heads"
             )
+    if name == "aligned_mtl" and merged["scale_mode"] not in ("min", "median", "rmse"):
+        raise ValueError(f"aggregator 'aligned_mtl': scale_mode must be 'min', 'median' or 'rmse', "
+                         f"got {merged['scale_mode']!r}")
+    if name == "krum":
+        if merged["n_byzantine"] is None:
+            raise ValueError("aggregator 'krum' needs n_byzantine=f, the number of heads whose "
+                             "gradient may be arbitrary (an integer >= 0)")
+        _number(name, "n_byzantine", merged["n_byzantine"], 0, integer=True)
+        _number(name, "n_selected", merged["n_selected"], 1, integer=True)
     fn, rep_ok, random_order, citation = _SPECS[name]
     return Aggregator(name, fn, rep_ok, random_order, citation, merged)
 
 
-def aggregate(grads: tf.Tensor, name: str, **options: Any) -> Aggregation:
+def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
+              **options: Any) -> Aggregation:
     """Aggregates the rows of a `K x D` gradient matrix with aggregator `name`.
 
     Example:
@@ -620,17 +867,24 @@ def aggregate(grads: tf.Tensor, name: str, **options: Any) -> Aggregation:
         >>> d = mh.aggregate(g, "pcgrad").direction.numpy()   # conflicts removed
         >>> [round(float(x), 6) for x in d]
         [0.5, 1.5]
+        >>> mh.aggregate(g, "mgda", dtype="float64").weights.dtype   # for analysis
+        tf.float64
 
     Args:
         grads: `K x D` matrix, row k head k's (flattened) trunk gradient.
         name: one of `AGGREGATORS`.
+        dtype: `"float32"` (the step's) or `"float64"`: the precision of the
+            Gramian, the solve and the result.
         **options: the aggregator's options, plus `order=` for PCGrad.
     """
-    grads = tf.convert_to_tensor(grads, tf.float32)
+    dtype = tf.as_dtype(dtype)
+    if dtype not in (tf.float32, tf.float64):
+        raise ValueError(f"aggregate: dtype must be 'float32' or 'float64', got {dtype.name!r}")
+    grads = tf.cast(tf.convert_to_tensor(grads), dtype)
     call_opts = {k: v for k, v in options.items() if k != "order"}
     agg = get_aggregator(name, num_heads=int(grads.shape[0]), **call_opts)
     extra = {"order": tf.convert_to_tensor(options["order"], tf.int32)} if "order" in options else {}
     # Traced once per call: the solvers' while loops are slow op by op in eager mode.
-    result = tf.function(lambda gram: agg(gram, **extra))(gramian(grads))
+    result = tf.function(lambda gram: agg(gram, **extra))(gramian(grads, dtype))
     return Aggregation(tf.linalg.matvec(grads, result.weights, transpose_a=True),
                        result.weights, result.projections)
