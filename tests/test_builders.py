@@ -80,3 +80,23 @@ def test_mixed_data_makes_the_first_head_a_classification_task():
     config = _config()
     config.data.kind = "mixed"
     assert build_data(config).kinds == {"y1": "classification", "y2": "regression"}
+
+
+def test_build_trainer_updates_the_target_networks_inside_the_step():
+    """RL runs give the trainer their target networks: one `update()` per train step, and
+    none in `evaluate`."""
+    import numpy as np
+
+    import multihead as mh
+    from multihead.experiments.builders import build_trainer
+
+    config = _config()
+    model = build_model(config, (None, 7))
+    target = mh.TargetNetwork(model, heads=["y1"], every=2)
+    trainer = build_trainer(config, model, build_objectives(config), None, target_networks=[target])
+    x = np.ones((4, 7), "float32")
+    batch = (x, {"y1": np.zeros((4, 1), "float32"), "y2": np.zeros((4, 1), "float32")})
+    for _ in range(3):
+        trainer.step(batch)
+    trainer.evaluate(batch)
+    assert int(target.counter.numpy()) == 3 and target.num_syncs == 1  # one sync, at update 2 (3 // 2 = 1)
