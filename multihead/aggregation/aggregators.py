@@ -303,7 +303,9 @@ def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
     gram = _as_gram(gram)
     dtype = gram.dtype
     if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
-        return Weighting(simplex_qp(gram), _no_projection())
+        # The K x K solves run in float64 (negligible cost at this size): the float32 answer
+        # is then as exact as the float32 Gramian allows.
+        return Weighting(tf.cast(simplex_qp(tf.cast(gram, tf.float64)), dtype), _no_projection())
     # The weights do not depend on the Gramian's scale: normalise for float32 robustness.
     gram = tf.math.divide_no_nan(gram, tf.reduce_max(tf.linalg.diag_part(gram)))
     w0 = tf.fill([k], tf.constant(1.0 / k, dtype))
@@ -540,8 +542,9 @@ def upgrad_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-4)
     if k > UPGRAD_MAX_HEADS:
         raise ValueError(f"upgrad supports at most {UPGRAD_MAX_HEADS} heads, got {k}")
     gram = _as_gram(gram)
-    w = box_qp(_normalize_trace(gram, norm_eps, reg), tf.eye(k, dtype=gram.dtype))
-    return Weighting(tf.reduce_mean(w, axis=0), _no_projection())
+    q = _normalize_trace(tf.cast(gram, tf.float64), norm_eps, reg)   # solved in float64
+    w = box_qp(q, tf.eye(k, dtype=tf.float64))
+    return Weighting(tf.cast(tf.reduce_mean(w, axis=0), gram.dtype), _no_projection())
 
 
 def dualproj_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-4) -> Weighting:
@@ -559,8 +562,9 @@ def dualproj_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-
     """
     k = _k(gram)
     gram = _as_gram(gram)
-    lower = tf.fill([1, k], tf.constant(1.0 / k, gram.dtype))
-    return Weighting(box_qp(_normalize_trace(gram, norm_eps, reg), lower)[0], _no_projection())
+    lower = tf.fill([1, k], tf.constant(1.0 / k, tf.float64))
+    w = box_qp(_normalize_trace(tf.cast(gram, tf.float64), norm_eps, reg), lower)[0]
+    return Weighting(tf.cast(w, gram.dtype), _no_projection())
 
 
 # -- IMTL-G ----------------------------------------------------------------------------
