@@ -70,7 +70,7 @@ def test_truncation_ends_an_episode_without_terminating_it():
 
 
 def test_driver_rejects_a_bad_number_of_envs():
-    with pytest.raises(ValueError, match="num_envs must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="^Driver.num_envs: must be >= 1, got 0$"):
         Driver(CountingEnv, num_envs=0, seed=0)
 
 

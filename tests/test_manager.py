@@ -87,7 +87,7 @@ def test_crash_during_save_never_leaves_the_manager_on_a_partial_checkpoint(tmp_
 def test_manager_keeps_the_last_n_and_validates_arguments(tmp_path):
     _, _, manager, _ = _manager_run(tmp_path, 20, every=4)
     assert [CheckpointManager.step_of(p) for p in manager.checkpoints] == [12, 16, 20]
-    with pytest.raises(ValueError, match="every must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match="^CheckpointManager.every: must be >= 0, got -1; 0 disables periodic saves$"):
         CheckpointManager(tmp_path, make_model(), every=-1)
     fresh = make_model()
     assert CheckpointManager(tmp_path / "empty", fresh).restore_latest() is None

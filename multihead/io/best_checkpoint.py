@@ -16,7 +16,8 @@ import shutil
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
-from multihead.core.callbacks import Callback, Metrics, MonitoredQuantity, _number
+from multihead._checks import check_float
+from multihead.core.callbacks import Callback, Metrics, MonitoredQuantity
 from multihead.io.checkpoints import save_checkpoint
 
 _POINTER = "best.json"
@@ -58,7 +59,7 @@ class BestCheckpoint(Callback):
             raise TypeError(f"BestCheckpoint: directory must be a path, got {directory!r}")
         self.directory = os.fspath(directory)
         self.quantity = MonitoredQuantity(monitor, mode, "BestCheckpoint")
-        self.min_delta = _number("BestCheckpoint", "min_delta", min_delta, minimum=0)
+        self.min_delta = check_float(min_delta, "BestCheckpoint.min_delta", minimum=0)
         self.parts = parts
         self.targets = targets
         self.path: str | None = None

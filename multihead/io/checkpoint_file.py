@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from multihead._checks import variable_label
 from multihead.io.parts import GROUPS, ORDER, checkpoint_root
 
 _VALUE = "VARIABLE_VALUE"
@@ -143,10 +144,6 @@ class FileGraph:
         return sorted(found, key=key)
 
 
-def _label(path: str, var: Any) -> str:
-    return getattr(var, "path", None) or path or "the variable"
-
-
 def compare(part: str, obj: Any, graph: FileGraph, view: tf.train.TrackableView) -> str | None:
     """What differs between part `part` in the file and the live `obj`, or None."""
     node = graph.node(part)
@@ -157,14 +154,14 @@ def compare(part: str, obj: Any, graph: FileGraph, view: tf.train.TrackableView)
     problems = []
     for path, var in live.items():
         if path not in saved:
-            problems.append(f"{_label(path, var)} is not in the checkpoint")
+            problems.append(f"{variable_label(var, path)} is not in the checkpoint")
             continue
         shape, dtype = saved[path]
         live_shape, live_dtype = tuple(var.shape), tf.as_dtype(var.dtype)
         if shape != live_shape or (dtype is not None and dtype != live_dtype):
             problems.append(
-                f"{_label(path, var)} is {shape} {getattr(dtype, 'name', dtype)} in the checkpoint "
-                f"but {live_shape} {live_dtype.name} in the model"
+                f"{variable_label(var, path)} is {shape} {getattr(dtype, 'name', dtype)} in the "
+                f"checkpoint but {live_shape} {live_dtype.name} in the model"
             )
     extra = sorted(p for p in saved if p not in live)
     if extra:

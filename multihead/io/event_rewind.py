@@ -7,9 +7,8 @@ TensorBoard's loaders show each step once.
 
 TensorBoard's own protocol for this, an `Event` with `session_log.status =
 SessionLog.START` at the resume step, is not used, because only one of its two
-loaders honours it (tensorboard 2.21.0, tensorboard-data-server 0.7.2, measured
-by serving a crashed-then-resumed run with `tensorboard --load_fast=false` and
-`--load_fast=true` and reading `/data/plugin/scalars/scalars`):
+loaders honours it (tensorboard 2.21.0, tensorboard-data-server 0.7.2; the
+`--load_fast=false` and `--load_fast=true` servers):
 
 * The Python loader (`EventAccumulator`, `purge_orphaned_data=True`) purges
   every tensor series at steps >= the START event's step, and only from the

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from multihead._checks import check_int
 from multihead.core.callbacks import Callback
 from multihead.core.model import MultiHeadModel
 from multihead.io.checkpoint_file import CheckpointReadError, restore_objects
@@ -77,9 +78,8 @@ class CheckpointManager:
     def __init__(self, directory: str | os.PathLike[str], model: MultiHeadModel,
                  trainer: Trainer | None = None, *, every: int = 0, keep: int = 3,
                  targets: Mapping[str, Any] | None = None) -> None:
-        for name, value, low in (("every", every, 0), ("keep", keep, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"CheckpointManager: {name} must be an integer >= {low}, got {value!r}")
+        every = check_int(every, "CheckpointManager.every", minimum=0, hint="0 disables periodic saves")
+        keep = check_int(keep, "CheckpointManager.keep", minimum=1)
         check_ready(model, trainer)
         self.directory = os.fspath(directory)
         self.every = every

@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 
 import keras
 
+from multihead._checks import variable_label
 from multihead.core.model import MultiHeadModel
 
 
@@ -20,10 +21,6 @@ def _layer(model: MultiHeadModel, part: str, role: str) -> keras.layers.Layer:
     if part not in layers:
         raise ValueError(f"copy_weights: the {role} model has no part {part!r}; its parts are {list(layers)}")
     return layers[part]
-
-
-def _label(var: keras.Variable) -> str:
-    return getattr(var, "path", None) or getattr(var, "name", "?")
 
 
 def copy_weights(
@@ -86,13 +83,14 @@ def copy_weights(
         for s, d in zip(s_w, d_w):
             if s is d:
                 raise ValueError(
-                    f"copy_weights: part {where}: variable {_label(s)!r} is shared by both models "
-                    "(same object), there is nothing to copy"
+                    f"copy_weights: part {where}: variable {variable_label(s)!r} is shared by both "
+                    "models (same object), there is nothing to copy"
                 )
             if tuple(s.shape) != tuple(d.shape) or s.dtype != d.dtype:
                 raise ValueError(
-                    f"copy_weights: part {where}: src variable {_label(s)!r} has shape "
-                    f"{tuple(s.shape)} {s.dtype}, dst {_label(d)!r} has {tuple(d.shape)} {d.dtype}"
+                    f"copy_weights: part {where}: src variable {variable_label(s)!r} has shape "
+                    f"{tuple(s.shape)} {s.dtype}, dst {variable_label(d)!r} has "
+                    f"{tuple(d.shape)} {d.dtype}"
                 )
         pairs.extend(zip(s_w, d_w))
     for s, d in pairs:

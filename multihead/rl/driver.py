@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 import numpy as np
 import tensorflow as tf
 
+from multihead._checks import check_int
 from multihead.core.model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
 from multihead.monitoring.progress import Progress
@@ -246,8 +247,7 @@ class Driver:
 
     def __init__(self, make_env: EnvFactory, num_envs: int, seed: int,
                  on_episode_end: Callable[[int, float, int], None] | None = None) -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"Driver: num_envs must be an integer >= 1, got {num_envs!r}")
+        num_envs = check_int(num_envs, "Driver.num_envs", minimum=1)
         self.envs = [make_env() for _ in range(num_envs)]
         self.obs = np.stack([env.reset(seed=seed + i)[0]
                              for i, env in enumerate(self.envs)]).astype(np.float32)

@@ -6,6 +6,8 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
+from multihead._checks import check_int
+
 
 class Transitions(NamedTuple):
     """A batch of transitions, one row per transition.
@@ -39,8 +41,7 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], seed: int | None = 0,
                  obs_dtype: str = "float32") -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"ReplayBuffer: capacity must be an integer >= 1, got {capacity!r}")
+        capacity = check_int(capacity, "ReplayBuffer.capacity", minimum=1)
         self.capacity = capacity
         self._obs = np.zeros((capacity,) + tuple(obs_shape), obs_dtype)
         self._next_obs = np.zeros_like(self._obs)

@@ -15,12 +15,12 @@ The update rules are the pure functions `polyak_average` and `periodic_due`;
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Sequence
 
 import keras
 import tensorflow as tf
 
+from multihead._checks import check_float, check_int, variable_label
 from multihead.core.model import MultiHeadModel, _zeros_like_shape
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
@@ -59,10 +59,6 @@ def clone_layer(layer: keras.layers.Layer) -> keras.layers.Layer:
     return layer.__class__.from_config(layer.get_config())
 
 
-def _label(var: Any) -> str:
-    return getattr(var, "path", None) or getattr(var, "name", "?")
-
-
 def _copy_part(source: keras.layers.Layer, part: str, clone: CloneFn) -> keras.layers.Layer:
     """Clones, builds and checks one part (`"trunk"` or `"heads/<name>"`)."""
     try:
@@ -93,8 +89,8 @@ def _copy_part(source: keras.layers.Layer, part: str, clone: CloneFn) -> keras.l
     for var in copy.weights:
         if id(var) in source_ids:
             raise ValueError(
-                f"TargetNetwork: the copy of {part} shares variable {_label(var)!r} with the source "
-                "model (same object); a target network needs its own variables: make clone= "
+                f"TargetNetwork: the copy of {part} shares variable {variable_label(var)!r} with "
+                "the source model (same object); a target network needs its own variables: make clone= "
                 "return layers that create new variables"
             )
     if len(copy.weights) != len(source.weights):
@@ -106,7 +102,7 @@ def _copy_part(source: keras.layers.Layer, part: str, clone: CloneFn) -> keras.l
         if tuple(s.shape) != tuple(t.shape):
             raise ValueError(
                 f"TargetNetwork: the copy of {part} has shape {tuple(t.shape)} where the source "
-                f"variable {_label(s)!r} has {tuple(s.shape)}"
+                f"variable {variable_label(s)!r} has {tuple(s.shape)}"
             )
     copy.trainable = False  # no optimizer or tape ever picks these up
     return copy
@@ -175,15 +171,12 @@ class TargetNetwork(tf.Module):
                 f"TargetNetwork: give exactly one of every= (hard copy period) and tau= (Polyak "
                 f"rate), got every={every!r}, tau={tau!r}"
             )
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ValueError(f"TargetNetwork: every must be an integer >= 1, got {every!r}")
+        if every is not None:
+            every = check_int(every, "TargetNetwork.every", minimum=1,
+                              hint="the source is copied every this many updates")
         if tau is not None:
-            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) \
-                    or not 0.0 < tau <= 1.0:
-                raise ValueError(
-                    f"TargetNetwork: tau must be a number with 0 < tau <= 1, got {tau!r} "
-                    "(typical: 0.005; 1 copies on every update)"
-                )
+            tau = check_float(tau, "TargetNetwork.tau", minimum=0, maximum=1, min_open=True,
+                              hint="typical: 0.005; 1 copies on every update")
         if isinstance(heads, str):
             heads = [heads]
         head_names = list(model.head_names) if heads is None else list(heads)
