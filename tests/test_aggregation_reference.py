@@ -5,7 +5,7 @@ the methods defined by a quadratic program, solves it with SciPy's exact NNLS (L
 Hanson's active-set algorithm). The error is relative to the reference direction's norm
 (floored at 1e-3 of the largest gradient's, for directions that are 0 by definition):
 1e-5 at float64; 1e-4 at float32 (the reference then runs at float64 on the float32 input)
-times `max(1, cond(G)^2 / 1000)`: the step hands the aggregator a float32 Gramian, whose
+times `max(1, cond(G)^2 / 300)`: the step hands the aggregator a float32 Gramian, whose
 rounding (~6e-8 relative) moves the answer of a Gramian-based solve by up to cond(G)^2
 times as much, whatever the solver. Degenerate inputs (cond = inf) are compared at float64
 and checked finite at float32.
@@ -194,7 +194,7 @@ def _check(method, g, dtype, tol=None):
         tol = TOL[dtype]
         if dtype == "float32":
             sv = np.linalg.svd(g, compute_uv=False)
-            tol *= max(1.0, (sv[0] / sv[-1]) ** 2 / 1000)
+            tol *= max(1.0, (sv[0] / sv[-1]) ** 2 / 300)
     got = _direction(method, g, dtype)
     want = _reference(method, g)
     floor = 1e-3 * np.linalg.norm(g, axis=1).max() if np.any(g) else 1.0

@@ -100,8 +100,8 @@ def _eps(dtype: tf.DType) -> float:
 def _ridge(dtype: tf.DType, k: int) -> float:
     """Ridge added to a unit-diagonal K x K system so that rounding never makes it indefinite:
     a few times the rounding error of its entries, so it moves a well-posed solution by about
-    as much as rounding does (float32 ~2e-6 K, float64 ~4e-15 K)."""
-    return 16.0 * k * _eps(dtype)
+    as much as rounding does (float32 ~2.4e-7 K, float64 ~4.4e-16 K)."""
+    return 2.0 * k * _eps(dtype)
 
 
 def _feasibility_tol(dtype: tf.DType) -> float:
@@ -305,7 +305,9 @@ def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
     if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
         # The K x K solves run in float64 (negligible cost at this size): the float32 answer
         # is then as exact as the float32 Gramian allows.
-        return Weighting(tf.cast(simplex_qp(tf.cast(gram, tf.float64)), dtype), _no_projection())
+        # The ridge is the input's: it must cover the rounding of a float32 Gramian.
+        w = simplex_qp(tf.cast(gram, tf.float64), reg=_ridge(dtype, k))
+        return Weighting(tf.cast(w, dtype), _no_projection())
     # The weights do not depend on the Gramian's scale: normalise for float32 robustness.
     gram = tf.math.divide_no_nan(gram, tf.reduce_max(tf.linalg.diag_part(gram)))
     w0 = tf.fill([k], tf.constant(1.0 / k, dtype))
@@ -479,7 +481,7 @@ def _box_qp_definite(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
     return tf.gather(tf.gather(cand, best), tf.range(tf.shape(best)[0]), axis=2, batch_dims=1)
 
 
-def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
+def box_qp(gram: tf.Tensor, lower: tf.Tensor, reg: float | None = None) -> tf.Tensor:
     """Solves `min_{w >= lower[p]} w^T gram w` exactly, for every row p of `lower`.
 
     The optimum has some coordinates at their bound and the others solving the
@@ -495,6 +497,7 @@ def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
     Args:
         gram: `K x K` positive semi-definite matrix.
         lower: `P x K` lower bounds.
+        reg: ridge added to the unit-diagonal system; None: `_ridge(dtype, K)`.
 
     Returns:
         `P x K` minimisers.
@@ -506,7 +509,8 @@ def box_qp(gram: tf.Tensor, lower: tf.Tensor) -> tf.Tensor:
     d = tf.linalg.diag_part(gram)
     zero = d <= _eps(dtype) ** 2 * tf.reduce_max(d)
     s = tf.where(zero, tf.ones_like(d), tf.math.rsqrt(tf.where(zero, tf.ones_like(d), d)))
-    c = gram * s[:, None] * s[None, :] + _ridge(dtype, k) * tf.eye(k, dtype=dtype)
+    ridge = _ridge(dtype, k) if reg is None else reg
+    c = gram * s[:, None] * s[None, :] + ridge * tf.eye(k, dtype=dtype)
     u = _box_qp_definite(c, lower / s[None, :])
     return u * s[None, :]
 
@@ -543,7 +547,7 @@ def upgrad_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-4)
         raise ValueError(f"upgrad supports at most {UPGRAD_MAX_HEADS} heads, got {k}")
     gram = _as_gram(gram)
     q = _normalize_trace(tf.cast(gram, tf.float64), norm_eps, reg)   # solved in float64
-    w = box_qp(q, tf.eye(k, dtype=tf.float64))
+    w = box_qp(q, tf.eye(k, dtype=tf.float64), reg=_ridge(gram.dtype, k))
     return Weighting(tf.cast(tf.reduce_mean(w, axis=0), gram.dtype), _no_projection())
 
 
@@ -563,7 +567,8 @@ def dualproj_weighting(gram: tf.Tensor, reg: float = 1e-4, norm_eps: float = 1e-
     k = _k(gram)
     gram = _as_gram(gram)
     lower = tf.fill([1, k], tf.constant(1.0 / k, tf.float64))
-    w = box_qp(_normalize_trace(tf.cast(gram, tf.float64), norm_eps, reg), lower)[0]
+    w = box_qp(_normalize_trace(tf.cast(gram, tf.float64), norm_eps, reg), lower,
+               reg=_ridge(gram.dtype, k))[0]
     return Weighting(tf.cast(w, gram.dtype), _no_projection())
 
 
