@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._checks import check_choice, check_int
 from multihead.core import distribute
 from multihead.core.data import DataPosition, as_dataset
 from multihead.core.evaluation import Evaluator
@@ -86,9 +87,10 @@ class _LossWeight:
 
     def __init__(self, head: str, spec: Any) -> None:
         self.head = head
+        self._name = f"objectives[{head!r}].weight"
         self.spec = spec
         self.variable = None if callable(spec) else tf.Variable(
-            check_weight(spec), dtype=tf.float32, trainable=False, name="loss_weight")
+            check_weight(spec, self._name), dtype=tf.float32, trainable=False, name="loss_weight")
 
     def __call__(self, step: tf.Tensor) -> tf.Tensor:
         if self.variable is not None:
@@ -101,10 +103,10 @@ class _LossWeight:
             return
         if self.variable is None or callable(spec):
             raise ValueError(
-                f"objectives[{self.head!r}].weight changed from {self.spec!r} to {spec!r} after the "
+                f"{self._name} changed from {self.spec!r} to {spec!r} after the "
                 "step was built: a number can be replaced by another number, a schedule not at "
                 "all; build a new Trainer for that")
-        self.variable.assign(check_weight(spec))
+        self.variable.assign(check_weight(spec, self._name))
         self.spec = spec
 
 
@@ -158,14 +160,12 @@ class _ExecutionSize:
     MAX_STEPS = 1000
 
     def __init__(self, steps_per_execution: int | str) -> None:
-        if steps_per_execution == "auto":
+        if isinstance(steps_per_execution, str) and steps_per_execution == "auto":
             self.auto, self.next = True, 1
-        elif isinstance(steps_per_execution, int) and not isinstance(steps_per_execution, bool) \
-                and steps_per_execution >= 1:
-            self.auto, self.next = False, steps_per_execution
         else:
-            raise ValueError(
-                f"steps_per_execution must be an integer >= 1 or 'auto', got {steps_per_execution!r}")
+            self.auto, self.next = False, check_int(
+                steps_per_execution, "steps_per_execution", minimum=1,
+                hint="give an integer >= 1 or 'auto'")
 
     def observe(self, steps: int, seconds: float) -> None:
         """Records that the last call ran `steps` steps in `seconds`."""
@@ -200,7 +200,7 @@ class Trainer:
         log_every: write scalars every this many steps.
         histograms_every: write gradient histograms every this many steps (0: never).
         log_variable_norms: also write each variable's gradient norm.
-        jit_compile: XLA-compile the step (measured slower on CPU; off by default).
+        jit_compile: XLA-compile the step (off by default: slower on CPU).
         trunk: `"per_head"` (each head's optimizer updates the trunk with its own
             slots), or a `TrunkPolicy` (or a dict of its fields): one trunk
             optimizer applies an aggregate of the heads' trunk gradients and each
@@ -240,8 +240,9 @@ class Trainer:
     ) -> None:
         if not isinstance(model, MultiHeadModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+        check_choice(schedule, "schedule", SCHEDULES)
+        check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
+        self._nonfinite_limit = check_int(max_nonfinite_steps, "max_nonfinite_steps", minimum=1)
         model.check_heads(objectives, "objectives")
         missing = [h for h in model.head_names if h not in objectives]
         if missing:
@@ -309,7 +310,6 @@ class Trainer:
         self.stop_training = False
         #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
         self.stop_reason: str | None = None
-        self._nonfinite_limit = max_nonfinite_steps
         if model.built:
             self._build()
 
@@ -515,11 +515,10 @@ class Trainer:
         Returns:
             The per-head history of training losses and evaluations of this call.
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        steps = check_int(steps, "steps", minimum=1)
         call_size = _ExecutionSize(steps_per_execution)
-        if eval_every is not None and eval_every < 1:
-            raise ValueError(f"eval_every must be >= 1, got {eval_every!r}")
+        if eval_every is not None:
+            eval_every = check_int(eval_every, "eval_every", minimum=1, hint="or None: only at the end")
         stream = self._stream(data, batch_size, seed)
         if eval_data is not None:  # a metric that cannot be computed fails before the first step
             self._evaluator.check_dataset(self._eval_dataset(eval_data, batch_size))
@@ -601,7 +600,8 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def evaluate(self, data: Any, batch_size: int | None = None) -> dict[str, dict[str, float]]:
+    def evaluate(self, data: Any, batch_size: int | None = None, log: bool = True,
+                 ) -> dict[str, dict[str, float]]:
         """Per-head loss (mean over all examples) and metrics on `data`, without training.
 
         One compiled call runs the whole dataset (losses and metrics accumulated in
@@ -611,13 +611,14 @@ class Trainer:
         Args:
             data: a batched `tf.data.Dataset` or a tuple `(inputs, {head: labels})`.
             batch_size: batch size for array data (default 1024).
+            log: write the results to TensorBoard's `eval` run (when logging is on);
+                False for data that is not the evaluation set.
 
         Returns:
-            `{head: {"loss": value, <metric name>: value, ...}}`. Also written to
-            TensorBoard (the `eval` run) when logging is on.
+            `{head: {"loss": value, <metric name>: value, ...}}`.
         """
         results = self._evaluator.evaluate(self._eval_dataset(data, batch_size))
-        if self.monitor:
+        if self.monitor and log:
             self.monitor.write_eval(self.global_step, results)
         return results
 

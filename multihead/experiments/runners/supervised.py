@@ -66,11 +66,8 @@ class SupervisedRunner:
             checkpoints.save()  # the end of the run is always a resumable checkpoint
         # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
         # evaluations of the eval data.
-        monitor, trainer.monitor = trainer.monitor, None
-        try:
-            train_metrics = trainer.evaluate(self.data.train, batch_size=cfg.train.batch_size * 8)
-        finally:
-            trainer.monitor = monitor
+        train_metrics = trainer.evaluate(self.data.train, batch_size=cfg.train.batch_size * 8,
+                                         log=False)
         baselines = {}
         for head in self.model.head_names:
             output_shape = tuple(self.model(self.data.x_eval[:1])[head].shape[1:])
