@@ -61,10 +61,10 @@ def test_optimizer_from_serialization_dict():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"every": 0}, "every must be an integer >= 1"),
-    ({"every": 1.5}, "every must be an integer >= 1"),
-    ({"weight": -1.0}, "weight must be finite and >= 0"),
-    ({"trains_trunk": "yes"}, "trains_trunk must be True or False"),
+    ({"every": 0}, r"^Objective.every: must be >= 1, got 0$"),
+    ({"every": 1.5}, r"^Objective.every: expected an integer, got 1.5 \(float\)$"),
+    ({"weight": -1.0}, r"^Objective.weight: must be >= 0, got -1.0; a weight may also be"),
+    ({"trains_trunk": "yes"}, r"^Objective.trains_trunk: must be one of \[True, False\], got 'yes'$"),
 ])
 def test_objective_validates_its_arguments(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

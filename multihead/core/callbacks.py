@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import keras
 import numpy as np
 
+from multihead._checks import check_choice, check_float, check_int
 from multihead.monitoring.progress import Progress
 
 if TYPE_CHECKING:  # annotations only: callbacks never import the trainer
@@ -135,12 +136,11 @@ class NonFiniteGuard(Callback):
 
     With `Objective(on_nonfinite="raise")` at the first such step; otherwise when it
     stays non-finite for `limit` consecutive steps of that head (its updates are
-    skipped meanwhile under the default `"skip"`).
+    skipped meanwhile under the default `"skip"`). `Trainer` checks `limit` (its
+    `max_nonfinite_steps`) at construction.
     """
 
     def __init__(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"max_nonfinite_steps must be an integer >= 1, got {limit!r}")
         self.limit = limit
         self._first: dict[str, tuple[int, float]] = {}
         self._count: dict[str, int] = {}
@@ -174,28 +174,6 @@ def _request_stop(trainer: Trainer, reason: str) -> None:
     trainer.stop_training = True
 
 
-# -- argument checks (at construction: one line naming the argument) ------------------------
-
-
-def _number(owner: str, name: str, value: Any, *, minimum: float | None = None,
-            above: float | None = None, below: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{owner}: {name} must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}")
-    if above is not None and not value > above:
-        raise ValueError(f"{owner}: {name} must be > {above}, got {value!r}")
-    if below is not None and not value < below:
-        raise ValueError(f"{owner}: {name} must be < {below}, got {value!r}")
-    return float(value)
-
-
-def _integer(owner: str, name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{owner}: {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 # -- the quantity a callback watches --------------------------------------------------------
 
 #: Metric names (or parts of names) for which smaller is better / larger is better.
@@ -227,8 +205,7 @@ class MonitoredQuantity:
 
     def __init__(self, monitor: str | Callable[[Metrics], float], mode: str, owner: str) -> None:
         self.owner = owner
-        if mode not in MODES:
-            raise ValueError(f"{owner}: mode must be one of {list(MODES)}, got {mode!r}")
+        check_choice(mode, f"{owner}.mode", MODES)
         if callable(monitor):
             if mode == "auto":
                 raise ValueError(f"{owner}: mode='auto' cannot tell whether the callable monitor "
@@ -333,11 +310,9 @@ class EarlyStopping(Callback):
                  patience: int = 3, min_delta: float = 0.0, mode: str = "auto",
                  restore_best: bool = True) -> None:
         self.quantity = MonitoredQuantity(monitor, mode, "EarlyStopping")
-        self.patience = _integer("EarlyStopping", "patience", patience, 1)
-        self.min_delta = _number("EarlyStopping", "min_delta", min_delta, minimum=0)
-        if not isinstance(restore_best, bool):
-            raise TypeError(f"EarlyStopping: restore_best must be True or False, got {restore_best!r}")
-        self.restore_best = restore_best
+        self.patience = check_int(patience, "EarlyStopping.patience", minimum=1)
+        self.min_delta = check_float(min_delta, "EarlyStopping.min_delta", minimum=0)
+        self.restore_best = check_choice(restore_best, "EarlyStopping.restore_best", (True, False))
         self.on_train_begin()
 
     def on_train_begin(self) -> None:
@@ -409,11 +384,12 @@ class ReduceLROnPlateau(Callback):
         self.head = head
         self.quantity = MonitoredQuantity(monitor if monitor is not None else f"eval/{head}/loss",
                                           mode, "ReduceLROnPlateau")
-        self.factor = _number("ReduceLROnPlateau", "factor", factor, above=0.0, below=1.0)
-        self.patience = _integer("ReduceLROnPlateau", "patience", patience, 1)
-        self.min_delta = _number("ReduceLROnPlateau", "min_delta", min_delta, minimum=0)
-        self.min_lr = _number("ReduceLROnPlateau", "min_lr", min_lr, minimum=0)
-        self.cooldown = _integer("ReduceLROnPlateau", "cooldown", cooldown, 0)
+        self.factor = check_float(factor, "ReduceLROnPlateau.factor", minimum=0, maximum=1,
+                                  min_open=True, max_open=True)
+        self.patience = check_int(patience, "ReduceLROnPlateau.patience", minimum=1)
+        self.min_delta = check_float(min_delta, "ReduceLROnPlateau.min_delta", minimum=0)
+        self.min_lr = check_float(min_lr, "ReduceLROnPlateau.min_lr", minimum=0)
+        self.cooldown = check_int(cooldown, "ReduceLROnPlateau.cooldown", minimum=0)
         self.reductions: list[tuple[int, float, float]] = []
 
     def on_train_begin(self) -> None:
@@ -525,7 +501,7 @@ class LambdaCallback(Callback):
                     raise TypeError(f"LambdaCallback: {name} must be callable, got {fn!r}")
                 setattr(self, name, fn)  # the instance attribute shadows the no-op method
         if every is not None:
-            self.every = _integer("LambdaCallback", "every", every, 1)
+            self.every = check_int(every, "LambdaCallback.every", minimum=1)
 
 
 # -- Keras callbacks ------------------------------------------------------------------------

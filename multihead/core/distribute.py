@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from multihead._checks import check_choice, variable_label
+
 #: Values of the config key `distribute.strategy`.
 STRATEGIES = ("none", "mirrored", "multi_worker")
 
@@ -60,8 +62,7 @@ def make_strategy(kind: str = "none", devices: Sequence[str] | None = None,
         ValueError: unknown `kind`, `devices` given for another kind, or a
             missing or malformed `TF_CONFIG` for `multi_worker`.
     """
-    if kind not in STRATEGIES:
-        raise ValueError(f"distribute strategy must be one of {list(STRATEGIES)}, got {kind!r}")
+    check_choice(kind, "distribute strategy", STRATEGIES)
     if devices is not None and kind != "mirrored":
         raise ValueError(f"distribute devices are only used with strategy 'mirrored', got "
                          f"devices={list(devices)!r} with strategy {kind!r}; remove devices")
@@ -151,10 +152,9 @@ def check_created_in_scope(strategy: tf.distribute.Strategy, variables: Sequence
     for v in variables:
         value = getattr(v, "value", v)
         if not strategy.extended.variable_created_in_scope(value):
-            label = getattr(v, "path", None) or getattr(v, "name", "?")
             raise ValueError(
-                f"{what}: variable {label!r} was not created under strategy.scope(); build the "
-                "model (and create the optimizers and target networks) inside `with "
+                f"{what}: variable {variable_label(v)!r} was not created under strategy.scope(); "
+                "build the model (and create the optimizers and target networks) inside `with "
                 "strategy.scope():`")
 
 

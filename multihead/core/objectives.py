@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import re
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import keras
 import tensorflow as tf
+
+from multihead._checks import check_choice, check_float, check_int
 
 LossSpec = Union[str, Mapping[str, Any], keras.losses.Loss, Callable[..., Any]]
 OptimizerSpec = Union[str, Mapping[str, Any], keras.optimizers.Optimizer]
@@ -21,14 +22,15 @@ WeightSpec = Union[float, keras.optimizers.schedules.LearningRateSchedule, Calla
 NONFINITE_POLICIES = ("skip", "raise", "apply")
 
 
-def check_weight(weight: Any) -> float:
-    """A constant loss weight as a float; raises unless it is a finite number >= 0."""
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-        raise TypeError(f"weight must be a number, a LearningRateSchedule or a callable of the "
-                        f"step, got {weight!r}")
-    if not math.isfinite(weight) or weight < 0:
-        raise ValueError(f"weight must be finite and >= 0, got {weight!r}")
-    return float(weight)
+def check_weight(weight: Any, name: str = "weight") -> float:
+    """A constant loss weight as a float; raises unless it is a finite number >= 0.
+
+    Args:
+        weight: the weight.
+        name: the argument the error names (e.g. `objectives['a'].weight`).
+    """
+    return check_float(weight, name, minimum=0,
+                       hint="a weight may also be a LearningRateSchedule or a callable of the step")
 
 
 #: A resolved head loss: `(inputs, targets, head_output, training=False) -> scalar`, where
@@ -77,17 +79,13 @@ class Objective:
     on_nonfinite: str = "skip"
 
     def __post_init__(self) -> None:
-        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
+        self.every = check_int(self.every, "Objective.every", minimum=1)
         if isinstance(self.weight, Mapping):
             self.weight = keras.optimizers.schedules.deserialize(dict(self.weight))
         if not callable(self.weight):
-            check_weight(self.weight)
-        if self.on_nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"on_nonfinite must be one of {list(NONFINITE_POLICIES)}, "
-                             f"got {self.on_nonfinite!r}")
-        if not isinstance(self.trains_trunk, bool):
-            raise TypeError(f"trains_trunk must be True or False, got {self.trains_trunk!r}")
+            check_weight(self.weight, "Objective.weight")
+        check_choice(self.on_nonfinite, "Objective.on_nonfinite", NONFINITE_POLICIES)
+        check_choice(self.trains_trunk, "Objective.trains_trunk", (True, False))
         if isinstance(self.metrics, (str, Mapping)):
             self.metrics = [self.metrics]
 

@@ -12,6 +12,8 @@ from typing import Mapping, Sequence
 
 import keras
 
+from multihead._checks import variable_label
+
 TRUNK = "trunk"
 
 
@@ -33,10 +35,6 @@ class Partition:
             raise KeyError(f"no head named {head!r}; heads are {sorted(self.heads)}")
         trunk = list(self.trunk) if trains_trunk else []
         return trunk + list(self.heads[head])
-
-
-def _label(var: keras.Variable) -> str:
-    return getattr(var, "path", None) or getattr(var, "name", "?")
 
 
 def partition_variables(
@@ -70,14 +68,14 @@ def partition_variables(
     for var_id, parts in owners.items():
         if len(parts) > 1:
             raise ValueError(
-                f"variable {_label(by_id[var_id])!r} is owned by {' and '.join(parts)}: "
+                f"variable {variable_label(by_id[var_id])!r} is owned by {' and '.join(parts)}: "
                 "a layer object may belong to one part only; put layers that several "
                 "heads share into the trunk"
             )
     orphans = [v for v in all_trainable if id(v) not in owners]
     if orphans:
         raise ValueError(
-            f"trainable variable {_label(orphans[0])!r} belongs neither to the trunk nor "
+            f"trainable variable {variable_label(orphans[0])!r} belongs neither to the trunk nor "
             "to any head (layers created outside `trunk` and `heads`?); "
             "move its layer into the trunk or a head, or make it non-trainable"
         )

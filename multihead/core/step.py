@@ -185,7 +185,8 @@ class TrainStep:
     Args:
         model: the built model.
         heads: the heads, in order.
-        schedule: `"simultaneous"` or `"sequential"`.
+        schedule: `"simultaneous"` or `"sequential"` (checked by `Trainer`; trunk
+            aggregation needs `"simultaneous"`, checked by `TrunkUpdate.create`).
         step: the step counter variable.
         rule: the trunk rule.
         monitor: the TensorBoard monitor, or None.
@@ -207,10 +208,6 @@ class TrainStep:
         target_networks: Sequence[Any] = (),
         addresses: Mapping[int, str] | None = None,
     ) -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-        if schedule == "sequential" and not rule.per_head:
-            raise ValueError("trunk aggregation needs schedule='simultaneous'")
         self._model = model
         self._heads = tuple(heads)
         self._schedule = schedule

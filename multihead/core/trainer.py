@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -78,6 +79,42 @@ def _split_batch(batch: Any) -> tuple[Any, Any]:
         "a batch must be a pair (inputs, targets) with targets a dict head -> labels, "
         f"got {type(batch).__name__}"
     )
+
+
+def _is_sparse(loss: Any) -> bool:
+    """Whether a Keras loss spec takes class indices as labels (one value per example)."""
+    name = loss if isinstance(loss, str) else (
+        loss.get("class_name", "") if isinstance(loss, Mapping) else type(loss).__name__)
+    return "sparse" in str(name).lower()
+
+
+def check_label_shape(head: str, loss: Any, label: tf.TensorShape, output: tf.TensorShape,
+                      batch: int | None) -> None:
+    """Raises unless labels of shape `label` fit the output of `head` for its Keras loss:
+    the output's shape (a `(batch,)` label also fits a `(batch, 1)` output), or, for a
+    sparse loss, the output's shape without its class axis. Custom loss callables are not
+    checked: they define their own shapes."""
+    if not (isinstance(loss, (str, Mapping)) or isinstance(loss, keras.losses.Loss)):
+        return
+    out = output.as_list()
+    expected = [out[:-1], out[:-1] + [1]] if _is_sparse(loss) else [out]
+    if not _is_sparse(loss) and out[-1:] == [1]:
+        expected.append(out[:-1])
+    dims = label.as_list() if label.rank is not None else None
+
+    def fits(shape: list[int | None]) -> bool:
+        return dims is not None and len(dims) == len(shape) and all(
+            a is None or b is None or a == b for a, b in zip(dims, shape))
+
+    matched = any(fits(e) for e in expected)
+    if matched and dims and batch is not None and dims[0] is not None and dims[0] != batch:
+        matched = False
+    if not matched:
+        got = tuple(dims) if dims is not None else "unknown"
+        raise ValueError(
+            f"head {head!r}: labels of shape {got} do not fit its output of shape "
+            f"{tuple(out[:1] and [batch] + out[1:])} for loss {loss!r} (they would broadcast); "
+            "give one label row per example, shaped like the output")
 
 
 class _LossWeight:
@@ -302,7 +339,7 @@ class Trainer:
         )
         self._jit_compile = jit_compile
         self._needs_targets = {h: needs_own_targets(loss) for h, loss in self.loss_fns.items()}
-        self._checked_keys: tuple[frozenset[str] | None, Any] | None = None
+        self._checked_keys: tuple[Any, ...] | None = None
         self._train_step: TrainStep | None = None
         self._weights: dict[str, _LossWeight] = {}
         self._last_stream: _Stream | None = None
@@ -419,13 +456,32 @@ class Trainer:
             return {next(iter(self.objectives)): targets}
         return targets
 
-    def _check_targets(self, targets: Any, heads: Sequence[str] | None = None) -> None:
+    def _check_targets(self, targets: Any, heads: Sequence[str] | None, inputs: Any) -> None:
+        """Raises a clear error if the targets do not match the heads: missing or extra
+        keys, or labels whose shape does not fit the head's output (they would broadcast)."""
         keys = frozenset(targets) if isinstance(targets, Mapping) else None
-        if keys is not None and (keys, heads) == self._checked_keys:
-            return  # this key set was validated already: keep the per-step path lean
+        shapes = (tuple(tf.TensorShape(np.shape(v) if not hasattr(v, "shape") else v.shape))
+                  for v in tf.nest.flatten(targets))
+        key = (keys, heads, tuple(shapes), tuple(np.shape(x)[:1] for x in tf.nest.flatten(inputs)))
+        if key == self._checked_keys:
+            return  # this batch structure was validated already: keep the per-step path lean
         check_targets(targets, list(self.objectives), self._needs_targets,
                       strict=all(self._needs_targets.values()), required=heads)
-        self._checked_keys = (keys, heads)
+        outputs = self._output_shapes(inputs)
+        batch = np.shape(tf.nest.flatten(inputs)[0])[0] if tf.nest.flatten(inputs) else None
+        for head in heads or self.objectives:
+            if self._needs_targets[head] and isinstance(targets, Mapping):
+                label = targets[head]
+                label_shape = tf.TensorShape(label.shape if hasattr(label, "shape") else np.shape(label))
+                check_label_shape(head, self.objectives[head].loss, label_shape, outputs[head], batch)
+        self._checked_keys = key
+
+    def _output_shapes(self, inputs: Any) -> dict[str, tf.TensorShape]:
+        """Each head's output shape (batch dimension unknown), from one example."""
+        one = tf.nest.map_structure(lambda x: tf.zeros([1] + list(np.shape(x))[1:], x.dtype)
+                                    if hasattr(x, "dtype") else x, inputs)
+        outputs = self.model(one, training=False)
+        return {h: tf.TensorShape([None] + list(outputs[h].shape[1:])) for h in self.objectives}
 
     def step(self, batch: Any, heads: Sequence[str] | None = None) -> StepResult:
         """Runs one compiled update on `batch = (inputs, targets)`.
@@ -443,8 +499,11 @@ class Trainer:
             heads = self._check_head_subset(heads)
         inputs, targets = _split_batch(batch)
         targets = self._targets(targets)
-        self._check_targets(targets, heads)
+        if tf.nest.flatten(inputs) and np.shape(tf.nest.flatten(inputs)[0])[:1] == (0,):
+            raise ValueError("the batch is empty (its inputs have 0 examples); give a batch "
+                             "with at least one example")
         train_step = self._ensure_built(inputs)
+        self._check_targets(targets, heads, inputs)
         self._sync_weights()
         output = train_step(inputs, targets, heads)
         return self._result(int(output.step), output.losses.numpy(), output.updated.numpy(),
@@ -578,8 +637,9 @@ class Trainer:
         self._last_stream = None
         dataset = self._labelled(as_dataset(data, batch_size, shuffle=True, seed=seed))
         inputs_spec, targets_spec = dataset.element_spec
-        self._check_targets(targets_spec)
-        train_step = self._ensure_built(tf.nest.map_structure(_zeros_for_spec, inputs_spec))
+        zeros = tf.nest.map_structure(_zeros_for_spec, inputs_spec)
+        train_step = self._ensure_built(zeros)
+        self._check_targets(targets_spec, None, zeros)
         if self.strategy is not None:  # each global batch is split across the replicas
             dataset = self.strategy.experimental_distribute_dataset(dataset)
         self._last_stream = _Stream(key, train_step, self.data_position.epochs(dataset))
@@ -625,8 +685,9 @@ class Trainer:
     def _eval_dataset(self, data: Any, batch_size: int | None) -> tf.data.Dataset:
         dataset = self._labelled(as_dataset(data, batch_size or 1024, shuffle=False))
         inputs_spec, targets_spec = dataset.element_spec
-        self._check_targets(targets_spec)
-        self._ensure_built(tf.nest.map_structure(_zeros_for_spec, inputs_spec))
+        zeros = tf.nest.map_structure(_zeros_for_spec, inputs_spec)
+        self._ensure_built(zeros)
+        self._check_targets(targets_spec, None, zeros)
         return dataset
 
     def close(self) -> None:

@@ -4,8 +4,8 @@
 `optimizer.apply_gradients(zip(grads, variables))` does, with bitwise the same
 result (tests/test_updates.py checks every variant step by step), but builds
 the graph much faster: Keras 3 builds each variable's update through its
-backend-neutral op wrappers, ~15 ms of tracing per variable, which was 5.6 s of
-the 9.2 s a 64-head step took to trace. Here each update is the same TF ops in
+backend-neutral op wrappers, ~15 ms of tracing per variable, most of the trace
+time of a step with many heads. Here each update is the same TF ops in
 the same order, built once per variable, and the shared scalars (learning rate,
 bias corrections) once per optimizer.
 
