@@ -37,6 +37,7 @@ from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint  # noqa:
 from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
+from multihead.experiments.data_sources import load_data  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,7 @@ __all__ = [
     "copy_weights",
     "export_saved_model",
     "import_tf1_checkpoint",
+    "load_data",
     "load_report",
     "make_strategy",
     "mmoe_synthetic",

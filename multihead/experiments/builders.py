@@ -16,7 +16,7 @@ import yaml
 from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.experiments.config import ConfigError, ExperimentConfig, to_dict
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
-from multihead.core.data import MultiTaskData, mmoe_synthetic
+from multihead.core.data import MultiTaskData
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
 from multihead.core.trainer import Trainer
@@ -92,9 +92,12 @@ def build_layer(spec: Any, path: str) -> keras.layers.Layer:
         raise ConfigError(f"{path}: cannot build {name!r}: {str(err).splitlines()[0]}") from None
 
 
-def build_model(config: ExperimentConfig, input_shape: tuple[int | None, ...]) -> MultiHeadModel:
-    """The model of `config.model`, built for inputs of `input_shape`."""
+def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
+    """The model of `config.model`, built for inputs of `input_shape`: `(None, ...)`, or a dict
+    input name -> shape for named inputs (see `named_inputs_trunk`)."""
     trunk = build_layer(config.model.trunk, "model.trunk")
+    if isinstance(input_shape, Mapping):
+        trunk = named_inputs_trunk(trunk, input_shape)
     heads = {
         name: build_layer(head.layers, f"model.heads.{name}.layers")
         for name, head in config.model.heads.items()
@@ -106,6 +109,22 @@ def build_model(config: ExperimentConfig, input_shape: tuple[int | None, ...]) -
     except (ValueError, TypeError) as err:
         raise ConfigError(f"model: {str(err).splitlines()[0]}") from None
     return model
+
+
+def named_inputs_trunk(trunk: keras.layers.Layer, input_shape: Mapping[str, Any]) -> keras.Model:
+    """A functional trunk for named inputs: each input flattened, concatenated in name order,
+    then `trunk`. A trunk that is already a functional model taking these names is kept."""
+    if isinstance(trunk, keras.Model) and isinstance(getattr(trunk, "_inputs_struct", None), Mapping):
+        return trunk
+    inputs = {name: keras.Input(shape=tuple(input_shape[name][1:]), name=name)
+              for name in sorted(input_shape)}
+    flat = [keras.layers.Flatten()(t) if len(t.shape) != 2 else t for t in inputs.values()]
+    joined = flat[0] if len(flat) == 1 else keras.layers.Concatenate()(flat)
+    try:
+        return keras.Model(inputs=inputs, outputs=trunk(joined), name="trunk")
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model.trunk: cannot take the named inputs {sorted(input_shape)}: "
+                          f"{str(err).splitlines()[0]}") from None
 
 
 def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
@@ -217,31 +236,10 @@ def build_strategy(config: ExperimentConfig) -> Any:
 
 
 def build_data(config: ExperimentConfig) -> MultiTaskData:
-    """The synthetic data of `config.data`, one task per head unless `data.tasks` says otherwise."""
-    data = config.data
-    heads = list(config.model.heads)
-    tasks = data.tasks if data.tasks is not None else heads
-    for task in tasks:
-        if task not in heads:
-            raise ConfigError(
-                f"data.tasks: the data has task {task!r} but model.heads has no head {task!r} "
-                f"(heads: {heads})"
-            )
-    for head in heads:
-        if head not in tasks:
-            raise ConfigError(f"model.heads.{head}: the data has no task {head!r} (tasks: {tasks})")
-    classification = data.classification
-    if classification is None:
-        classification = tasks[:1] if data.kind == "mixed" else []
-    try:
-        return mmoe_synthetic(
-            tasks=tasks, correlation=data.correlation, train_size=data.train_size,
-            eval_size=data.eval_size, input_dim=data.input_dim, num_sinusoids=data.num_sinusoids,
-            scale=data.scale, noise_std=data.noise_std, classification=classification,
-            seed=config.seed if data.seed is None else data.seed,
-        )
-    except ValueError as err:
-        raise ConfigError(f"data: {err}") from None
+    """The data of `config.data` (any kind; `multihead.experiments.data_sources`)."""
+    from multihead.experiments.data_sources import build_data as read
+
+    return read(config)
 
 
 def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: Mapping[str, Objective],

@@ -74,22 +74,50 @@ def _field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None 
     return dataclasses.field(default=default, metadata=meta)
 
 
+DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "python", "multidigits")
+FILE_KINDS = ("npz", "csv", "tfrecord")
+
+
 @dataclasses.dataclass
 class DataConfig:
-    """`data:` the embedded MMoE-style synthetic multi-task data (no download)."""
+    """`data:` where the examples come from: the embedded synthetic data (`mmoe`, `mixed`), the
+    shipped MultiDigits images, or your own (`npz`, `csv`, `tfrecord`, `python`; docs/data.md)."""
 
-    kind: str = _field("mmoe", choices=("mmoe", "mixed"),
-                       doc="mmoe: all regression; mixed: first task binary classification")
+    kind: str = _field("mmoe", choices=DATA_KINDS,
+                       doc="mmoe: all regression; mixed: first task binary classification; "
+                           "multidigits: two overlaid handwritten digits (heads left, right); "
+                           "npz, csv, tfrecord: files; python: module:function")
     tasks: Union[list[str], None] = _field(None, doc="task names; default: the model's heads")
     correlation: float = _field(0.5, doc="cosine similarity of the task weight vectors")
     train_size: int = _field(20000, minimum=1)
     eval_size: int = _field(2000, minimum=1)
-    input_dim: int = _field(100, minimum=1)
+    input_dim: int = _field(100, minimum=1, doc="mmoe/mixed only; other kinds take it from the data")
     num_sinusoids: int = _field(10, minimum=0)
     scale: float = _field(1.0)
     noise_std: float = _field(0.1, minimum=0)
     classification: Union[list[str], None] = _field(None, doc="tasks binarised (mixed variant)")
-    seed: Union[int, None] = _field(None, doc="data seed; default: the top-level seed")
+    seed: Union[int, None] = _field(None, doc="data seed (generators, holdout split); default: "
+                                              "the top-level seed")
+    train: Union[str, None] = _field(None, doc="npz/csv/tfrecord: the training file")
+    eval: Union[str, None] = _field(None, doc="the evaluation file; default: a holdout of train")
+    holdout: float = _field(0.2, doc="fraction of train held out for evaluation when eval is "
+                                     "not given, in (0, 1); split with data.seed")
+    features: Any = _field(None, doc="the input: a column/array name, a list of them "
+                                     "(concatenated), or a mapping input name -> those (named "
+                                     "inputs); default: x")
+    targets: Any = _field(None, doc="head -> column/array name or list of them; default: each "
+                                    "head's own name")
+    dtypes: dict[str, str] = _field({}, doc="csv/tfrecord: column or feature -> float32, float64, "
+                                            "int32 or int64 (default float32)")
+    shapes: dict[str, list[int]] = _field({}, doc="tfrecord: feature -> shape of one example "
+                                                  "(default [], a scalar)")
+    function: Union[str, None] = _field(None, doc="python: module:function returning (inputs, "
+                                                  "{head: labels}), a MultiTaskData or a batched "
+                                                  "tf.data.Dataset; or {train: ..., eval: ...}")
+    options: dict[str, Any] = _field({}, doc="python: keyword arguments of the function; "
+                                             "multidigits: its options (docs/data.md)")
+    on_nan: str = _field("error", choices=("error", "drop", "keep"),
+                         doc="NaN in features or labels: error, drop the rows, or keep them")
 
 
 @dataclasses.dataclass
@@ -379,6 +407,7 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         config.train.trunk = _check_trunk(config)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
+        check_data(config.data, list(config.model.heads))
         if config.train.jit_compile and config.log.tensorboard:
             raise ConfigError("train.jit_compile: XLA cannot compile the TensorBoard summaries in "
                               "the step; set log.tensorboard: false to train with XLA")
@@ -522,6 +551,61 @@ def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
         if isinstance(metric, str):
             names.setdefault(metric, resolved)
     return names
+
+
+_DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def data_from_dict(raw: Any, heads: Sequence[str]) -> DataConfig:
+    """A validated `data:` section on its own (what `mh.load_data` reads), for `heads`."""
+    data = _build(DataConfig, raw, "data")
+    check_data(data, list(heads))
+    return data
+
+
+def check_data(data: DataConfig, heads: list[str]) -> None:
+    """`data` keys against its kind and the heads; the files themselves are read by the builder."""
+    kind = data.kind
+    if kind in FILE_KINDS and data.train is None:
+        raise ConfigError(f"data.train: required for kind {kind}; give the path of the training file")
+    if kind == "python" and data.function is None:
+        raise ConfigError("data.function: required for kind python; give module:function")
+    if data.function is not None:
+        if kind != "python":
+            raise ConfigError(f"data.function: only used with kind python, but kind is {kind!r}")
+        module, sep, name = data.function.partition(":")
+        if not sep or not module or not name:
+            raise ConfigError(f"data.function: expected module:function, got {data.function!r}")
+    for key in ("train", "eval", "features", "targets"):
+        if getattr(data, key) is not None and kind not in FILE_KINDS:
+            raise ConfigError(f"data.{key}: only used with kind npz, csv or tfrecord, but kind is "
+                              f"{kind!r}; remove it")
+    for key in ("dtypes", "shapes"):
+        if getattr(data, key) and kind not in ("csv", "tfrecord"):
+            raise ConfigError(f"data.{key}: only used with kind csv or tfrecord, but kind is "
+                              f"{kind!r}; remove it")
+    if data.options and kind not in ("python", "multidigits"):
+        raise ConfigError(f"data.options: only used with kind python or multidigits, but kind is "
+                          f"{kind!r}; remove it")
+    check_bounds(data.holdout, "data.holdout", minimum=0, maximum=1, min_open=True, max_open=True,
+                 error=ConfigError, hint="e.g. 0.2 evaluates on a fifth of data.train")
+    for column, dtype in data.dtypes.items():
+        check_choice(dtype, f"data.dtypes.{column}", _DTYPES, error=ConfigError)
+    for feature, shape in data.shapes.items():
+        for i, dim in enumerate(shape):
+            check_int(dim, f"data.shapes.{feature}[{i}]", minimum=1, error=ConfigError)
+    if data.targets is not None:
+        if not isinstance(data.targets, Mapping):
+            raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
+                              f"{describe(data.targets)}")
+        for head in data.targets:
+            if head not in heads:
+                raise ConfigError(f"data.targets.{head}: the model has no head {head!r}"
+                                  f"{suggest(str(head), heads)}; its heads are {heads}")
+        for head in heads:
+            if head not in data.targets:
+                raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
+                                  f"add data.targets.{head}")
 
 
 def _check_distribute(config: ExperimentConfig) -> None:

@@ -1,12 +1,14 @@
-"""`task: supervised`: multi-task regression/classification on the embedded data."""
+"""`task: supervised`: multi-task regression/classification on the data of `data:` (any kind)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from multihead.experiments.baselines import constant_baseline
 from multihead.experiments.builders import (
@@ -21,11 +23,16 @@ from multihead.experiments.builders import (
 )
 from multihead.io.checkpoints import CheckpointManager, save_checkpoint
 from multihead.experiments.config import ConfigError, ExperimentConfig
+from multihead.experiments.data_sources import input_spec
 from multihead.core.callbacks import EarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective
+
+
+#: Where a run records its model's input (written before training starts).
+INPUTS_FILE = "inputs.json"
 
 
 @dataclasses.dataclass
@@ -40,6 +47,8 @@ class SupervisedRunner:
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False) -> dict[str, Any]:
         """Trains and writes the run; with `resume`, continues from the run's latest checkpoint."""
         cfg = self.config
+        if not resume:
+            write_inputs(run_dir, self.data)
         trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
                                 strategy=self.strategy, write_config=not resume)
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
@@ -70,7 +79,8 @@ class SupervisedRunner:
                                          log=False)
         baselines = {}
         for head in self.model.head_names:
-            output_shape = tuple(self.model(self.data.x_eval[:1])[head].shape[1:])
+            first = tf.nest.map_structure(lambda a: a[:1], _tree(self.data.x_eval))
+            output_shape = tuple(self.model(first)[head].shape[1:])
             baselines[head] = constant_baseline(
                 trainer.loss_fns[head], head, self.data.y_train[head], self.data.y_eval[head],
                 output_shape,
@@ -93,6 +103,23 @@ class SupervisedRunner:
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
         }
+
+
+def _tree(x: Any) -> Any:
+    return dict(x) if isinstance(x, dict) else x
+
+
+def write_inputs(run_dir: str, data: MultiTaskData) -> None:
+    """`RUN_DIR/inputs.json`: the model's input, so a finished run is rebuilt (load_run, export,
+    predict) without reading its data again: `{"shape": [null, ...], "dtype": ...}` or a mapping
+    input name -> that."""
+    def spec(a: Any) -> dict[str, Any]:
+        return {"shape": [None] + [int(d) for d in a.shape[1:]], "dtype": str(a.dtype)}
+
+    x = _tree(data.x_train)
+    tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
+    with open(os.path.join(run_dir, INPUTS_FILE), "w", encoding="utf-8") as fh:
+        json.dump(tree, fh, indent=2)
 
 
 def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
@@ -152,7 +179,7 @@ def prepare(config: ExperimentConfig) -> SupervisedRunner:
     keras.utils.set_random_seed(config.seed)
     data = build_data(config)
     with scope(strategy):  # mirrored variables
-        model = build_model(config, (None,) + data.x_train.shape[1:])
+        model = build_model(config, input_spec(data))
     objectives = build_objectives(config)
     build_callbacks(config, best_dir=None)  # a head's learning-rate schedule fails here, not mid-run
     return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config),

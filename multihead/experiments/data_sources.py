@@ -1,0 +1,465 @@
+"""The `data:` section -> a `MultiTaskData`: the embedded generators, MultiDigits, and your own
+files (`npz`, `csv`, `tfrecord`) or Python function (`python`).
+
+Every source is read into arrays once and then checked by the same code, so a config and a
+script read data identically and equal data gives bitwise-equal training whatever the file
+format. The checks name the config key: a missing file, array or column, a wrong dtype, rows
+of different lengths, a head without a target or a target without a head, and NaN under
+`data.on_nan` (`error`, `drop` the rows, or `keep` them).
+
+Example:
+    >>> import multihead as mh
+    >>> data = mh.load_data({"kind": "npz", "train": "train.npz", "features": "x"},
+    ...                     heads=["y1", "y2"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import math
+import os
+import re
+import sys
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
+from multihead.experiments.config import ConfigError, DataConfig, ExperimentConfig, data_from_dict
+
+#: The default `data.features` of file sources.
+DEFAULT_FEATURES = "x"
+_CSV_BATCH = 4096
+
+
+def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
+              seed: int = 0) -> MultiTaskData:
+    """Reads the data a config's `data:` section describes, checked against `heads`.
+
+    Args:
+        section: the `data:` mapping of a config (e.g. `{"kind": "csv", "train": "t.csv",
+            "features": ["a", "b"], "targets": {"y": "label"}}`), or a `DataConfig`.
+        heads: the model's head names; each needs exactly one target.
+        seed: used when the section has no `seed` (the holdout split, generators).
+
+    Returns:
+        The train and eval splits; inputs are float32 arrays (or a dict of them for named
+        inputs), labels float32 or int32 arrays of shape `(n, ...)`.
+
+    Raises:
+        ConfigError: one line naming the `data.` key at fault.
+    """
+    data = section if isinstance(section, DataConfig) else data_from_dict(dict(section), heads)
+    return _load(data, list(heads), seed if data.seed is None else data.seed)
+
+
+def build_data(config: ExperimentConfig) -> MultiTaskData:
+    """The data of an experiment config, one task per head."""
+    seed = config.seed if config.data.seed is None else config.data.seed
+    return _load(config.data, list(config.model.heads), seed)
+
+
+def input_spec(data: MultiTaskData) -> Any:
+    """The model's input shape from the data: `(None, ...)`, or a dict of them."""
+    return tf.nest.map_structure(lambda a: (None,) + tuple(a.shape[1:]), _inputs_tree(data.x_train))
+
+
+def _inputs_tree(x: Any) -> Any:
+    return dict(x) if isinstance(x, Mapping) else x
+
+
+def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
+    kind = data.kind
+    if kind in ("mmoe", "mixed"):
+        return _synthetic(data, heads, seed)
+    if kind == "multidigits":
+        from multihead.experiments.multidigits import multidigits
+
+        _check_heads_are(heads, ("left", "right"), "multidigits")
+        try:
+            result = multidigits(**{"seed": seed, **data.options})
+        except TypeError as err:
+            raise ConfigError(f"data.options: {str(err).splitlines()[0]}") from None
+        except ValueError as err:
+            raise ConfigError(f"data.options: {err}") from None
+        return result
+    if kind == "python":
+        train, evaluation = _from_function(data, heads)
+    else:
+        train = _read_split(data, data.train, "data.train", heads)
+        evaluation = None if data.eval is None else _read_split(data, data.eval, "data.eval", heads)
+    train = _checked(train, heads, data.on_nan, "data.train")
+    if evaluation is None:
+        train, evaluation = _holdout(train, data.holdout, seed)
+    else:
+        evaluation = _checked(evaluation, heads, data.on_nan, "data.eval")
+        _check_same_shapes(train, evaluation)
+    for split, where in ((train, "data.train"), (evaluation, "data.eval")):
+        if _rows(split) == 0:
+            raise ConfigError(f"{where}: no rows left (after data.on_nan: {data.on_nan}); give more data")
+    kinds = {h: CLASSIFICATION if np.issubdtype(train[1][h].dtype, np.integer) else REGRESSION
+             for h in heads}
+    return MultiTaskData(x_train=train[0], y_train=train[1], x_eval=evaluation[0],
+                         y_eval=evaluation[1], kinds=kinds, task_correlation=math.nan)
+
+
+# -- the embedded generator --------------------------------------------------------------
+
+
+def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
+    tasks = data.tasks if data.tasks is not None else heads
+    for task in tasks:
+        if task not in heads:
+            raise ConfigError(
+                f"data.tasks: the data has task {task!r} but model.heads has no head {task!r} "
+                f"(heads: {heads})"
+            )
+    for head in heads:
+        if head not in tasks:
+            raise ConfigError(f"model.heads.{head}: the data has no task {head!r} (tasks: {tasks})")
+    classification = data.classification
+    if classification is None:
+        classification = tasks[:1] if data.kind == "mixed" else []
+    try:
+        return mmoe_synthetic(
+            tasks=tasks, correlation=data.correlation, train_size=data.train_size,
+            eval_size=data.eval_size, input_dim=data.input_dim, num_sinusoids=data.num_sinusoids,
+            scale=data.scale, noise_std=data.noise_std, classification=classification, seed=seed,
+        )
+    except ValueError as err:
+        raise ConfigError(f"data: {err}") from None
+
+
+def _check_heads_are(heads: list[str], tasks: Sequence[str], kind: str) -> None:
+    for head in heads:
+        if head not in tasks:
+            raise ConfigError(f"model.heads.{head}: data kind {kind} has no task {head!r} "
+                              f"(its tasks: {list(tasks)})")
+    for task in tasks:
+        if task not in heads:
+            raise ConfigError(f"model.heads: data kind {kind} has task {task!r} but the model has "
+                              f"no head {task!r}; add it (tasks: {list(tasks)})")
+
+
+# -- files -----------------------------------------------------------------------------
+
+
+def _names(spec: Any) -> list[str]:
+    """Column/array names a features or target spec reads."""
+    if isinstance(spec, str):
+        return [spec]
+    if isinstance(spec, list):
+        return list(spec)
+    return [n for v in spec.values() for n in _names(v)]
+
+
+def _spec_error(spec: Any, where: str) -> None:
+    ok = isinstance(spec, str) or (isinstance(spec, list) and spec
+                                   and all(isinstance(s, str) for s in spec))
+    if not ok:
+        raise ConfigError(f"{where}: expected a column/array name or a non-empty list of them, "
+                          f"got {spec!r}")
+
+
+def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
+    features = DEFAULT_FEATURES if data.features is None else data.features
+    if isinstance(features, Mapping):
+        if not features:
+            raise ConfigError("data.features: the mapping of named inputs is empty")
+        for name, spec in features.items():
+            _spec_error(spec, f"data.features.{name}")
+        features = {str(k): v for k, v in features.items()}
+    else:
+        _spec_error(features, "data.features")
+    targets = {h: h for h in heads} if data.targets is None else dict(data.targets)
+    for head, spec in targets.items():
+        _spec_error(spec, f"data.targets.{head}")
+    return features, targets
+
+
+def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, dict]:
+    """One file -> `(inputs, {head: labels})`."""
+    features, targets = _specs(data, heads)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{where}: no such file {path!r}")
+    needed = list(dict.fromkeys(_names(features) + _names(targets)))
+    if data.kind == "npz":
+        table = _read_npz(path, where)
+    elif data.kind == "csv":
+        table = _read_csv(path, where, needed, data.dtypes)
+    else:
+        table = _read_tfrecord(path, where, needed, data.dtypes, data.shapes)
+    source = f"{where} ({path})"
+
+    def select(spec: Any, key: str, label: bool) -> np.ndarray:
+        columns = []
+        for name in _names(spec):
+            if name not in table:
+                from multihead._checks import suggest
+
+                what = "array" if data.kind == "npz" else "column" if data.kind == "csv" else "feature"
+                raise ConfigError(f"{key}: {source} has no {what} {name!r}{suggest(name, table)}; "
+                                  f"it has {sorted(table)}")
+            columns.append(_numeric(table[name], f"{key} ({name!r} in {source})", label))
+        if len(columns) == 1:
+            return columns[0]
+        _check_rows({n: c for n, c in zip(_names(spec), columns)}, key, source)
+        if len({c.dtype for c in columns}) > 1:
+            raise ConfigError(f"{key}: the columns {_names(spec)} have different dtypes "
+                              f"{[str(c.dtype) for c in columns]}; give them one dtype")
+        return np.concatenate([c.reshape(len(c), -1) for c in columns], axis=-1)
+
+    if isinstance(features, Mapping):
+        x: Any = {n: select(s, f"data.features.{n}", False) for n, s in features.items()}
+    else:
+        x = select(features, "data.features", False)
+    y = {h: select(targets[h], f"data.targets.{h}", True) for h in heads}
+    return x, y
+
+
+def _numeric(array: np.ndarray, where: str, label: bool) -> np.ndarray:
+    """Features as float32; labels as int32 (integer labels) or float32; columns as `(n, 1)`."""
+    array = np.asarray(array)
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number)
+                                     or array.dtype == np.bool_):
+        raise ConfigError(f"{where}: has dtype {array.dtype}, expected numbers")
+    if array.ndim == 0:
+        raise ConfigError(f"{where}: is a scalar, expected one row per example")
+    if array.ndim == 1:
+        array = array[:, None]
+    if label and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        return array.astype(np.int32)
+    return array.astype(np.float32)
+
+
+def _read_npz(path: str, where: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except ValueError as err:  # object (ragged) arrays need pickle
+        raise ConfigError(f"{where}: {path!r} holds an object array (ragged rows?): "
+                          f"{str(err).splitlines()[0]}") from None
+    except (OSError, EOFError) as err:
+        raise ConfigError(f"{where}: cannot read {path!r} as .npz ({str(err).splitlines()[0]})") from None
+
+
+def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The needed columns of a CSV file with a header row, parsed by `tf.io.decode_csv`.
+
+    Every column is decoded (unused ones as strings), so a row with a missing or extra field
+    fails; an empty float field is NaN, an empty integer field an error.
+    """
+    with open(path, encoding="utf-8", newline="") as fh:
+        header = next(csv.reader(fh), None)
+    if not header:
+        raise ConfigError(f"{where}: {path!r} is empty; a CSV file needs a header row")
+    for column in dtypes:
+        if column not in header:
+            raise ConfigError(f"data.dtypes.{column}: {path!r} has no column {column!r}")
+    defaults = []
+    for column in header:
+        if column not in needed:
+            defaults.append(tf.constant([""], tf.string))
+        elif dtypes.get(column, "float32").startswith("float"):
+            defaults.append(tf.constant([np.nan], tf.as_dtype(dtypes.get(column, "float32"))))
+        else:
+            defaults.append(tf.constant([], tf.as_dtype(dtypes[column])))
+    keep = [i for i, c in enumerate(header) if c in needed]
+    lines = tf.data.TextLineDataset(path).skip(1).filter(lambda line: tf.strings.length(line) > 0)
+    ds = lines.batch(_CSV_BATCH).map(lambda b: tuple(tf.io.decode_csv(b, defaults)[i] for i in keep),
+                                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    parts: list[list[np.ndarray]] = [[] for _ in keep]
+    try:
+        for batch in ds:
+            for store, column in zip(parts, batch):
+                store.append(column.numpy())
+    except tf.errors.InvalidArgumentError as err:
+        raise ConfigError(_csv_problem(path, where, header, needed, dtypes)
+                          or f"{where}: cannot parse {path!r}: {str(err.message).splitlines()[0]}") from None
+    return {header[i]: (np.concatenate(store) if store else np.zeros((0,), np.float32))
+            for i, store in zip(keep, parts)}
+
+
+def _csv_problem(path: str, where: str, header: list[str], needed: list[str],
+                 dtypes: Mapping[str, str]) -> str | None:
+    """The first ragged row or unparsable value, found by reading the file again in Python
+    (only after tf.data reported a problem)."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        for line, row in enumerate(csv.reader(fh), start=1):
+            if line == 1 or not row:
+                continue
+            if len(row) != len(header):
+                return (f"{where}: line {line} of {path!r} has {len(row)} fields but the header has "
+                        f"{len(header)} (ragged rows); fix the file")
+            for column, value in zip(header, row):
+                dtype = dtypes.get(column, "float32")
+                if column not in needed or (value == "" and dtype.startswith("float")):
+                    continue
+                try:
+                    float(value) if dtype.startswith("float") else int(value)
+                except ValueError:
+                    key = f"data.dtypes.{column}" if column in dtypes else where
+                    return (f"{key}: column {column!r} of {path!r} has {value!r} at line {line}, "
+                            f"not a {dtype}; fix the value or set data.dtypes.{column}")
+    return None
+
+
+def _read_tfrecord(path: str, where: str, needed: list[str], dtypes: Mapping[str, str],
+                   shapes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
+    """`tf.train.Example` records parsed with a fixed-length feature spec (`data.dtypes`,
+    `data.shapes`); a float feature is stored as a float list, an integer one as an int64 list."""
+    spec = {}
+    for name in needed:
+        dtype = dtypes.get(name, "float32")
+        spec[name] = tf.io.FixedLenFeature(shapes.get(name, []),
+                                           tf.float32 if dtype.startswith("float") else tf.int64)
+    ds = tf.data.TFRecordDataset(path).batch(_CSV_BATCH).map(
+        lambda records: tf.io.parse_example(records, spec),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in needed}
+    try:
+        for batch in ds:
+            for name in needed:
+                parts[name].append(batch[name].numpy())
+    except tf.errors.InvalidArgumentError as err:
+        message = str(err.message).splitlines()[0]
+        found = re.search(r"Key: ([^,]+), Index: (\d+)\.\s*(.*)", message)
+        culprit = found.group(1) if found and found.group(1) in needed else None
+        if found:
+            message = f"feature {found.group(1)!r} of record {found.group(2)}: {found.group(3).strip()}"
+        key = f"data.shapes.{culprit}" if culprit else where
+        raise ConfigError(f"{key}: the records of {path!r} do not match the feature spec "
+                          f"(data.dtypes, data.shapes): {message}") from None
+    except tf.errors.DataLossError as err:
+        raise ConfigError(f"{where}: {path!r} is not a TFRecord file ({str(err.message).splitlines()[0]})") from None
+    out = {}
+    for name, store in parts.items():
+        array = np.concatenate(store) if store else np.zeros([0] + shapes.get(name, []), np.float32)
+        dtype = dtypes.get(name, "float32")
+        out[name] = array.astype(dtype)
+    return out
+
+
+# -- Python functions ------------------------------------------------------------------
+
+
+def _from_function(data: DataConfig, heads: list[str]) -> tuple[Any, Any]:
+    module_name, _, name = str(data.function).partition(":")
+    added = os.getcwd() not in sys.path
+    if added:  # a module beside the config, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"data.function: cannot import {module_name!r} ({err})") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ConfigError(f"data.function: module {module_name!r} has no function {name!r}")
+    try:
+        result = function(**data.options)
+    except TypeError as err:
+        raise ConfigError(f"data.options: {data.function} does not take them: "
+                          f"{str(err).splitlines()[0]}") from None
+    if isinstance(result, MultiTaskData):
+        return result.train, result.eval
+    if isinstance(result, Mapping) and "train" in result:
+        unknown = [k for k in result if k not in ("train", "eval")]
+        if unknown:
+            raise ConfigError(f"data.function: returned a mapping with key {unknown[0]!r}; "
+                              "return {train: ..., eval: ...}")
+        train = _pair(result["train"], "data.function (train)")
+        return train, None if result.get("eval") is None else _pair(result["eval"], "data.function (eval)")
+    return _pair(result, "data.function"), None
+
+
+def _pair(value: Any, where: str) -> tuple[Any, dict]:
+    """`(inputs, {head: labels})` as arrays, from arrays or a batched `tf.data.Dataset`."""
+    if isinstance(value, tf.data.Dataset):
+        batches = [tf.nest.map_structure(lambda t: t.numpy(), b) for b in value]
+        if not batches:
+            raise ConfigError(f"{where}: the dataset is empty")
+        value = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], Mapping)):
+        raise ConfigError(f"{where}: expected (inputs, {{head: labels}}), a MultiTaskData, a batched "
+                          f"tf.data.Dataset of such pairs or {{train: ..., eval: ...}}, got "
+                          f"{type(value).__name__}")
+    inputs, targets = value
+    if isinstance(inputs, Mapping):
+        x: Any = {str(k): _numeric(v, f"{where}: input {k!r}", False) for k, v in inputs.items()}
+    else:
+        x = _numeric(inputs, f"{where}: inputs", False)
+    return x, {str(h): _numeric(v, f"{where}: labels of {h!r}", True) for h, v in targets.items()}
+
+
+# -- checks shared by every source ---------------------------------------------------------
+
+
+def _rows(split: tuple[Any, dict]) -> int:
+    return len(tf.nest.flatten(_inputs_tree(split[0]))[0])
+
+
+def _check_rows(arrays: Mapping[str, np.ndarray], where: str, source: str) -> None:
+    lengths = {name: len(a) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(f"{where}: {source} has arrays of different lengths (ragged): "
+                          + ", ".join(f"{n}: {k}" for n, k in lengths.items()))
+
+
+def _checked(split: tuple[Any, dict], heads: list[str], on_nan: str, where: str) -> tuple[Any, dict]:
+    """Heads vs targets, equal row counts, and the NaN policy."""
+    x, y = split
+    for head in y:
+        if head not in heads:
+            raise ConfigError(f"{where}: the data has a target {head!r} but the model has no head "
+                              f"{head!r} (heads: {heads}); add the head or remove the target")
+    for head in heads:
+        if head not in y:
+            raise ConfigError(f"model.heads.{head}: {where} has no target for this head "
+                              f"(targets: {sorted(y)})")
+    inputs = {"inputs": x} if not isinstance(x, Mapping) else {f"inputs {k!r}": v for k, v in x.items()}
+    named = {**inputs, **{f"labels of {h!r}": y[h] for h in heads}}
+    _check_rows(named, where, "the data")
+    bad = np.zeros(len(next(iter(named.values()))), bool)
+    for name, array in named.items():
+        if np.issubdtype(array.dtype, np.floating):
+            rows = np.isnan(array.reshape(len(array), -1)).any(axis=1)
+            if rows.any() and on_nan == "error":
+                raise ConfigError(f"data.on_nan: {where} has NaN in the {name} ({int(rows.sum())} "
+                                  f"rows, first row {int(np.argmax(rows))}); clean the data or set "
+                                  "data.on_nan: drop (or keep)")
+            bad |= rows
+    if on_nan == "drop" and bad.any():
+        keep = ~bad
+        x = tf.nest.map_structure(lambda a: a[keep], _inputs_tree(x))
+        y = {h: y[h][keep] for h in heads}
+    return x, {h: y[h] for h in heads}
+
+
+def _check_same_shapes(train: tuple[Any, dict], evaluation: tuple[Any, dict]) -> None:
+    for name, a, b in (("inputs", train[0], evaluation[0]),) + tuple(
+            (f"labels of {h!r}", train[1][h], evaluation[1][h]) for h in train[1]):
+        sa = tf.nest.map_structure(lambda t: t.shape[1:], _inputs_tree(a))
+        sb = tf.nest.map_structure(lambda t: t.shape[1:], _inputs_tree(b))
+        if sa != sb:
+            raise ConfigError(f"data.eval: the {name} have shape {sb} per example, but in data.train "
+                              f"{sa}; give both splits the same columns")
+
+
+def _holdout(split: tuple[Any, dict], fraction: float, seed: int) -> tuple[tuple, tuple]:
+    """A seeded random `fraction` of the rows as the eval split; both keep the file's order."""
+    n = _rows(split)
+    n_eval = min(n - 1, max(1, round(n * fraction)))
+    if n < 2:
+        raise ConfigError(f"data.holdout: data.train has {n} row(s), too few to hold out an eval "
+                          "split; give data.eval or more rows")
+    order = np.random.default_rng(seed).permutation(n)
+    parts = []
+    for idx in (np.sort(order[n_eval:]), np.sort(order[:n_eval])):
+        parts.append((tf.nest.map_structure(lambda a: a[idx], _inputs_tree(split[0])),
+                      {h: v[idx] for h, v in split[1].items()}))
+    return parts[0], parts[1]
