@@ -1,5 +1,5 @@
-"""Install multihead: `pip install -e .[test]` (add `[rl]` for the RL tasks, `[plot]` for PNG reports,
-`[docs]` to build the documentation site with `mkdocs build --strict`)."""
+"""Install multihead: `pip install -e .[test]` (add `[rl]` for the RL tasks, `[data]` for MultiDigits,
+`[plot]` for PNG reports, `[docs]` to build the documentation site with `mkdocs build --strict`)."""
 
 import re
 from pathlib import Path
@@ -25,7 +25,9 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "gymnasium", "matplotlib", "scipy"],  # scipy: reference QP solves in tests
+        # scipy: reference QP solves in tests; scikit-learn: the MultiDigits data
+        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn"],
+        "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
         # API reference from the docstrings by static analysis (griffe): builds without importing TF.

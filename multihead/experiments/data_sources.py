@@ -27,7 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
-from multihead.experiments.config import ConfigError, DataConfig, ExperimentConfig, data_from_dict
+from multihead.experiments.config import (
+    FILE_KINDS as FILE_KIND_NAMES,
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    data_from_dict,
+)
 
 #: The default `data.features` of file sources.
 DEFAULT_FEATURES = "x"
@@ -75,16 +81,21 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     if kind in ("mmoe", "mixed"):
         return _synthetic(data, heads, seed)
     if kind == "multidigits":
-        from multihead.experiments.multidigits import multidigits
+        from multihead.experiments.multidigits import TASKS, multidigits
 
-        _check_heads_are(heads, ("left", "right"), "multidigits")
+        for head in heads:  # a subset of the tasks trains single-task baselines
+            if head not in TASKS:
+                raise ConfigError(f"model.heads.{head}: data kind multidigits has no task {head!r} "
+                                  f"(its tasks: {list(TASKS)})")
         try:
-            result = multidigits(**{"seed": seed, **data.options})
+            full = multidigits(**{"seed": seed, **data.options})
         except TypeError as err:
             raise ConfigError(f"data.options: {str(err).splitlines()[0]}") from None
         except ValueError as err:
-            raise ConfigError(f"data.options: {err}") from None
-        return result
+            raise ConfigError(f"data.options.{err}") from None
+        return MultiTaskData(x_train=full.x_train, y_train={h: full.y_train[h] for h in heads},
+                             x_eval=full.x_eval, y_eval={h: full.y_eval[h] for h in heads},
+                             kinds={h: full.kinds[h] for h in heads}, task_correlation=math.nan)
     if kind == "python":
         train, evaluation = _from_function(data, heads)
     else:
@@ -130,17 +141,6 @@ def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
         )
     except ValueError as err:
         raise ConfigError(f"data: {err}") from None
-
-
-def _check_heads_are(heads: list[str], tasks: Sequence[str], kind: str) -> None:
-    for head in heads:
-        if head not in tasks:
-            raise ConfigError(f"model.heads.{head}: data kind {kind} has no task {head!r} "
-                              f"(its tasks: {list(tasks)})")
-    for task in tasks:
-        if task not in heads:
-            raise ConfigError(f"model.heads: data kind {kind} has task {task!r} but the model has "
-                              f"no head {task!r}; add it (tasks: {list(tasks)})")
 
 
 # -- files -----------------------------------------------------------------------------
@@ -217,6 +217,52 @@ def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tu
         x = select(features, "data.features", False)
     y = {h: select(targets[h], f"data.targets.{h}", True) for h in heads}
     return x, y
+
+
+def read_inputs(data: DataConfig, path: str, where: str = "--data",
+                input_names: Sequence[str] | None = None) -> Any:
+    """Only the inputs of a file laid out as a run's data (`multihead predict`): an `.npz`,
+    `.csv` or `.tfrecord` read with the run's `data.features` (a `.npz` of a run on generated
+    data holds its input as array `x`, or one array per named input). No labels are needed.
+
+    Raises:
+        ConfigError: naming `where`, for a missing file, array or column, or a wrong dtype.
+    """
+    ext = os.path.splitext(path)[1].lower()
+    kinds = {".npz": "npz", ".csv": "csv", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord"}
+    if ext not in kinds:
+        raise ConfigError(f"{where}: {path!r} is not .npz, .csv or .tfrecord")
+    kind = kinds[ext]
+    if kind != "npz" and data.kind != kind:
+        raise ConfigError(f"{where}: a {kind} file needs a run trained on kind {kind} (its columns "
+                          f"are data.features); this run's data kind is {data.kind!r}: give an .npz")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{where}: no such file {path!r}")
+    if data.kind == kind and data.features is not None:  # laid out as the training files
+        features: Any = data.features
+    elif input_names is not None:
+        features = {n: n for n in input_names}  # one array per named input
+    else:
+        features = DEFAULT_FEATURES
+    if kind == "npz":
+        table = _read_npz(path, where)
+    elif kind == "csv":
+        table = _read_csv(path, where, _names(features), data.dtypes)
+    else:
+        table = _read_tfrecord(path, where, _names(features), data.dtypes, data.shapes)
+
+    def select(spec: Any) -> np.ndarray:
+        columns = []
+        for name in _names(spec):
+            if name not in table:
+                raise ConfigError(f"{where}: {path!r} has no {'array' if kind == 'npz' else 'column'} "
+                                  f"{name!r} (the run's inputs are {_names(features)}); it has {sorted(table)}")
+            columns.append(_numeric(table[name], f"{where} ({name!r})", False))
+        return columns[0] if len(columns) == 1 else np.concatenate(columns, axis=-1)
+
+    if isinstance(features, Mapping):
+        return {n: select(s) for n, s in features.items()}
+    return select(features)
 
 
 def _numeric(array: np.ndarray, where: str, label: bool) -> np.ndarray:
