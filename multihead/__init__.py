@@ -38,6 +38,7 @@ from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
 from multihead.experiments.data_sources import load_data  # noqa: E402
+from multihead.experiments.runs import LoadedRun, load_run  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "History",
     "ImportReport",
     "LambdaCallback",
+    "LoadedRun",
     "Monitor",
     "MultiHeadModel",
     "MultiTaskData",
@@ -77,6 +79,7 @@ __all__ = [
     "import_tf1_checkpoint",
     "load_data",
     "load_report",
+    "load_run",
     "make_strategy",
     "mmoe_synthetic",
     "restore_checkpoint",

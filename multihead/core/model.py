@@ -6,6 +6,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from multihead.core.partition import Partition, partition_variables
@@ -22,6 +23,7 @@ def _zeros_like_shape(shape: Any) -> Any:
     return tf.zeros([1 if d is None else int(d) for d in shape])
 
 
+@keras.saving.register_keras_serializable(package="multihead")
 class MultiHeadModel(keras.Model):
     """A shared trunk feeding several named heads.
 
@@ -39,6 +41,9 @@ class MultiHeadModel(keras.Model):
         >>> model.build((None, 4))
         >>> [v.shape for v in model.var_list("y1")]
         [(4, 8), (8,), (8, 1), (1,)]
+
+    `model.save("m.keras")` and `keras.models.load_model("m.keras")` round-trip the model
+    (trunk, heads and weights) through Keras' own serialization.
 
     Args:
         trunk: any Keras layer or model; its output is every head's input.
@@ -75,6 +80,7 @@ class MultiHeadModel(keras.Model):
         self.heads = dict(heads)
         self._head_names = tuple(heads)
         self._partition: Partition | None = None
+        self._predict_functions: dict[tuple[str, ...], Any] = {}
 
     @property
     def head_names(self) -> tuple[str, ...]:
@@ -98,6 +104,67 @@ class MultiHeadModel(keras.Model):
     def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
         feats = self.features(inputs, training=training)
         return {name: self.head_output(name, feats, training=training) for name in self._head_names}
+
+    def predict(self, x: Any, batch_size: int | None = None,
+                heads: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Inference outputs, `{head: array}`, computed batch by batch in one compiled function.
+
+        Runs with `training=False` (dropout off); batches are concatenated in order.
+
+        Args:
+            x: inputs: an array, a dict of arrays (named inputs), or a batched
+                `tf.data.Dataset` of inputs or of `(inputs, targets)` pairs.
+            batch_size: examples per call for array inputs (default 1024).
+            heads: the heads to return (default all); the trunk runs once per batch.
+
+        Returns:
+            Head name -> numpy array with one row per example.
+
+        Example:
+            >>> import keras, numpy as np, multihead as mh
+            >>> model = mh.MultiHeadModel(keras.layers.Dense(4), {"a": keras.layers.Dense(1)})
+            >>> model.predict(np.zeros((3, 2), "float32"))["a"].shape
+            (3, 1)
+        """
+        chosen = tuple(self._head_names if heads is None else heads)
+        self.check_heads(chosen, "predict(heads=...)")
+        if isinstance(x, tf.data.Dataset):
+            spec = x.element_spec
+            dataset = x.map(lambda *b: b[0]) if isinstance(spec, tuple) and len(spec) == 2 else x
+        else:
+            if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
+                raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+            dataset = tf.data.Dataset.from_tensor_slices(x).batch(batch_size or 1024)
+        function = self._predict_functions.get(chosen)
+        if function is None:
+            def forward(inputs: Any) -> dict[str, tf.Tensor]:
+                feats = self.features(inputs, training=False)
+                return {h: self.head_output(h, feats, training=False) for h in chosen}
+
+            function = self._predict_functions[chosen] = tf.function(forward, reduce_retracing=True)
+        parts: dict[str, list[np.ndarray]] = {h: [] for h in chosen}
+        for batch in dataset:
+            for h, value in function(batch).items():
+                parts[h].append(value.numpy())
+        return {h: np.concatenate(values) for h, values in parts.items()}
+
+    def get_config(self) -> dict[str, Any]:
+        """Keras serialization: the trunk and heads as Keras configs (weights are saved apart)."""
+        return {
+            "name": self.name,
+            "trunk": keras.saving.serialize_keras_object(self.trunk),
+            "heads": {n: keras.saving.serialize_keras_object(self.heads[n]) for n in self._head_names},
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "MultiHeadModel":
+        """The model `get_config` describes, unbuilt (Keras builds it before loading weights)."""
+        def load(spec: Any) -> keras.layers.Layer:
+            return keras.saving.deserialize_keras_object(spec, custom_objects=custom_objects)
+
+        return cls(trunk=load(config["trunk"]),
+                   heads={n: load(spec) for n, spec in config["heads"].items()},
+                   name=config.get("name"))
 
     @property
     def partition(self) -> Partition:

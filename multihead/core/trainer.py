@@ -682,6 +682,20 @@ class Trainer:
             self.monitor.write_eval(self.global_step, results)
         return results
 
+    def predict(self, data: Any, batch_size: int | None = None,
+                heads: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The model's inference outputs on `data`, `{head: array}` (see `MultiHeadModel.predict`).
+
+        Args:
+            data: inputs (an array or a dict of arrays), a pair `(inputs, targets)` whose
+                targets are ignored, or a batched `tf.data.Dataset` of either.
+            batch_size: examples per call for array data (default 1024).
+            heads: the heads to return (default all).
+        """
+        if isinstance(data, tuple) and len(data) == 2:
+            data = data[0]
+        return self.model.predict(data, batch_size=batch_size, heads=heads)
+
     def _eval_dataset(self, data: Any, batch_size: int | None) -> tf.data.Dataset:
         dataset = self._labelled(as_dataset(data, batch_size or 1024, shuffle=False))
         inputs_spec, targets_spec = dataset.element_spec

@@ -1,4 +1,5 @@
-"""The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`.
+"""The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
+`predict`.
 
 Exit codes: 0 success, 2 bad input (config, overrides, paths) with a one-line
 error on stderr and nothing written, 1 an unexpected failure.
@@ -162,6 +163,14 @@ def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
     return 0
 
 
+def _heads_arg(args: argparse.Namespace, model: Any) -> list[str]:
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()] if args.heads else None
+    unknown = [h for h in heads or [] if h not in model.head_names]
+    if heads is not None and (not heads or unknown):
+        raise UsageError(f"--heads {args.heads!r}: the run's heads are {','.join(model.head_names)}")
+    return heads or list(model.head_names)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from multihead.io.checkpoints import restore_checkpoint
     from multihead.io.export import export_saved_model
@@ -172,26 +181,109 @@ def cmd_export(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
         raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
     config = load_config(saved)
-    model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
+    if config.task == "supervised":  # the input the run recorded, whatever its data source
+        from multihead.experiments.builders import build_model
+        from multihead.experiments.runs import run_input_shape
+
+        model = build_model(config, run_input_shape(run_dir, config))
+    else:
+        model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
     if model is None:
         raise UsageError(f"task {config.task!r} has no model to export")
-    heads = [h.strip() for h in args.heads.split(",") if h.strip()] if args.heads else None
-    unknown = [h for h in heads or [] if h not in model.head_names]
-    if heads is not None and (not heads or unknown):
-        raise UsageError(f"--heads {args.heads!r}: the run's heads are {','.join(model.head_names)}")
+    chosen = _heads_arg(args, model)
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     path = _latest_checkpoint(ckpt_dir)
     if path is None and os.path.exists(os.path.join(ckpt_dir, "final.index")):
         path = os.path.join(ckpt_dir, "final")
     if path is None:
         raise UsageError(f"{run_dir!r}: no checkpoint in {ckpt_dir} to export")
-    chosen = heads or list(model.head_names)
     try:
         restore_checkpoint(path, model, parts=["trunk"] + [f"heads/{h}" for h in chosen])
-        result = export_saved_model(model, args.out, heads=chosen)
+        if _input_names(model) is not None:
+            signatures = _export_named_inputs(model, args.out, chosen)
+        else:
+            signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
     except ValueError as err:
         raise UsageError(f"export: {err}") from None
-    print(f"wrote {args.out} from {path} (signatures: {', '.join(result.signatures)})")
+    print(f"wrote {args.out} from {path} (signatures: {', '.join(signatures)})")
+    return 0
+
+
+def _input_names(model: Any) -> list[str] | None:
+    """The input names of a model with named inputs (a functional trunk on a dict), else None."""
+    try:
+        inputs = model.trunk.input
+    except (AttributeError, ValueError):  # a layer, or a Sequential built without Input
+        return None
+    return sorted(inputs) if isinstance(inputs, dict) else None
+
+
+def _export_named_inputs(model: Any, out: str, heads: list[str]) -> list[str]:
+    """A SavedModel of a model with named inputs: as `export_saved_model` writes (a signature
+    for all heads and one per head), each signature taking one argument per input name."""
+    import tensorflow as tf
+
+    spec = {name: tf.TensorSpec(tensor.shape, tensor.dtype, name=name)
+            for name, tensor in model.trunk.input.items()}
+
+    class Serving(tf.Module):
+        def __init__(self) -> None:
+            super().__init__(name="multihead_serving")
+            self.trunk = model.trunk
+            self.heads = {h: model.heads[h] for h in heads}
+            self.serve = {key: tf.function(self._outputs_of(chosen), input_signature=[spec])
+                          for key, chosen in [("serving_default", tuple(heads))]
+                          + [(h, (h,)) for h in heads]}
+            self.__call__ = self.serve["serving_default"]
+
+        def _outputs_of(self, chosen: tuple[str, ...]) -> Any:
+            def serve(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+                feats = self.trunk(inputs, training=False)
+                return {h: self.heads[h](feats, training=False) for h in chosen}
+            return serve
+
+    serving = Serving()
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)) or ".", prefix=".export-")
+    try:
+        tf.saved_model.save(serving, tmp, signatures={k: f.get_concrete_function()
+                                                      for k, f in serving.serve.items()})
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked before)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return list(serving.serve)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from multihead.experiments.data_sources import read_inputs
+    from multihead.experiments.runs import load_run
+
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
+    if not args.out.endswith(".npz"):
+        raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
+    run = load_run(args.run_dir, checkpoint=args.checkpoint)
+    heads = _heads_arg(args, run.model)
+    inputs = read_inputs(run.config.data, args.data, input_names=_input_names(run.model))
+    try:
+        predictions = run.model.predict(inputs, batch_size=args.batch_size, heads=heads)
+    except (ValueError, TypeError, KeyError) as err:
+        raise UsageError(f"--data {args.data!r}: the model cannot take these inputs: "
+                         f"{str(err).splitlines()[0]}") from None
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, **predictions)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    rows = len(next(iter(predictions.values())))
+    print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} (checkpoint {run.checkpoint})")
     return 0
 
 
@@ -268,6 +360,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
     export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
     export.set_defaults(func=cmd_export)
+
+    predict = sub.add_parser("predict", help="a finished run's outputs on new data, as .npz")
+    predict.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
+    predict.add_argument("--data", required=True, metavar="FILE",
+                         help=".npz (input arrays by name, x by default), or .csv / .tfrecord laid "
+                              "out as the run's data (its data.features)")
+    predict.add_argument("--out", required=True, metavar="FILE", help="where to write {head: array} (.npz)")
+    predict.add_argument("--heads", metavar="A,B", help="heads to predict (default: all)")
+    predict.add_argument("--checkpoint", metavar="NAME",
+                         help="final (default), latest, best, ckpt-<step> or a checkpoint path")
+    predict.add_argument("--batch-size", type=int, default=1024, help="examples per call")
+    predict.set_defaults(func=cmd_predict)
 
     validate = sub.add_parser("validate", help="check a config and build its model, without training")
     with_config(validate)

@@ -1,0 +1,132 @@
+"""Prediction and finished runs: model/trainer predict, `.keras` round trip, `mh.load_run`
+reproducing metrics.json, `multihead predict` and `multihead export` on a CSV run with
+named inputs."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+import multihead as mh
+from conftest import make_batch, make_model
+from multihead.experiments.cli import main
+
+D = 5
+
+
+def test_predict_returns_every_head_in_order_and_equals_the_inference_call():
+    model = make_model(seed=1, dropout=0.5)
+    trainer = mh.Trainer(model, {h: mh.Objective("mse") for h in "ab"})
+    trainer.step(make_batch())
+    x, y = make_batch(n=37, seed=4)
+    expected = model(x, training=False)
+    out = model.predict(x, batch_size=8)
+    assert list(out) == ["a", "b"]
+    for h in "ab":
+        assert isinstance(out[h], np.ndarray) and out[h].shape == (37, 1)
+        np.testing.assert_allclose(out[h], expected[h].numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(trainer.predict((x, y), batch_size=8)["a"], out["a"])
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    np.testing.assert_array_equal(trainer.predict(dataset, heads=["b"])["b"], out["b"])
+    assert list(trainer.predict(x, heads=["b"])) == ["b"]
+    with pytest.raises(ValueError, match="predict\\(heads=...\\) names head 'z'"):
+        model.predict(x, heads=["z"])
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_keras_file_round_trip_gives_equal_outputs(tmp_path, named):
+    keras.utils.set_random_seed(0)
+    if named:
+        inputs = {"u": keras.Input((2,), name="u"), "v": keras.Input((3,), name="v")}
+        joined = keras.layers.Concatenate()([inputs["u"], inputs["v"]])
+        trunk = keras.Model(inputs, keras.layers.Dense(8, activation="relu")(joined))
+        shape = {"u": (None, 2), "v": (None, 3)}
+        x = {"u": np.random.default_rng(0).standard_normal((6, 2)).astype("float32"),
+             "v": np.random.default_rng(1).standard_normal((6, 3)).astype("float32")}
+    else:
+        trunk = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dropout(0.2)])
+        shape = (None, 4)
+        x = np.random.default_rng(0).standard_normal((6, 4)).astype("float32")
+    model = mh.MultiHeadModel(trunk, {"a": keras.layers.Dense(1),
+                                      "b": keras.Sequential([keras.layers.Dense(3)])}, name="mine")
+    model.build(shape)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded, mh.MultiHeadModel) and loaded.head_names == ("a", "b")
+    assert loaded.name == "mine"
+    for h, value in model.predict(x).items():
+        np.testing.assert_array_equal(loaded.predict(x)[h], value)
+    # the partition is computed afresh on the loaded objects
+    assert [v.shape for v in loaded.var_list("b")] == [v.shape for v in model.var_list("b")]
+
+
+def _csv_run(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, D)).astype(np.float32)
+    y1, y2 = x[:, :2].sum(1), np.cos(x[:, 4])
+    lines = ["a0,a1,b0,b1,b2,t1,t2"] + [",".join(f"{v:.9g}" for v in [*x[i], y1[i], y2[i]])
+                                        for i in range(len(x))]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    config = {
+        "seed": 1,
+        "data": {"kind": "csv", "train": str(tmp_path / "d.csv"), "holdout": 0.25,
+                 "features": {"a": ["a0", "a1"], "b": ["b0", "b1", "b2"]},
+                 "targets": {"y1": "t1", "y2": "t2"}},
+        "model": {"trunk": {"mlp": {"units": [16]}},
+                  "heads": {"y1": {"metrics": ["mae"]}, "y2": {}}},
+        "train": {"steps": 40, "batch_size": 16, "eval_every": 20},
+        "log": {"every": 10, "histograms_every": 0},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    return tmp_path / "run", x
+
+
+def test_finished_csv_run_with_named_inputs(tmp_path, capsys):
+    run_dir, x = _csv_run(tmp_path)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+
+    # load_run + the run's Trainer reproduce metrics.json's final evaluation exactly
+    run = mh.load_run(run_dir, trainer=True)
+    assert run.checkpoint.endswith("final") and run.trainer.global_step == 40
+    data = mh.load_data(yaml.safe_load((run_dir / "config.yaml").read_text())["data"],
+                        heads=["y1", "y2"], seed=1)
+    assert run.trainer.evaluate(data.eval, batch_size=16, log=False) == metrics["eval"]
+    assert mh.load_run(run_dir, checkpoint="ckpt-40").checkpoint.endswith("ckpt-40")
+
+    # multihead predict on a CSV laid out as the training data equals model.predict
+    assert main(["predict", str(run_dir), "--data", str(tmp_path / "d.csv"),
+                 "--out", str(tmp_path / "p.npz"), "--heads", "y2"]) == 0
+    with np.load(tmp_path / "p.npz") as saved:
+        assert saved.files == ["y2"]
+        inputs = {"a": x[:, :2], "b": x[:, 2:]}
+        np.testing.assert_array_equal(saved["y2"], run.model.predict(inputs)["y2"])
+    np.savez(tmp_path / "in.npz", a=x[:, :2], b=x[:, 2:])
+    assert main(["predict", str(run_dir), "--data", str(tmp_path / "in.npz"),
+                 "--out", str(tmp_path / "q.npz")]) == 0
+    with np.load(tmp_path / "q.npz") as saved:
+        np.testing.assert_array_equal(saved["y1"], run.model.predict(inputs)["y1"])
+
+    # bad input: exit 2, one line, nothing written
+    capsys.readouterr()
+    for args, message in [(["--data", str(tmp_path / "none.csv")], "--data: no such file"),
+                          (["--data", str(tmp_path / "in.npz"), "--heads", "zz"], "--heads 'zz'"),
+                          (["--data", str(tmp_path / "in.npz"), "--checkpoint", "ckpt-7"],
+                           "checkpoint 'ckpt-7': not found")]:
+        assert main(["predict", str(run_dir), "--out", str(tmp_path / "bad.npz")] + args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert not (tmp_path / "bad.npz").exists()
+
+    # export: one named argument per input, outputs equal the model's
+    assert main(["export", str(run_dir), str(tmp_path / "export")]) == 0
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    assert sorted(loaded.signatures) == ["serving_default", "y1", "y2"]
+    served = loaded.signatures["y1"](a=tf.constant(x[:7, :2]), b=tf.constant(x[:7, 2:]))
+    assert list(served) == ["y1"]
+    np.testing.assert_allclose(served["y1"].numpy(), run.model.predict({k: v[:7] for k, v in
+                                                                         inputs.items()})["y1"],
+                               rtol=1e-6, atol=1e-6)
