@@ -20,7 +20,7 @@ SMALL = ["--set", "data.train_size=2000", "--set", "data.eval_size=500", "--set"
 def test_help_lists_the_commands():
     out = subprocess.run([sys.executable, "-m", "multihead", "--help"], capture_output=True,
                          text=True, timeout=120, check=True).stdout
-    for command in ["train", "validate"]:
+    for command in ["train", "validate", "export", "predict", "report"]:
         assert command in out
 
 

@@ -91,3 +91,31 @@ def test_xla_needs_tensorboard_off():
     raw = _with("train.jit_compile", "true")
     apply_override(raw, "log.tensorboard=false")
     assert from_dict(raw).train.jit_compile
+
+
+@pytest.mark.parametrize("data,message", [
+    ("{kind: csv}", "data.train: required for kind csv"),
+    ("{kind: python}", "data.function: required for kind python"),
+    ("{kind: python, function: mymodule}", "data.function: expected module:function"),
+    ("{kind: npz, train: a.npz, function: m:f}", "data.function: only used with kind python"),
+    ("{kind: mmoe, train: a.npz}", "data.train: only used with kind npz, csv or tfrecord"),
+    ("{kind: npz, train: a.npz, dtypes: {x: int32}}", "data.dtypes: only used with kind csv or tfrecord"),
+    ("{kind: csv, train: a.csv, dtypes: {x: int8}}", "data.dtypes.x: must be one of"),
+    ("{kind: tfrecord, train: a.tfrecord, shapes: {x: [0]}}", "data.shapes.x[0]: must be >= 1"),
+    ("{kind: npz, train: a.npz, holdout: 0}", "data.holdout: must be in (0, 1)"),
+    ("{kind: npz, train: a.npz, targets: {y1: a}}", "model.heads.y2: data.targets gives this head no target"),
+    ("{kind: npz, train: a.npz, targets: {y1: a, y2: b, y3: c}}", "data.targets.y3: the model has no head 'y3'"),
+    ("{kind: npz, train: a.npz, on_nan: skip}", "data.on_nan: must be one of ['error', 'drop', 'keep']"),
+    ("{kind: npy}", "data.kind: must be one of"),
+])
+def test_data_section_errors_name_the_key(data, message):
+    with pytest.raises(ConfigError) as err:
+        from_dict(_with("data", data), "x.yaml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_file_data_sections_load():
+    config = from_dict(_with("data", "{kind: csv, train: t.csv, features: {a: [c1, c2], b: c3}, "
+                                     "targets: {y1: t1, y2: [t2, t3]}, dtypes: {t1: int32}}"))
+    assert config.data.kind == "csv" and config.data.features == {"a": ["c1", "c2"], "b": "c3"}
+    assert config.data.on_nan == "error" and config.data.holdout == 0.2
