@@ -145,6 +145,17 @@ def test_eval_file_and_named_inputs(tmp_path):
     assert out["y1"].shape == (3, 1)
 
 
+def test_crlf_csv_reads_like_lf(tmp_path):
+    x, y = _arrays()
+    _write_csv(tmp_path / "lf.csv", x, y)
+    (tmp_path / "crlf.csv").write_bytes((tmp_path / "lf.csv").read_bytes().replace(b"\n", b"\r\n"))
+    cols = {"kind": "csv", "features": [f"x{i}" for i in range(D)], "targets": {"y1": "t1", "y2": "t2"}}
+    a = mh.load_data({**cols, "train": str(tmp_path / "lf.csv")}, heads=HEADS)
+    b = mh.load_data({**cols, "train": str(tmp_path / "crlf.csv")}, heads=HEADS)
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    np.testing.assert_array_equal(a.y_eval["y2"], b.y_eval["y2"])
+
+
 def test_on_nan_drop_and_keep(tmp_path):
     x, y = _arrays()
     _write_csv(tmp_path / "d.csv", x, y, extra_rows=[",".join(["1"] * D + ["n", "", "2"])])

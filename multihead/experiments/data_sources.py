@@ -313,7 +313,9 @@ def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str
         else:
             defaults.append(tf.constant([], tf.as_dtype(dtypes[column])))
     keep = [i for i, c in enumerate(header) if c in needed]
-    lines = tf.data.TextLineDataset(path).skip(1).filter(lambda line: tf.strings.length(line) > 0)
+    lines = (tf.data.TextLineDataset(path).skip(1)
+             .map(lambda line: tf.strings.regex_replace(line, "\r$", ""))  # CRLF files
+             .filter(lambda line: tf.strings.length(line) > 0))
     ds = lines.batch(_CSV_BATCH).map(lambda b: tuple(tf.io.decode_csv(b, defaults)[i] for i in keep),
                                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     parts: list[list[np.ndarray]] = [[] for _ in keep]
