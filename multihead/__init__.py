@@ -38,6 +38,7 @@ from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
 from multihead.experiments.data_sources import load_data  # noqa: E402
+from multihead.experiments.multidigits import multidigits  # noqa: E402
 from multihead.experiments.runs import LoadedRun, load_run  # noqa: E402
 
 __version__ = "0.1.0"
@@ -82,6 +83,7 @@ __all__ = [
     "load_run",
     "make_strategy",
     "mmoe_synthetic",
+    "multidigits",
     "restore_checkpoint",
     "save_checkpoint",
     "variable_addresses",
