@@ -20,6 +20,8 @@ RAW = {
     },
 }
 DATA = mh.mmoe_synthetic(tasks=["q", "pi"], train_size=128, eval_size=32, input_dim=6, seed=2)
+for _labels in (DATA.y_train, DATA.y_eval):  # one label column per unit of the 3-unit head
+    _labels["pi"] = np.repeat(_labels["pi"], 3, axis=1)
 
 
 def _build(seed=0):

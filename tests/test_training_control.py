@@ -246,3 +246,19 @@ def test_skips_are_counted_in_fit_and_a_persistent_head_stops_it():
         trainer.fit((x, y_bad), steps=20, batch_size=16, verbose=False, callbacks=[callback])
     assert seen == [("b",)] * 5
     assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.weights)
+
+
+def test_the_logged_skip_count_equals_the_skipped_steps(tmp_path):
+    from test_monitor import read_events
+
+    x, y = _data()
+    bad = {1, 2, 5}
+    trainer = _trainer(_model(), log_dir=str(tmp_path), log_every=3, histograms_every=0)
+    for step, batch in enumerate(_poisoned(bad, x, y)[:7]):
+        trainer.step(batch)
+    trainer.close()
+    logged = read_events(str(tmp_path / "train"))["nonfinite_skips/b"]
+    # Logged on steps 0, 3 and 6: the count of skipped steps up to and including that step.
+    expected = {s: sum(1 for b in bad if b <= s) for s in (0, 3, 6)}
+    assert {s: int(v) for s, v in logged.items()} == expected
+    assert {int(v) for v in read_events(str(tmp_path / "train"))["nonfinite_skips/a"].values()} == {0}

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, NamedTuple, 
 import keras
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead.core import distribute, updates
 from multihead.core.model import MultiHeadModel
 from multihead.monitoring import tags
@@ -73,10 +74,14 @@ def regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
 
 
 def all_finite(loss: tf.Tensor, grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
-    """Whether `loss` and every gradient are finite (no NaN, no Inf)."""
-    checks = [tf.math.is_finite(loss)] + [tf.reduce_all(tf.math.is_finite(g))
-                                          for g in grads if g is not None]
-    return tf.reduce_all(tf.stack(checks))
+    """Whether `loss` and every gradient are finite.
+
+    One sum per gradient (a single pass, no boolean copy): a NaN or Inf element makes
+    the sum non-finite. Finite elements whose sum leaves float range count as
+    non-finite too: such a gradient would not make a usable update either.
+    """
+    sums = [tf.reduce_sum(tf.cast(g, loss.dtype)) for g in grads if g is not None]
+    return tf.math.is_finite(tf.add_n([loss] + sums) if sums else loss)
 
 
 class Forward(NamedTuple):
@@ -509,7 +514,15 @@ class TrainStep:
             apply()
             return tf.constant(True)
 
+        graph = tf.compat.v1.get_default_graph()
+        start = len(graph.get_operations())
         updated = tf.cond(finite, applied, lambda: tf.constant(False))
+        if self._strategy is None:
+            # A lowered cond puts a Switch on every tensor the update reads; kept as a
+            # function call, the branch runs as one op.
+            for op in graph.get_operations()[start:]:
+                if op.type in ("If", "StatelessIf"):
+                    internals.keep_cond_functional(op)
         return updated, tf.logical_not(finite)
 
     # -- schedules --------------------------------------------------------------------
@@ -524,13 +537,23 @@ class TrainStep:
 
     def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor,
                     heads: tuple[HeadUpdate, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        def one_head(head: HeadUpdate) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+            with tf.GradientTape() as tape:
+                fwd = self.forward(inputs, targets, (head,), step)
+            return fwd.losses, self._rule.apply(self, (head,), fwd, step, tape=tape, due=False)
+
+        return self._one_after_another(heads, step, one_head)
+
+    def _one_after_another(self, heads: Sequence[HeadUpdate], step: tf.Tensor,
+                           one_head: Callable[[HeadUpdate], tuple[dict[str, tf.Tensor], HeadsDone]],
+                           ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        """The sequential schedule: `one_head(head)` (a forward pass and update of that head
+        alone) for each head, in order, on the steps where it is due."""
         losses, updated, skipped = {}, {}, {}
         for head in heads:
             def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-                with tf.GradientTape() as tape:
-                    fwd = self.forward(inputs, targets, (head,), step)
-                done = self._rule.apply(self, (head,), fwd, step, tape=tape, due=False)
-                return fwd.losses[head.name], done.updated[head.name], done.skipped[head.name]
+                head_losses, done = one_head(head)
+                return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
 
             if head.every == 1:
                 out = update()
@@ -548,22 +571,10 @@ class TrainStep:
         """The step under a strategy; `inputs`, `targets` are per-replica values."""
         if self._schedule == "simultaneous":
             return self._replicated_pass(inputs, targets, step, heads)
-        losses, updated, skipped = {}, {}, {}
-        for head in heads:
-            def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-                # strategy.run inside a cross-replica tf.cond: the branch holds whole
-                # replica functions, so their all-reduces are not inside replica control flow.
-                head_losses, done = self._replicated_pass(inputs, targets, step, (head,), due=False)
-                return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
-
-            if head.every == 1:
-                out = update()
-            else:
-                out = tf.cond(tf.equal(step % head.every, 0), update,
-                              lambda: (tf.constant(float("nan")), tf.constant(False),
-                                       tf.constant(False)))
-            losses[head.name], updated[head.name], skipped[head.name] = out
-        return losses, HeadsDone(updated, skipped)
+        # strategy.run inside a cross-replica tf.cond: the branch holds whole replica
+        # functions, so their all-reduces are not inside replica control flow.
+        return self._one_after_another(
+            heads, step, lambda head: self._replicated_pass(inputs, targets, step, (head,), due=False))
 
     def _replicated_pass(self, inputs: Any, targets: Any, step: tf.Tensor,
                          heads: tuple[HeadUpdate, ...], due: bool = True,
