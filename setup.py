@@ -25,9 +25,10 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        # scipy: reference QP solves in tests; scikit-learn: the MultiDigits data
-        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn"],
+        # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
+        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn", "tensorflow-datasets"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
+        "tfds": ["tensorflow-datasets"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
         # API reference from the docstrings by static analysis (griffe): builds without importing TF.

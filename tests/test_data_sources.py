@@ -68,6 +68,30 @@ def _write_module(tmp_path, monkeypatch, name="my_data"):
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
+def _write_tfds(data_dir, x, y):
+    """A tiny tensorflow_datasets dataset prepared locally (no download), rows in key order."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    class TinyMultiTask(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            spec = {"x": tfds.features.Tensor(shape=(D,), dtype=np.float32)}
+            spec.update({h: tfds.features.Tensor(shape=(1,), dtype=np.float32) for h in HEADS})
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(spec),
+                                         disable_shuffling=True)
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i in range(len(x)):
+                yield i, {"x": x[i], **{h: y[h][i] for h in HEADS}}
+
+    TinyMultiTask(data_dir=str(data_dir)).download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+
+
 def _sources(tmp_path, monkeypatch):
     x, y = _arrays()
     np.savez(tmp_path / "d.npz", x=x, **y)
@@ -118,6 +142,22 @@ def test_every_source_reads_the_same_arrays_and_trains_bitwise_identically(tmp_p
             np.testing.assert_array_equal(data.y_eval[h], reference_data.y_eval[h], err_msg=name)
         for a, b in zip(weights, reference):
             np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_tfds_source_trains_like_the_npz_source(tmp_path, monkeypatch):
+    sources = _sources(tmp_path, monkeypatch)
+    x, y = _arrays()
+    _write_tfds(tmp_path / "tfds", x, y)
+    tfds_source = {"kind": "tfds", "name": "tiny_multi_task", "data_dir": str(tmp_path / "tfds")}
+    reference_data, reference = _trained_weights(_config(sources["npz"]))
+    data, weights = _trained_weights(_config(tfds_source))
+    np.testing.assert_array_equal(data.x_eval, reference_data.x_eval)
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
+    for section, message in [({**tfds_source, "train": "validation"}, "data.train: 'tiny_multi_task' has no split"),
+                             ({**tfds_source, "name": "nothing_here"}, "data.name: no tensorflow_datasets dataset")]:
+        with pytest.raises(ConfigError, match=message):
+            mh.load_data(section, heads=HEADS)
 
 
 def test_python_api_reads_like_the_config(tmp_path, monkeypatch):

@@ -74,8 +74,10 @@ def _field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None 
     return dataclasses.field(default=default, metadata=meta)
 
 
-DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "python", "multidigits")
+DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "multidigits")
 FILE_KINDS = ("npz", "csv", "tfrecord")
+#: Kinds whose examples are a table of named columns/arrays, read with features and targets.
+TABLE_KINDS = FILE_KINDS + ("tfds",)
 
 
 @dataclasses.dataclass
@@ -86,7 +88,8 @@ class DataConfig:
     kind: str = _field("mmoe", choices=DATA_KINDS,
                        doc="mmoe: all regression; mixed: first task binary classification; "
                            "multidigits: two overlaid handwritten digits (heads left, right); "
-                           "npz, csv, tfrecord: files; python: module:function")
+                           "npz, csv, tfrecord: files; tfds: a prepared tensorflow_datasets "
+                           "dataset; python: module:function")
     tasks: Union[list[str], None] = _field(None, doc="task names; default: the model's heads")
     correlation: float = _field(0.5, doc="cosine similarity of the task weight vectors")
     train_size: int = _field(20000, minimum=1)
@@ -98,8 +101,13 @@ class DataConfig:
     classification: Union[list[str], None] = _field(None, doc="tasks binarised (mixed variant)")
     seed: Union[int, None] = _field(None, doc="data seed (generators, holdout split); default: "
                                               "the top-level seed")
-    train: Union[str, None] = _field(None, doc="npz/csv/tfrecord: the training file")
-    eval: Union[str, None] = _field(None, doc="the evaluation file; default: a holdout of train")
+    train: Union[str, None] = _field(None, doc="npz/csv/tfrecord: the training file; tfds: the "
+                                               "training split (default train)")
+    eval: Union[str, None] = _field(None, doc="the evaluation file (tfds: split); default: a "
+                                              "holdout of train")
+    name: Union[str, None] = _field(None, doc="tfds: the dataset name, e.g. my_data or my_data:1.0.0")
+    data_dir: Union[str, None] = _field(None, doc="tfds: the directory it was prepared in "
+                                                  "(nothing is downloaded); default: tfds' own")
     holdout: float = _field(0.2, doc="fraction of train held out for evaluation when eval is "
                                      "not given, in (0, 1); split with data.seed")
     features: Any = _field(None, doc="the input: a column/array name, a list of them "
@@ -577,9 +585,14 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
         if not sep or not module or not name:
             raise ConfigError(f"data.function: expected module:function, got {data.function!r}")
     for key in ("train", "eval", "features", "targets"):
-        if getattr(data, key) is not None and kind not in FILE_KINDS:
-            raise ConfigError(f"data.{key}: only used with kind npz, csv or tfrecord, but kind is "
-                              f"{kind!r}; remove it")
+        if getattr(data, key) is not None and kind not in TABLE_KINDS:
+            raise ConfigError(f"data.{key}: only used with kind npz, csv, tfrecord or tfds, but "
+                              f"kind is {kind!r}; remove it")
+    if kind == "tfds" and data.name is None:
+        raise ConfigError("data.name: required for kind tfds; give the dataset name")
+    for key in ("name", "data_dir"):
+        if getattr(data, key) is not None and kind != "tfds":
+            raise ConfigError(f"data.{key}: only used with kind tfds, but kind is {kind!r}; remove it")
     for key in ("dtypes", "shapes"):
         if getattr(data, key) and kind not in ("csv", "tfrecord"):
             raise ConfigError(f"data.{key}: only used with kind csv or tfrecord, but kind is "

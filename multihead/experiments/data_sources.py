@@ -99,7 +99,7 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     if kind == "python":
         train, evaluation = _from_function(data, heads)
     else:
-        train = _read_split(data, data.train, "data.train", heads)
+        train = _read_split(data, data.train or "train", "data.train", heads)
         evaluation = None if data.eval is None else _read_split(data, data.eval, "data.eval", heads)
     train = _checked(train, heads, data.on_nan, "data.train")
     if evaluation is None:
@@ -182,10 +182,12 @@ def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
 def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, dict]:
     """One file -> `(inputs, {head: labels})`."""
     features, targets = _specs(data, heads)
-    if not os.path.isfile(path):
+    if data.kind != "tfds" and not os.path.isfile(path):
         raise ConfigError(f"{where}: no such file {path!r}")
     needed = list(dict.fromkeys(_names(features) + _names(targets)))
-    if data.kind == "npz":
+    if data.kind == "tfds":
+        table = _read_tfds(data, path, where)
+    elif data.kind == "npz":
         table = _read_npz(path, where)
     elif data.kind == "csv":
         table = _read_csv(path, where, needed, data.dtypes)
@@ -199,7 +201,7 @@ def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tu
             if name not in table:
                 from multihead._checks import suggest
 
-                what = "array" if data.kind == "npz" else "column" if data.kind == "csv" else "feature"
+                what = {"npz": "array", "csv": "column"}.get(data.kind, "feature")
                 raise ConfigError(f"{key}: {source} has no {what} {name!r}{suggest(name, table)}; "
                                   f"it has {sorted(table)}")
             columns.append(_numeric(table[name], f"{key} ({name!r} in {source})", label))
@@ -388,6 +390,34 @@ def _read_tfrecord(path: str, where: str, needed: list[str], dtypes: Mapping[str
         dtype = dtypes.get(name, "float32")
         out[name] = array.astype(dtype)
     return out
+
+
+def _read_tfds(data: DataConfig, split: str, where: str) -> dict[str, np.ndarray]:
+    """One split of a `tensorflow_datasets` dataset already prepared in `data.data_dir`
+    (never downloaded), its top-level features by name."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ConfigError("data.kind: tfds needs tensorflow-datasets: pip install "
+                          "'multihead[tfds]'") from None
+    try:
+        builder = tfds.builder(str(data.name), data_dir=data.data_dir)
+    except Exception as err:  # tfds raises its own DatasetNotFoundError and friends
+        raise ConfigError(f"data.name: no tensorflow_datasets dataset {data.name!r} in "
+                          f"{data.data_dir or 'the default data_dir'}: "
+                          f"{str(err).splitlines()[0]}") from None
+    splits = sorted(builder.info.splits.keys())
+    if not splits or not os.path.isdir(builder.data_dir):
+        raise ConfigError(f"data.name: {data.name!r} is not prepared in {builder.data_dir!r}; "
+                          "run its download_and_prepare first (multihead never downloads)")
+    try:
+        arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"{where}: {data.name!r} has no split {split!r} (splits: {splits}): "
+                          f"{str(err).splitlines()[0]}") from None
+    if not isinstance(arrays, Mapping):
+        raise ConfigError(f"data.name: {data.name!r} does not yield a dict of features")
+    return {str(k): v for k, v in arrays.items() if isinstance(v, np.ndarray)}
 
 
 # -- Python functions ------------------------------------------------------------------
