@@ -84,7 +84,8 @@ class TrunkPolicy:
     Args:
         optimizer: the trunk optimizer (Keras object, name or serialization dict).
         aggregator: a gradient aggregator (`sum`, `mean`, `weights`, `pcgrad`,
-            `mgda`, `cagrad`, `upgrad`, `imtl`) or a loss weighting
+            `mgda`, `cagrad`, `upgrad`, `imtl`, `dualproj`, `aligned_mtl`, `config`,
+            `krum`; see `multihead.aggregation.aggregators`) or a loss weighting
             (`uncertainty`, `gradnorm`, `dwa`, whose trunk aggregate is the sum
             of the weighted heads' gradients).
         options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,

@@ -161,6 +161,7 @@ class TrunkConfig:
 
     optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
     aggregator: str = _field("sum", doc="sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl, "
+                                        "dualproj, aligned_mtl, config, krum, "
                                         "uncertainty, gradnorm or dwa")
     options: dict[str, Any] = _field({}, doc="the aggregator's options, e.g. {c: 0.4} for cagrad")
     rep_grad: bool = _field(False, doc="combine at the trunk output (MGDA-UB style)")
