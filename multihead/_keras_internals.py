@@ -89,6 +89,12 @@ def own_variables(layer: keras.layers.Layer) -> list[Any]:
         getattr(layer, "_non_trainable_variables", []))
 
 
+def functional_inputs(model: keras.Model) -> Any:
+    """The input structure a functional model was built on (`Functional._inputs_struct`:
+    a dict for named inputs), or None for other models."""
+    return getattr(model, "_inputs_struct", None)
+
+
 def build_shapes(model: keras.Model) -> dict[str, Any]:
     """The shapes a model was built with (`Layer._build_shapes_dict`), or `{}`."""
     return getattr(model, "_build_shapes_dict", None) or {}

@@ -91,6 +91,10 @@ def test_layer_accessors_on_the_installed_keras():
     block(np.ones((1, 2), "float32"))
     assert internals.direct_sublayers(block) == [block.inner]
     assert internals.build_shapes(model) == {"input_shape": (None, 3)}
+    named = {"a": keras.Input((2,), name="a"), "b": keras.Input((1,), name="b")}
+    functional = keras.Model(named, keras.layers.Concatenate()([named["a"], named["b"]]))
+    assert set(internals.functional_inputs(functional)) == {"a", "b"}
+    assert internals.functional_inputs(model) is None
 
 
 def test_tensorflow_accessors_on_the_installed_tensorflow(tmp_path):

@@ -13,6 +13,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import keras
 import yaml
 
+from multihead import _keras_internals as internals
 from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.experiments.config import ConfigError, ExperimentConfig, to_dict
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
@@ -114,7 +115,7 @@ def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
 def named_inputs_trunk(trunk: keras.layers.Layer, input_shape: Mapping[str, Any]) -> keras.Model:
     """A functional trunk for named inputs: each input flattened, concatenated in name order,
     then `trunk`. A trunk that is already a functional model taking these names is kept."""
-    if isinstance(trunk, keras.Model) and isinstance(getattr(trunk, "_inputs_struct", None), Mapping):
+    if isinstance(trunk, keras.Model) and isinstance(internals.functional_inputs(trunk), Mapping):
         return trunk
     inputs = {name: keras.Input(shape=tuple(input_shape[name][1:]), name=name)
               for name in sorted(input_shape)}

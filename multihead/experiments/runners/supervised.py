@@ -118,6 +118,7 @@ def write_inputs(run_dir: str, data: MultiTaskData) -> None:
 
     x = _tree(data.x_train)
     tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
+    os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, INPUTS_FILE), "w", encoding="utf-8") as fh:
         json.dump(tree, fh, indent=2)
 
