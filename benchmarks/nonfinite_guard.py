@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _timing import time_per_call  # noqa: E402
+from _timing import interleaved_medians  # noqa: E402
 
 
 def _trainer(k: int, policy: str):
@@ -44,11 +43,9 @@ def measure(k: int, rounds: int, steps: int = 30) -> tuple[float, float]:
     for trainer in trainers.values():
         for _ in range(5):  # trace and warm up
             trainer.step((x, y))
-    times: dict[str, list[float]] = {p: [] for p in trainers}
-    for _ in range(rounds):  # interleaved, so load on the machine hits both alike
-        for policy, trainer in trainers.items():
-            times[policy].append(time_per_call(lambda t=trainer: t.step((x, y)), steps))
-    return statistics.median(times["skip"]), statistics.median(times["apply"])
+    medians = interleaved_medians(
+        {p: (lambda t=t: t.step((x, y))) for p, t in trainers.items()}, steps, rounds)
+    return medians["skip"], medians["apply"]
 
 
 def main() -> None:
