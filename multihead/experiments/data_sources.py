@@ -28,7 +28,6 @@ import tensorflow as tf
 
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
 from multihead.experiments.config import (
-    FILE_KINDS as FILE_KIND_NAMES,
     ConfigError,
     DataConfig,
     ExperimentConfig,

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import HeadLoss
 from multihead.experiments.builders import build_trunk
 from multihead.experiments.config import ActorCriticConfig, ConfigError, ExperimentConfig
 from multihead.experiments.runners.rl import (
     RLRun,
+    RLRunner,
     RLTask,
     check_head_outputs,
     check_tau,
@@ -40,15 +40,10 @@ ENV_SEED_SCALE = 1000
 
 
 @dataclasses.dataclass
-class ActorCriticRunner:
+class ActorCriticRunner(RLRunner):
     """Everything built and validated by `prepare`; `run` trains and writes the run."""
 
-    task: RLTask
     ac: ActorCriticConfig
-
-    @property
-    def model(self) -> MultiHeadModel:
-        return self.task.model
 
     @property
     def value_target(self) -> TargetNetwork | None:
@@ -56,17 +51,7 @@ class ActorCriticRunner:
         return self.task.targets.get(self.ac.value_head)
 
     def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
-        """Trains for `train.steps` environment steps, or until a greedy evaluation reaches
-        `env.stop_return`.
-
-        Args:
-            run_dir: where events and the final checkpoint go; None writes nothing.
-            verbose: print progress lines (environment steps, losses, evaluations).
-
-        Returns:
-            The metrics written to `metrics.json`: `RLRun.finish`'s and the last loss of
-            each head.
-        """
+        """See `RLRunner`. Returns `RLRun.finish`'s metrics and the last loss of each head."""
         ac, task, seed = self.ac, self.task, self.task.config.seed
         logits = head_outputs(task.model, ac.policy_head)
         run = RLRun(task, run_dir, verbose, greedy_policy(logits), num_envs=ac.num_envs,

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from multihead.core.model import MultiHeadModel
 from multihead.experiments.builders import build_trunk
 from multihead.experiments.config import ConfigError, DQNConfig, ExperimentConfig
 from multihead.experiments.runners.rl import (
     RLRun,
+    RLRunner,
     RLTask,
     check_head_outputs,
     check_tau,
@@ -36,15 +36,10 @@ DEFAULT_TARGET_EVERY = 500
 
 
 @dataclasses.dataclass
-class DQNRunner:
+class DQNRunner(RLRunner):
     """Everything built and validated by `prepare`; `run` trains and writes the run."""
 
-    task: RLTask
     dqn: DQNConfig
-
-    @property
-    def model(self) -> MultiHeadModel:
-        return self.task.model
 
     @property
     def target(self) -> TargetNetwork:
@@ -52,17 +47,8 @@ class DQNRunner:
         return self.task.targets[self.dqn.head]
 
     def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
-        """Trains for `train.steps` environment steps, or until a greedy evaluation reaches
-        `env.stop_return`.
-
-        Args:
-            run_dir: where events and the final checkpoint go; None writes nothing.
-            verbose: print progress lines (environment steps, losses, evaluations).
-
-        Returns:
-            The metrics written to `metrics.json`: `RLRun.finish`'s, the last TD loss
-            and the mean of the last 100.
-        """
+        """See `RLRunner`. Returns `RLRun.finish`'s metrics, the last TD loss and the mean
+        of the last 100."""
         dqn, task, seed = self.dqn, self.task, self.task.config.seed
         greedy = greedy_policy(head_outputs(task.model, dqn.head))
         run = RLRun(task, run_dir, verbose, greedy, num_envs=1, env_seed=seed)

@@ -177,6 +177,21 @@ class RLTask:
     trunk: Any = "per_head"
 
 
+@dataclasses.dataclass
+class RLRunner:
+    """Base of the RL runners: the `RLTask` that `prepare` built and validated; a subclass's
+    `run(run_dir, verbose)` trains for `train.steps` environment steps, or until a greedy
+    evaluation reaches `env.stop_return`, writing events and the final checkpoint to
+    `run_dir` (None writes nothing), and returns the metrics written to `metrics.json`."""
+
+    task: RLTask
+
+    @property
+    def model(self) -> MultiHeadModel:
+        """The online model."""
+        return self.task.model
+
+
 class RLRun:
     """One run of an `RLTask`: trainer, driver, episode log and evaluations.
 
