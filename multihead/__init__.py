@@ -34,6 +34,7 @@ from multihead.rl.replay import ReplayBuffer  # noqa: E402
 from multihead.rl.target_network import TargetNetwork  # noqa: E402
 from multihead.core.addresses import variable_addresses  # noqa: E402
 from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint  # noqa: E402
+from multihead.core.sampling import TaskSampling  # noqa: E402
 from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
@@ -67,6 +68,7 @@ __all__ = [
     "RunReport",
     "StepResult",
     "TargetNetwork",
+    "TaskSampling",
     "TerminateOnNonFinite",
     "Trainer",
     "TrunkPolicy",

@@ -159,22 +159,35 @@ class DataPosition(tf.Module):
     dataset that is deterministic given its seeds (array data is shuffled by
     `as_dataset` with a fixed seed). The tf.data iterator itself is not
     checkpointed: its checkpoint does not restore a reshuffling pipeline exactly.
+
+    Args:
+        heads: names of per-head streams (`fit(data={head: ...})`), each with a
+            position of its own in `self.heads[name]`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, heads: Sequence[str] = ()) -> None:
         super().__init__(name="data_position")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch")
+        #: Head name -> the position of that head's own dataset.
+        self.heads = {head: DataPosition() for head in heads}
         self._resume = False
 
     @property
     def restored(self) -> bool:
         """Whether a restore moved the position since the stream was last started."""
-        return self._resume
+        return self._resume or any(p.restored for p in self.heads.values())
 
     def mark_restored(self) -> None:
-        """The next `epochs` continues from the (restored) position instead of restarting."""
+        """The next `epochs` continues from the (restored) position instead of restarting
+        (here and in every per-head position)."""
         self._resume = True
+        for position in self.heads.values():
+            position.mark_restored()
+
+    def clear_restored(self) -> None:
+        """Forgets a restore of this position alone (its per-head streams started instead)."""
+        self._resume = False
 
     def advance(self, batches: int) -> None:
         """Counts `batches` more batches taken from the current epoch's iterator."""

@@ -233,8 +233,8 @@ class TrainStep:
         self._jit_compile = jit_compile
         self._concrete: dict[Hashable, Callable[..., Any]] = {}
         self._step_counts: dict[int, tf.Tensor] = {}
-        # (monitored, heads) -> (one step, several steps), compiled lazily.
-        self._variants: dict[tuple[bool, tuple[str, ...]], tuple[Callable[..., Any], ...]] = {}
+        # (monitored, heads, per-head batches) -> (one step, several steps), compiled lazily.
+        self._variants: dict[tuple[bool, tuple[str, ...], bool], tuple[Callable[..., Any], ...]] = {}
 
     @property
     def head_names(self) -> tuple[str, ...]:
@@ -251,13 +251,14 @@ class TrainStep:
         """The trunk's trainable variables."""
         return self._model.trunk_variables
 
-    def _variant(self, monitored: bool, names: tuple[str, ...]) -> tuple[Callable[..., Any], ...]:
-        key = (monitored, names)
+    def _variant(self, monitored: bool, names: tuple[str, ...], per_head: bool = False,
+                 ) -> tuple[Callable[..., Any], ...]:
+        key = (monitored, names, per_head)
         if key not in self._variants:
             heads = tuple(h for h in self._heads if h.name in names)
 
             def body(inputs: Any, targets: Any) -> tuple[dict[str, tf.Tensor], HeadsDone]:
-                return self._body(inputs, targets, monitored, heads)
+                return self._body(inputs, targets, monitored, heads, per_head)
 
             jit = self._jit_compile
             one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
@@ -293,10 +294,11 @@ class TrainStep:
         return concrete(*args)
 
     def _one_step(self, monitored: bool, names: tuple[str, ...], inputs: Any, targets: Any,
-                  ) -> StepOutput:
+                  per_head: bool = False) -> StepOutput:
         spec = _spec((inputs, targets))
-        key = None if spec is None else ("one", monitored, names, spec)
-        return self._through_concrete(self._variant(monitored, names)[0], key, inputs, targets)
+        key = None if spec is None else ("one", monitored, names, per_head, spec)
+        return self._through_concrete(self._variant(monitored, names, per_head)[0], key, inputs,
+                                      targets)
 
     def _steps(self, monitored: bool, iterator: Any, max_steps: int) -> StepsOutput:
         count = self._step_counts.get(max_steps)
@@ -308,12 +310,15 @@ class TrainStep:
         many = self._variant(monitored, self.head_names)[1]
         return self._through_concrete(many, key, iterator, count)
 
-    def __call__(self, inputs: Any, targets: Any, heads: Sequence[str] | None = None) -> StepOutput:
+    def __call__(self, inputs: Any, targets: Any, heads: Sequence[str] | None = None,
+                 per_head: bool = False) -> StepOutput:
         """One step on one batch (split across the replicas under a strategy).
 
         Args:
             heads: update only these heads (each distinct set is compiled once);
                 None: all.
+            per_head: each head has a batch of its own: `inputs` and `targets` are
+                dicts head -> that head's inputs / targets (see `forward`).
         """
         names = self.head_names if heads is None else tuple(h for h in self.head_names if h in heads)
         if self._strategy is not None:
@@ -321,7 +326,7 @@ class TrainStep:
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
         monitor = self._monitor
         monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
-        return self._one_step(monitored, names, inputs, targets)
+        return self._one_step(monitored, names, inputs, targets, per_head)
 
     def run(self, iterator: Any, max_steps: int) -> StepsOutput:
         """Up to `max_steps` steps in compiled calls, taking batches from `iterator`.
@@ -399,15 +404,15 @@ class TrainStep:
         return StepsOutput(first, count, *(a.stack() for a in arrays))
 
     def _body(self, inputs: Any, targets: Any, monitored: bool, heads: tuple[HeadUpdate, ...],
-              ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+              per_head: bool = False) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         self.trace_count += 1  # Python side effect: runs once per trace, not per step
         step = self._step.read_value()
         if self._strategy is not None:
             update = lambda: self._replicated(inputs, targets, step, heads)  # noqa: E731
         elif self._schedule == "simultaneous":
-            update = lambda: self._simultaneous(inputs, targets, step, heads)  # noqa: E731
+            update = lambda: self._simultaneous(inputs, targets, step, heads, per_head)  # noqa: E731
         else:
-            update = lambda: self._sequential(inputs, targets, step, heads)  # noqa: E731
+            update = lambda: self._sequential(inputs, targets, step, heads, per_head)  # noqa: E731
         if monitored:
             def update_and_log() -> tuple[dict[str, tf.Tensor], HeadsDone]:
                 out = update()
@@ -443,19 +448,28 @@ class TrainStep:
         return tf.cast(loss, tf.float32)
 
     def forward(self, inputs: Any, targets: Any, heads: Sequence[HeadUpdate], step: tf.Tensor,
-                ) -> Forward:
+                per_head: bool = False) -> Forward:
         """One forward pass of `heads` (inside the caller's tape).
 
         A head with `trains_trunk=False` reads the trunk output through `stop_gradient`.
+        With `per_head`, `inputs` and `targets` are dicts head -> that head's own batch:
+        the trunk runs once per head, on the head's batch, and `Forward.features` is
+        the dict head -> trunk output.
         """
         model = self._model
-        features = model.features(inputs, training=True)
+        if per_head:
+            features = {h.name: model.features(inputs[h.name], training=True) for h in heads}
+        else:
+            features = model.features(inputs, training=True)
         stopped = tf.nest.map_structure(tf.stop_gradient, features)
         losses, weighted = {}, {}
         for head in heads:
-            output = model.head_output(head.name, features if head.trains_trunk else stopped,
-                                       training=True)
-            losses[head.name] = self._head_loss(head, inputs, targets, output)
+            seen = features if head.trains_trunk else stopped
+            x, y = inputs, targets
+            if per_head:
+                x, y, seen = x[head.name], y[head.name], seen[head.name]
+            output = model.head_output(head.name, seen, training=True)
+            losses[head.name] = self._head_loss(head, x, y, output)
             weighted[head.name] = head.weight(step) * losses[head.name]
         trunk_reg = regularization(model.trunk)
         scales, extra = self._rule.weigh(weighted)
@@ -528,18 +542,20 @@ class TrainStep:
     # -- schedules --------------------------------------------------------------------
 
     def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor,
-                      heads: tuple[HeadUpdate, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                      heads: tuple[HeadUpdate, ...], per_head: bool = False,
+                      ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         with tf.GradientTape(persistent=True) as tape:
-            fwd = self.forward(inputs, targets, heads, step)
+            fwd = self.forward(inputs, targets, heads, step, per_head)
         done = self._rule.apply(self, heads, fwd, step, tape=tape)
         del tape
         return fwd.losses, done
 
     def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor,
-                    heads: tuple[HeadUpdate, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                    heads: tuple[HeadUpdate, ...], per_head: bool = False,
+                    ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         def one_head(head: HeadUpdate) -> tuple[dict[str, tf.Tensor], HeadsDone]:
             with tf.GradientTape() as tape:
-                fwd = self.forward(inputs, targets, (head,), step)
+                fwd = self.forward(inputs, targets, (head,), step, per_head)
             return fwd.losses, self._rule.apply(self, (head,), fwd, step, tape=tape, due=False)
 
         return self._one_after_another(heads, step, one_head)

@@ -28,6 +28,7 @@ from multihead.core.objectives import (
 from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
 from multihead.core.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
 from multihead.core.addresses import variable_addresses
+from multihead.core.sampling import TaskSampling, as_sampling
 from multihead.core.trunk_update import PerHeadTrunk, TrunkPolicy, TrunkUpdate
 
 
@@ -168,17 +169,71 @@ class _DataKey:
                 and all(a is b for a, b in zip(self.leaves, other.leaves)))
 
 
-class _Stream:
-    """The batches `fit` takes: the current epoch's iterator and the next epochs."""
+class _Steps(NamedTuple):
+    """What one call of a stream ran: `count` steps from `first`; per step (rows) and head
+    (columns) the loss, whether the head updated and whether its update was dropped."""
 
-    def __init__(self, key: _DataKey, train_step: TrainStep, epochs: Iterator[Any]) -> None:
+    first: int
+    count: int
+    losses: np.ndarray
+    updated: np.ndarray
+    skipped: np.ndarray
+
+
+class _Stream:
+    """The batches `fit` takes from one dataset: the current epoch's iterator and the next
+    epochs, run through the compiled step several steps per call."""
+
+    def __init__(self, key: Any, train_step: TrainStep, position: DataPosition,
+                 dataset: Any) -> None:
         self.key = key
         self.train_step = train_step
-        self._epochs = epochs
-        self.iterator = next(epochs)
+        self._position = position
+        self._epochs = position.epochs(dataset)
+        self._iterator = next(self._epochs)
 
-    def next_epoch(self) -> None:
-        self.iterator = next(self._epochs)
+    def run(self, steps: int) -> _Steps:
+        """Up to `steps` steps; 0 at the end of an epoch (the next call starts the next)."""
+        out = self.train_step.run(self._iterator, steps)
+        count = int(out.count)
+        if count == 0:
+            self._iterator = next(self._epochs)  # raises if an epoch yields no batch
+        else:
+            self._position.advance(count)
+        return _Steps(int(out.first_step), count, out.losses.numpy(), out.updated.numpy(),
+                      out.skipped.numpy())
+
+
+class _HeadStreams:
+    """The batches `fit` takes from per-head datasets: each head cycles through its own,
+    with a position of its own; each step is one compiled call (see `TaskSampling`)."""
+
+    def __init__(self, key: Any, train_step: TrainStep, positions: Mapping[str, DataPosition],
+                 datasets: Mapping[str, Any], sampling: TaskSampling,
+                 probabilities: np.ndarray | None, step: tf.Variable) -> None:
+        self.key = key
+        self.train_step = train_step
+        self._batches = {h: positions[h].cycle(ds) for h, ds in datasets.items()}
+        self._sampling = sampling
+        self._probabilities = probabilities
+        self._step = step
+
+    def run(self, steps: int) -> _Steps:
+        """`steps` steps."""
+        first = int(self._step.numpy())
+        heads = list(self._batches)
+        outputs = []
+        for step in range(first, first + steps):
+            if self._probabilities is not None:
+                head = heads[self._sampling.head_at(step, self._probabilities)]
+                inputs, targets = next(self._batches[head])
+                outputs.append(self.train_step(inputs, targets, heads=(head,)))
+            else:
+                batches = {h: next(batches) for h, batches in self._batches.items()}
+                outputs.append(self.train_step({h: b[0] for h, b in batches.items()},
+                                               {h: b[1] for h, b in batches.items()}, per_head=True))
+        return _Steps(first, steps, *(np.stack([getattr(o, f).numpy() for o in outputs])
+                                      for f in ("losses", "updated", "skipped")))
 
 
 class _ExecutionSize:
@@ -329,7 +384,7 @@ class Trainer:
         with distribute.scope(strategy):
             self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
-            self.data_position = DataPosition()
+            self.data_position = DataPosition(heads=model.head_names)
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
         self.monitor = (
@@ -342,7 +397,8 @@ class Trainer:
         self._checked_keys: tuple[Any, ...] | None = None
         self._train_step: TrainStep | None = None
         self._weights: dict[str, _LossWeight] = {}
-        self._last_stream: _Stream | None = None
+        self._last_stream: _Stream | _HeadStreams | None = None
+        self._head_evaluators: dict[str, Evaluator] = {}
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
         #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
@@ -540,6 +596,7 @@ class Trainer:
         checkpoints: SavesCheckpoints | None = None,
         steps_per_execution: int | str = "auto",
         callbacks: Sequence[Callback] = (),
+        sampling: str | TaskSampling | Mapping[str, Any] = "all",
     ) -> History:
         """Trains for `steps` more steps, cycling through `data` as often as needed.
 
@@ -550,10 +607,14 @@ class Trainer:
 
         Args:
             data: a batched `tf.data.Dataset` of `(inputs, targets)`, or a tuple of
-                arrays `(inputs, {head: labels})` with `batch_size`.
+                arrays `(inputs, {head: labels})` with `batch_size`; or a dict head ->
+                that head's own data (a dataset or arrays `(inputs, labels)`), drawn
+                as `sampling` says. Each head's data has a checkpointed position of
+                its own; a per-head run takes one compiled call per step.
             steps: number of training steps.
             batch_size: batch size for array data.
-            eval_data: data for `evaluate`, run every `eval_every` steps and at the end.
+            eval_data: data for `evaluate`, run every `eval_every` steps and at the end
+                (a dict head -> data evaluates each head on its own).
             eval_every: evaluation period in (global) steps (None: only at the end).
             verbose: print a progress line (steps/s, ETA, per-head losses) to stderr.
             seed: shuffle seed for array data.
@@ -570,6 +631,10 @@ class Trainer:
             callbacks: `multihead.Callback`s (or Keras callbacks that read `logs` and
                 set `stop_training`, see `multihead.core.callbacks`). A callback
                 stops training by setting `trainer.stop_training = True`.
+            sampling: with per-head data, `"all"` (every head takes a batch of its own
+                data each step) or one head drawn per step: `"uniform"`,
+                `"proportional"`, `"temperature"`, or a `multihead.TaskSampling` (its
+                seed defaults to `seed`).
 
         Returns:
             The per-head history of training losses and evaluations of this call.
@@ -578,9 +643,10 @@ class Trainer:
         call_size = _ExecutionSize(steps_per_execution)
         if eval_every is not None:
             eval_every = check_int(eval_every, "eval_every", minimum=1, hint="or None: only at the end")
-        stream = self._stream(data, batch_size, seed)
+        stream = self._stream(data, batch_size, seed, sampling)
         if eval_data is not None:  # a metric that cannot be computed fails before the first step
-            self._evaluator.check_dataset(self._eval_dataset(eval_data, batch_size))
+            for evaluator, dataset in self._evaluations(eval_data, batch_size):
+                evaluator.check_dataset(dataset)
         history = History(train={h: [] for h in self.objectives})
         extra: list[Any] = [NonFiniteGuard(self._nonfinite_limit)]
         if checkpoints is not None:
@@ -599,17 +665,14 @@ class Trainer:
                             + [p - self.global_step % p for p in periods])
                 self._sync_weights()
                 called = time.perf_counter()
-                out = stream.train_step.run(stream.iterator, chunk)
-                count = int(out.count)
+                out = stream.run(chunk)
+                count = out.count
                 call_size.observe(count, time.perf_counter() - called)
                 if count == 0:
-                    stream.next_epoch()  # raises if an epoch yields no batch
-                    continue
-                self.data_position.advance(count)
-                losses, updated, skipped = out.losses.numpy(), out.updated.numpy(), out.skipped.numpy()
-                first = int(out.first_step)
+                    continue  # the end of an epoch
                 for i in range(count):
-                    result = self._result(first + i, losses[i], updated[i], skipped[i])
+                    result = self._result(out.first + i, out.losses[i], out.updated[i],
+                                          out.skipped[i])
                     for head in result.updated:
                         history.train[head].append((result.step, result.losses[head]))
                     hooks.on_step_end(result.step + 1, result)
@@ -627,14 +690,26 @@ class Trainer:
                 self.monitor.flush()
         return history
 
-    def _stream(self, data: Any, batch_size: int | None, seed: int | None) -> _Stream:
+    def _stream(self, data: Any, batch_size: int | None, seed: int | None,
+                sampling: str | TaskSampling | Mapping[str, Any]) -> _Stream | _HeadStreams:
         """The batch stream of `data`: the last `fit`'s, continued, when `data` is the
         same data (and no checkpoint moved the position since); a new one otherwise."""
-        key = _DataKey(data, batch_size, seed)
+        per_head = isinstance(data, Mapping)
+        sampling = as_sampling(sampling, seed)
+        if per_head:
+            key: Any = (tuple((h, _DataKey(d, batch_size, seed)) for h, d in data.items()), sampling)
+        else:
+            if sampling.kind != "all":
+                raise ValueError(f"sampling={sampling.kind!r} draws one head's dataset per step: "
+                                 "give data as a dict head -> that head's data")
+            key = _DataKey(data, batch_size, seed)
         stream = self._last_stream
         if stream is not None and stream.key == key and not self.data_position.restored:
             return stream
         self._last_stream = None
+        if per_head:
+            self._last_stream = self._head_streams(key, data, batch_size, seed, sampling)
+            return self._last_stream
         dataset = self._labelled(as_dataset(data, batch_size, shuffle=True, seed=seed))
         inputs_spec, targets_spec = dataset.element_spec
         zeros = tf.nest.map_structure(_zeros_for_spec, inputs_spec)
@@ -642,8 +717,61 @@ class Trainer:
         self._check_targets(targets_spec, None, zeros)
         if self.strategy is not None:  # each global batch is split across the replicas
             dataset = self.strategy.experimental_distribute_dataset(dataset)
-        self._last_stream = _Stream(key, train_step, self.data_position.epochs(dataset))
+        self._last_stream = _Stream(key, train_step, self.data_position, dataset)
         return self._last_stream
+
+    def _head_streams(self, key: Any, data: Mapping[str, Any], batch_size: int | None,
+                      seed: int | None, sampling: TaskSampling) -> _HeadStreams:
+        """Per-head streams: each head's data shuffled with its own seed (`seed` + the
+        head's index), checked against that head alone."""
+        self._check_head_data(data, "data")
+        if self.strategy is not None:
+            raise ValueError("per-head datasets are not supported with a strategy yet; give one "
+                             "dataset of (inputs, {head: labels}), or train on one device")
+        if self.trunk_update is not None and self.trunk_update.policy.rep_grad:
+            raise ValueError("trunk aggregation with rep_grad=True needs one batch for all heads "
+                             "(it combines gradients at the trunk output); give one dataset")
+        datasets, sizes = {}, {}
+        for i, head in enumerate(self.model.head_names):
+            head_seed = None if seed is None else seed + i
+            datasets[head] = self._head_dataset(head, data[head], batch_size, True, head_seed)
+            leaves = [] if isinstance(data[head], tf.data.Dataset) else tf.nest.flatten(data[head])
+            sizes[head] = len(leaves[0]) if leaves else None
+        probabilities = sampling.probabilities(list(datasets), sizes) if sampling.samples else None
+        train_step = self._train_step
+        assert train_step is not None
+        streams = _HeadStreams(key, train_step, self.data_position.heads, datasets, sampling,
+                               probabilities, self.step_variable)
+        self.data_position.clear_restored()  # the per-head positions carry the resume
+        return streams
+
+    def _check_head_data(self, data: Mapping[str, Any], what: str) -> None:
+        self.model.check_heads(data, what)
+        missing = [h for h in self.model.head_names if h not in data]
+        if missing:
+            raise ValueError(f"{what}: head {missing[0]!r} has no dataset; with per-head data "
+                             f"every head needs its own (given: {sorted(data)})")
+
+    def _head_dataset(self, head: str, data: Any, batch_size: int | None, shuffle: bool,
+                      seed: int | None) -> tf.data.Dataset:
+        """Head `head`'s own data as batches `(inputs, {head: labels})`, checked."""
+        dataset = as_dataset(data, batch_size, shuffle=shuffle, seed=seed)
+        spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) == 2):
+            raise TypeError(f"data[{head!r}] must yield pairs (inputs, labels); its elements "
+                            f"are {spec}")
+        if isinstance(spec[1], Mapping):
+            if head not in spec[1]:
+                raise ValueError(f"data[{head!r}] has no labels for head {head!r} (its target "
+                                 f"keys are {sorted(spec[1])})")
+            dataset = dataset.map(lambda x, y: (x, {head: y[head]}))
+        else:
+            dataset = dataset.map(lambda x, y: (x, {head: y}))
+        inputs_spec, targets_spec = dataset.element_spec
+        zeros = tf.nest.map_structure(_zeros_for_spec, inputs_spec)
+        self._ensure_built(zeros)
+        self._check_targets(targets_spec, (head,), zeros)
+        return dataset
 
     def _labelled(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """A single-head dataset with bare labels becomes `(inputs, {head: labels})`."""
@@ -669,7 +797,9 @@ class Trainer:
         `training=False`. Target networks are not updated.
 
         Args:
-            data: a batched `tf.data.Dataset` or a tuple `(inputs, {head: labels})`.
+            data: a batched `tf.data.Dataset` or a tuple `(inputs, {head: labels})`;
+                or a dict head -> that head's own data, on which that head alone is
+                evaluated.
             batch_size: batch size for array data (default 1024).
             log: write the results to TensorBoard's `eval` run (when logging is on);
                 False for data that is not the evaluation set.
@@ -677,7 +807,9 @@ class Trainer:
         Returns:
             `{head: {"loss": value, <metric name>: value, ...}}`.
         """
-        results = self._evaluator.evaluate(self._eval_dataset(data, batch_size))
+        results: dict[str, dict[str, float]] = {}
+        for evaluator, dataset in self._evaluations(data, batch_size):
+            results.update(evaluator.evaluate(dataset))
         if self.monitor and log:
             self.monitor.write_eval(self.global_step, results)
         return results
@@ -695,6 +827,25 @@ class Trainer:
         if isinstance(data, tuple) and len(data) == 2:
             data = data[0]
         return self.model.predict(data, batch_size=batch_size, heads=heads)
+
+    def _evaluations(self, data: Any, batch_size: int | None,
+                     ) -> list[tuple[Evaluator, tf.data.Dataset]]:
+        """What evaluating `data` runs: the evaluator of every head on `data`, or, for a
+        dict head -> data, each head's own evaluator on its own data."""
+        if not isinstance(data, Mapping):
+            return [(self._evaluator, self._eval_dataset(data, batch_size))]
+        self._check_head_data(data, "eval_data")
+        runs = []
+        for head in self.model.head_names:
+            evaluator = self._head_evaluators.get(head)
+            if evaluator is None:
+                objective = self.objectives[head]
+                evaluator = self._head_evaluators[head] = Evaluator(
+                    self.model, {head: self.loss_fns[head]}, metrics={head: objective.metrics},
+                    loss_specs={head: objective.loss})
+            runs.append((evaluator, self._head_dataset(head, data[head], batch_size or 1024,
+                                                       False, None)))
+        return runs
 
     def _eval_dataset(self, data: Any, batch_size: int | None) -> tf.data.Dataset:
         dataset = self._labelled(as_dataset(data, batch_size or 1024, shuffle=False))
