@@ -138,6 +138,15 @@ log: {every: 5, histograms_every: 0}
 checkpoint: {every: 25, keep: 2}
 """
 
+# The same run with one dataset per head (of different sizes, so their epochs end at
+# different steps): every stream's position must be restored.
+PER_HEAD_CONFIG = CONFIG.replace(
+    "data: {kind: mmoe, train_size: 256, eval_size: 64, input_dim: 8}",
+    "data:\n  per_head:\n"
+    "    a: {kind: mmoe, train_size: 256, eval_size: 64, input_dim: 8, seed: 1}\n"
+    "    b: {kind: mmoe, train_size: 96, eval_size: 32, input_dim: 8, seed: 2}")
+assert PER_HEAD_CONFIG != CONFIG
+
 
 def _env():
     env = dict(os.environ, TF_DETERMINISTIC_OPS="1", TF_CPP_MIN_LOG_LEVEL="2")
@@ -158,9 +167,10 @@ def _tensors(prefix):
             if not key.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "run/"))}
 
 
-def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("text", [CONFIG, PER_HEAD_CONFIG], ids=["one_dataset", "per_head"])
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path, text):
     config = tmp_path / "exp.yaml"
-    config.write_text(CONFIG)
+    config.write_text(text)
     stopped, full = tmp_path / "stopped", tmp_path / "full"
     state_file = stopped / "checkpoints" / "checkpoint"
     proc = subprocess.Popen([sys.executable, "-m", "multihead", "train", str(config),

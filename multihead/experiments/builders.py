@@ -236,8 +236,9 @@ def build_strategy(config: ExperimentConfig) -> Any:
         raise ConfigError(f"distribute: {err}") from None
 
 
-def build_data(config: ExperimentConfig) -> MultiTaskData:
-    """The data of `config.data` (any kind; `multihead.experiments.data_sources`)."""
+def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskData]:
+    """The data of `config.data` (any kind; `multihead.experiments.data_sources`); a dict
+    head -> data with `data.per_head`."""
     from multihead.experiments.data_sources import build_data as read
 
     return read(config)

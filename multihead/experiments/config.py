@@ -126,6 +126,14 @@ class DataConfig:
                                              "multidigits: its options (docs/data.md)")
     on_nan: str = _field("error", choices=("error", "drop", "keep"),
                          doc="NaN in features or labels: error, drop the rows, or keep them")
+    per_head: dict[str, Any] = _field({}, doc="head -> a data section of its own (one dataset "
+                                              "per head); then the source keys above are unused")
+    sampling: str = _field("all", choices=("all", "uniform", "proportional", "temperature"),
+                           doc="with per_head: every head a batch each step (all), or one head "
+                               "drawn per step (docs/data.md)")
+    temperature: float = _field(2.0, doc="temperature sampling: p_k proportional to n_k^(1/T)")
+    sampling_weights: dict[str, float] = _field({}, doc="head -> sampling weight (default: its "
+                                                        "number of training examples)")
 
 
 @dataclasses.dataclass
@@ -572,8 +580,17 @@ def data_from_dict(raw: Any, heads: Sequence[str]) -> DataConfig:
     return data
 
 
+#: `data:` keys that apply to all per-head sources, not to one source.
+_SAMPLING_KEYS = ("per_head", "sampling", "temperature", "sampling_weights", "seed")
+
+
 def check_data(data: DataConfig, heads: list[str]) -> None:
-    """`data` keys against its kind and the heads; the files themselves are read by the builder."""
+    """`data` keys against its kind and the heads; the files themselves are read by the builder.
+    With `data.per_head`, each head's section is checked on its own and replaces the raw
+    mapping in `data.per_head`."""
+    _check_sampling(data, heads)
+    if data.per_head:
+        return
     kind = data.kind
     if kind in FILE_KINDS and data.train is None:
         raise ConfigError(f"data.train: required for kind {kind}; give the path of the training file")
@@ -620,6 +637,56 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
             if head not in data.targets:
                 raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
                                   f"add data.targets.{head}")
+
+
+def _check_sampling(data: DataConfig, heads: list[str]) -> None:
+    """`data.per_head` (one source per head) and how its heads are drawn."""
+    check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
+    for head, weight in data.sampling_weights.items():
+        if head not in heads:
+            raise ConfigError(f"data.sampling_weights.{head}: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
+        check_bounds(weight, f"data.sampling_weights.{head}", minimum=0, min_open=True,
+                     error=ConfigError)
+    if not data.per_head:
+        if data.sampling != "all":
+            raise ConfigError(f"data.sampling: {data.sampling} draws one head's dataset per step; "
+                              "it needs data.per_head (a data section per head)")
+        return
+    defaults = DataConfig()
+    for field in dataclasses.fields(DataConfig):
+        if field.name not in _SAMPLING_KEYS + ("on_nan",) and \
+                getattr(data, field.name) != getattr(defaults, field.name):
+            raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
+                              f"source is data.per_head.<head>.{field.name}); move or remove it")
+    for head in data.per_head:
+        if head not in heads:
+            raise ConfigError(f"data.per_head.{head}: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
+    sections = {}
+    for head in heads:
+        where = f"data.per_head.{head}"
+        raw = data.per_head.get(head)
+        if raw is None:
+            raise ConfigError(f"{where}: missing; with data.per_head every head needs a data "
+                              "section of its own")
+        if isinstance(raw, DataConfig):  # checked already (a config validated twice)
+            sections[head] = raw
+            continue
+        if isinstance(raw, Mapping):
+            for key in _SAMPLING_KEYS[:-1]:  # a written config holds them at their defaults
+                if key in raw and raw[key] != getattr(defaults, key):
+                    raise ConfigError(f"{where}.{key}: set it once in data, not per head")
+            raw = {"on_nan": data.on_nan, **raw}
+        section = _build(DataConfig, raw, where)
+        try:
+            check_data(section, [head])
+        except ConfigError as err:  # the messages name data.<key>: point them at this head
+            message = str(err)
+            raise ConfigError(where + message[4:] if message.startswith("data.") else message) \
+                from None
+        sections[head] = section
+    data.per_head = sections
 
 
 def _check_distribute(config: ExperimentConfig) -> None:

@@ -40,7 +40,7 @@ _CSV_BATCH = 4096
 
 
 def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
-              seed: int = 0) -> MultiTaskData:
+              seed: int = 0) -> MultiTaskData | dict[str, MultiTaskData]:
     """Reads the data a config's `data:` section describes, checked against `heads`.
 
     Args:
@@ -51,7 +51,8 @@ def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
 
     Returns:
         The train and eval splits; inputs are float32 arrays (or a dict of them for named
-        inputs), labels float32 or int32 arrays of shape `(n, ...)`.
+        inputs), labels float32 or int32 arrays of shape `(n, ...)`. With `per_head`, a dict
+        head -> that head's own splits (one task each).
 
     Raises:
         ConfigError: one line naming the `data.` key at fault.
@@ -60,14 +61,28 @@ def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
     return _load(data, list(heads), seed if data.seed is None else data.seed)
 
 
-def build_data(config: ExperimentConfig) -> MultiTaskData:
-    """The data of an experiment config, one task per head."""
+def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskData]:
+    """The data of an experiment config, one task per head (a dict head -> data with
+    `data.per_head`)."""
     seed = config.seed if config.data.seed is None else config.data.seed
     return _load(config.data, list(config.model.heads), seed)
 
 
-def input_spec(data: MultiTaskData) -> Any:
-    """The model's input shape from the data: `(None, ...)`, or a dict of them."""
+def input_spec(data: MultiTaskData | Mapping[str, MultiTaskData]) -> Any:
+    """The model's input shape from the data: `(None, ...)`, or a dict of them.
+
+    Raises:
+        ConfigError: per-head data whose heads' inputs differ in shape or names.
+    """
+    if isinstance(data, Mapping):
+        specs = {head: input_spec(d) for head, d in data.items()}
+        first = next(iter(specs))
+        for head, spec in specs.items():
+            if spec != specs[first]:
+                raise ConfigError(f"data.per_head.{head}: inputs of shape {spec} differ from "
+                                  f"data.per_head.{first}'s {specs[first]}; the heads share the "
+                                  "trunk, so they need the same input")
+        return specs[first]
     return tf.nest.map_structure(lambda a: (None,) + tuple(a.shape[1:]), _inputs_tree(data.x_train))
 
 
@@ -75,7 +90,10 @@ def _inputs_tree(x: Any) -> Any:
     return dict(x) if isinstance(x, Mapping) else x
 
 
-def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
+def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict[str, MultiTaskData]:
+    if data.per_head:
+        return {h: _load(data.per_head[h], [h], seed if data.per_head[h].seed is None
+                         else data.per_head[h].seed) for h in heads}
     kind = data.kind
     if kind in ("mmoe", "mixed"):
         return _synthetic(data, heads, seed)
@@ -229,6 +247,8 @@ def read_inputs(data: DataConfig, path: str, where: str = "--data",
     Raises:
         ConfigError: naming `where`, for a missing file, array or column, or a wrong dtype.
     """
+    if data.per_head:  # every head's input has the same layout (checked at training)
+        data = next(iter(data.per_head.values()))
     ext = os.path.splitext(path)[1].lower()
     kinds = {".npz": "npz", ".csv": "csv", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord"}
     if ext not in kinds:

@@ -29,6 +29,7 @@ from multihead.core.data import MultiTaskData
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective
+from multihead.core.sampling import TaskSampling
 
 
 #: Where a run records its model's input (written before training starts).
@@ -38,7 +39,7 @@ INPUTS_FILE = "inputs.json"
 @dataclasses.dataclass
 class SupervisedRunner:
     config: ExperimentConfig
-    data: MultiTaskData
+    data: MultiTaskData | dict[str, MultiTaskData]
     model: MultiHeadModel
     objectives: dict[str, Objective]
     trunk: Any = "per_head"
@@ -60,31 +61,31 @@ class SupervisedRunner:
         remaining = cfg.train.steps - start_step
         wall_time = 0.0
         evals: list[tuple[int, dict[str, dict[str, float]]]] = []
+        train_data, eval_data = _splits(self.data)
         if remaining > 0:
-            history = trainer.fit(self.data.train, remaining, batch_size=cfg.train.batch_size,
-                                  eval_data=self.data.eval, eval_every=cfg.train.eval_every,
+            history = trainer.fit(train_data, remaining, batch_size=cfg.train.batch_size,
+                                  eval_data=eval_data, eval_every=cfg.train.eval_every,
                                   verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
                                   steps_per_execution=cfg.train.steps_per_execution,
-                                  callbacks=callbacks.as_list())
+                                  callbacks=callbacks.as_list(), sampling=_sampling(cfg))
             evals, wall_time = history.eval, history.wall_time
             final_eval = _final_eval(evals, callbacks.early_stopping)
         else:
-            final_eval = trainer.evaluate(self.data.eval, batch_size=cfg.train.batch_size)
+            final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
         if checkpoints.latest_checkpoint is None or \
                 checkpoints.step_of(checkpoints.latest_checkpoint) != trainer.global_step:
             checkpoints.save()  # the end of the run is always a resumable checkpoint
         # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
         # evaluations of the eval data.
-        train_metrics = trainer.evaluate(self.data.train, batch_size=cfg.train.batch_size * 8,
+        train_metrics = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
                                          log=False)
         baselines = {}
         for head in self.model.head_names:
-            first = tf.nest.map_structure(lambda a: a[:1], _tree(self.data.x_eval))
+            data = self.data[head] if isinstance(self.data, dict) else self.data
+            first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
             output_shape = tuple(self.model(first)[head].shape[1:])
             baselines[head] = constant_baseline(
-                trainer.loss_fns[head], head, self.data.y_train[head], self.data.y_eval[head],
-                output_shape,
-            )
+                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape)
         if trainer.is_chief:  # the other workers of a multi-worker run write nothing
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
                             trainer=trainer)
@@ -109,13 +110,31 @@ def _tree(x: Any) -> Any:
     return dict(x) if isinstance(x, dict) else x
 
 
-def write_inputs(run_dir: str, data: MultiTaskData) -> None:
+def _splits(data: MultiTaskData | dict[str, MultiTaskData]) -> tuple[Any, Any]:
+    """What `fit` and `evaluate` take: `(inputs, {head: labels})` for the train and eval
+    splits, or per head, a dict head -> that head's own pair."""
+    if isinstance(data, dict):
+        return ({h: (d.x_train, {h: d.y_train[h]}) for h, d in data.items()},
+                {h: (d.x_eval, {h: d.y_eval[h]}) for h, d in data.items()})
+    return data.train, data.eval
+
+
+def _sampling(config: ExperimentConfig) -> TaskSampling:
+    """How per-head data is drawn (`data.sampling`); "all" for one dataset."""
+    data = config.data
+    return TaskSampling(data.sampling, temperature=data.temperature,
+                        weights=dict(data.sampling_weights) or None, seed=config.seed)
+
+
+def write_inputs(run_dir: str, data: MultiTaskData | dict[str, MultiTaskData]) -> None:
     """`RUN_DIR/inputs.json`: the model's input, so a finished run is rebuilt (load_run, export,
     predict) without reading its data again: `{"shape": [null, ...], "dtype": ...}` or a mapping
     input name -> that."""
     def spec(a: Any) -> dict[str, Any]:
         return {"shape": [None] + [int(d) for d in a.shape[1:]], "dtype": str(a.dtype)}
 
+    if isinstance(data, dict):  # every head's input has the same layout (input_spec checks)
+        data = next(iter(data.values()))
     x = _tree(data.x_train)
     tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
     os.makedirs(run_dir, exist_ok=True)
