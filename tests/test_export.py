@@ -47,6 +47,24 @@ def test_exported_signatures_give_the_models_outputs(tmp_path):
         np.testing.assert_allclose(every[head].numpy(), eager[head].numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_a_trunk_on_named_inputs_exports_signatures_with_one_argument_per_name(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = {"age": keras.Input((1,), name="age"), "income": keras.Input((3,), name="income")}
+    features = keras.layers.Dense(4, activation="tanh")(
+        keras.layers.Concatenate()([inputs["age"], inputs["income"]]))
+    model = mh.MultiHeadModel(keras.Model(inputs, features),
+                              {"a": keras.layers.Dense(1), "b": keras.layers.Dense(2)})
+    x = {"age": np.ones((6, 1), "float32"), "income": np.arange(18, dtype="float32").reshape(6, 3)}
+    model(x)
+    result = mh.export_saved_model(model, tmp_path / "export")
+    assert sorted(result.input_spec) == ["age", "income"]
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    expected = _compiled_outputs(model, x)
+    for head in ("a", "b"):
+        only = loaded.signatures[head](age=tf.constant(x["age"]), income=tf.constant(x["income"]))
+        np.testing.assert_array_equal(only[head].numpy(), expected[head])
+
+
 def test_export_errors_leave_nothing_behind(tmp_path):
     model = make_model()
     with pytest.raises(ValueError, match=r"heads names head 'zz', but the model's heads are \['a', 'b'\]"):

@@ -199,10 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir!r}: no checkpoint in {ckpt_dir} to export")
     try:
         restore_checkpoint(path, model, parts=["trunk"] + [f"heads/{h}" for h in chosen])
-        if _input_names(model) is not None:
-            signatures = _export_named_inputs(model, args.out, chosen)
-        else:
-            signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
+        signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
     except ValueError as err:
         raise UsageError(f"export: {err}") from None
     print(f"wrote {args.out} from {path} (signatures: {', '.join(signatures)})")
@@ -211,48 +208,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _input_names(model: Any) -> list[str] | None:
     """The input names of a model with named inputs (a functional trunk on a dict), else None."""
-    try:
-        inputs = model.trunk.input
-    except (AttributeError, ValueError):  # a layer, or a Sequential built without Input
-        return None
-    return sorted(inputs) if isinstance(inputs, dict) else None
+    from multihead.io.export import named_inputs
 
-
-def _export_named_inputs(model: Any, out: str, heads: list[str]) -> list[str]:
-    """A SavedModel of a model with named inputs: as `export_saved_model` writes (a signature
-    for all heads and one per head), each signature taking one argument per input name."""
-    import tensorflow as tf
-
-    spec = {name: tf.TensorSpec(tensor.shape, tensor.dtype, name=name)
-            for name, tensor in model.trunk.input.items()}
-
-    class Serving(tf.Module):
-        def __init__(self) -> None:
-            super().__init__(name="multihead_serving")
-            self.trunk = model.trunk
-            self.heads = {h: model.heads[h] for h in heads}
-            self.serve = {key: tf.function(self._outputs_of(chosen), input_signature=[spec])
-                          for key, chosen in [("serving_default", tuple(heads))]
-                          + [(h, (h,)) for h in heads]}
-            self.__call__ = self.serve["serving_default"]
-
-        def _outputs_of(self, chosen: tuple[str, ...]) -> Any:
-            def serve(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-                feats = self.trunk(inputs, training=False)
-                return {h: self.heads[h](feats, training=False) for h in chosen}
-            return serve
-
-    serving = Serving()
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)) or ".", prefix=".export-")
-    try:
-        tf.saved_model.save(serving, tmp, signatures={k: f.get_concrete_function()
-                                                      for k, f in serving.serve.items()})
-        if os.path.isdir(out):
-            os.rmdir(out)  # empty (checked before)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return list(serving.serve)
+    named = named_inputs(model)
+    return None if named is None else list(named)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -42,13 +42,14 @@ class ExportResult:
     path: str
     heads: tuple[str, ...]
     signatures: dict[str, tuple[str, ...]]
-    input_spec: tf.TensorSpec
+    input_spec: tf.TensorSpec | dict[str, tf.TensorSpec]
 
 
 class _Serving(tf.Module):
     """The exported object: the trunk, the chosen heads, and their serving functions."""
 
-    def __init__(self, model: MultiHeadModel, heads: Sequence[str], spec: tf.TensorSpec) -> None:
+    def __init__(self, model: MultiHeadModel, heads: Sequence[str],
+                 spec: tf.TensorSpec | dict[str, tf.TensorSpec]) -> None:
         super().__init__(name="multihead_serving")
         self.trunk = model.trunk
         self.heads = {h: model.heads[h] for h in heads}
@@ -61,20 +62,37 @@ class _Serving(tf.Module):
         self.__call__ = self.serve_all
 
     def _outputs_of(self, heads: tuple[str, ...]):
-        def serve(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        def serve(inputs: tf.Tensor | dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             feats = self.trunk(inputs, training=False)
             return {h: self.heads[h](feats, training=False) for h in heads}
 
         return serve
 
 
-def default_input_spec(model: MultiHeadModel) -> tf.TensorSpec:
-    """The input spec of a built model: its build shape with a free batch dimension.
+def named_inputs(model: MultiHeadModel) -> dict[str, tf.TensorSpec] | None:
+    """The named inputs of a model whose (functional) trunk takes a dict, as specs keyed
+    by name; None for a trunk that takes one tensor."""
+    try:
+        inputs = model.trunk.input
+    except (AttributeError, ValueError):  # a layer, or a Sequential built without Input
+        return None
+    if not isinstance(inputs, dict):
+        return None
+    return {name: tf.TensorSpec(tensor.shape, tensor.dtype, name=name)
+            for name, tensor in sorted(inputs.items())}
+
+
+def default_input_spec(model: MultiHeadModel) -> tf.TensorSpec | dict[str, tf.TensorSpec]:
+    """The input spec of a built model: its named inputs (a dict name -> spec), or its build
+    shape with a free batch dimension.
 
     Raises:
         ValueError: the model records no single-tensor build shape; pass
             `input_spec=tf.TensorSpec([None, ...])` to `export_saved_model`.
     """
+    named = named_inputs(model)
+    if named is not None:
+        return named
     shapes = internals.build_shapes(model)
     shape = shapes.get("input_shape") if len(shapes) == 1 else None
     if shape is None or not isinstance(shape, (tuple, list)) or not all(
@@ -88,7 +106,8 @@ def default_input_spec(model: MultiHeadModel) -> tf.TensorSpec:
 
 def export_saved_model(model: MultiHeadModel, path: str | os.PathLike[str],
                        heads: Sequence[str] | None = None,
-                       input_spec: tf.TensorSpec | None = None) -> ExportResult:
+                       input_spec: tf.TensorSpec | dict[str, tf.TensorSpec] | None = None,
+                       ) -> ExportResult:
     """Writes `model` (trunk and the chosen heads) as a SavedModel for serving.
 
     Signatures: `serving_default` returns every exported head's output
@@ -104,8 +123,10 @@ def export_saved_model(model: MultiHeadModel, path: str | os.PathLike[str],
         model: a built model.
         path: the SavedModel directory; it must not exist or be empty.
         heads: heads to export, in order; None exports every head.
-        input_spec: the input accepted (a single tensor); default: the model's
-            build shape with a free batch dimension.
+        input_spec: the input accepted: a single tensor's spec, or for a trunk on
+            named inputs a dict name -> spec (each signature then takes one keyword
+            argument per name); default: the model's named inputs, else its build
+            shape with a free batch dimension.
 
     Returns:
         The heads and signatures written.
@@ -130,9 +151,13 @@ def export_saved_model(model: MultiHeadModel, path: str | os.PathLike[str],
     if "serving_default" in chosen:
         raise ValueError("a head named 'serving_default' clashes with the all-heads signature; rename it")
     spec = input_spec if input_spec is not None else default_input_spec(model)
-    if not isinstance(spec, tf.TensorSpec):
-        raise TypeError(f"input_spec must be a tf.TensorSpec, got {type(spec).__name__}")
-    spec = tf.TensorSpec(spec.shape, spec.dtype, name=INPUT_NAME)
+    if isinstance(spec, dict) and spec and all(isinstance(s, tf.TensorSpec) for s in spec.values()):
+        spec = {name: tf.TensorSpec(s.shape, s.dtype, name=name) for name, s in spec.items()}
+    elif isinstance(spec, tf.TensorSpec):
+        spec = tf.TensorSpec(spec.shape, spec.dtype, name=INPUT_NAME)
+    else:
+        raise TypeError(f"input_spec must be a tf.TensorSpec or a dict name -> tf.TensorSpec, "
+                        f"got {type(spec).__name__}")
     out = os.path.abspath(os.fspath(path))
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ValueError(f"export path {os.fspath(path)!r} exists and is not an empty directory; "
