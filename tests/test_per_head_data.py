@@ -125,8 +125,8 @@ def test_resume_from_a_checkpoint_continues_every_stream_bitwise(tmp_path, sampl
     resumed.fit(PER_HEAD, 13, batch_size=8, verbose=False, sampling=sampling)
     for ours, theirs in zip(weights(uninterrupted.model.variables), weights(resumed.model.variables)):
         np.testing.assert_array_equal(ours, theirs)
-    positions = [uninterrupted.data_position.heads[h].batch.numpy() for h in HEADS]
-    assert positions == [resumed.data_position.heads[h].batch.numpy() for h in HEADS]
+    positions = [uninterrupted.data_position.heads[h].drawn.numpy() for h in HEADS]
+    assert positions == [resumed.data_position.heads[h].drawn.numpy() for h in HEADS]
 
 
 def test_two_fits_on_the_same_per_head_data_continue_the_streams():

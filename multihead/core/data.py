@@ -170,8 +170,9 @@ class DataPosition(tf.Module):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.batch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch")
         #: Head name -> the position of that head's own dataset.
-        self.heads = {head: DataPosition() for head in heads}
+        self.heads = {head: StreamPosition() for head in heads}
         self._resume = False
+        self._per_epoch: int | None = None  # batches an epoch, for `repeated`
 
     @property
     def restored(self) -> bool:
@@ -190,8 +191,44 @@ class DataPosition(tf.Module):
         self._resume = False
 
     def advance(self, batches: int) -> None:
-        """Counts `batches` more batches taken from the current epoch's iterator."""
-        self.batch.assign_add(batches, read_value=False)
+        """Counts `batches` more batches taken (from the current epoch's iterator, or from
+        the `repeated` one, whose epochs are `per_epoch` batches long)."""
+        if self._per_epoch is None:
+            self.batch.assign_add(batches, read_value=False)
+            return
+        epochs, batch = divmod(int(self.batch.numpy()) + batches, self._per_epoch)
+        if epochs:
+            self.epoch.assign_add(epochs, read_value=False)
+        self.batch.assign(batch, read_value=False)
+
+    def repeated(self, dataset: tf.data.Dataset, per_epoch: int) -> Iterator[Any]:
+        """One iterator over `dataset` repeated forever, fast-forwarded to the restored
+        position, for a dataset of `per_epoch` batches an epoch. It takes exactly the
+        batches of `epochs`' iterators (each repetition draws the next reshuffle seed, as
+        a new iterator does) without starting a Python iterator per epoch, which costs
+        tens of milliseconds. Whoever takes batches from it calls `advance`.
+
+        Raises:
+            ValueError: the restored position is past the end of an epoch of `dataset`
+                (it is not the data the checkpoint was trained on).
+        """
+        epoch, skip = int(self.epoch.numpy()), int(self.batch.numpy())
+        if not self._resume:
+            epoch, skip = 0, 0
+            self.epoch.assign(0)
+            self.batch.assign(0)
+        self._resume = False
+        if skip > per_epoch:
+            raise ValueError(self._cannot_resume(epoch, skip, per_epoch))
+        self._per_epoch = per_epoch
+        # Prefetched across epochs: a prefetch inside the repetition restarts cold each epoch.
+        return iter(dataset.repeat().skip(epoch * per_epoch + skip).prefetch(tf.data.AUTOTUNE))
+
+    @staticmethod
+    def _cannot_resume(epoch: int, skip: int, batches: int) -> str:
+        return (f"cannot resume the data stream at epoch {epoch}, batch {skip}: this epoch has "
+                f"only {batches} batches; resume with the data (and batch size and seed) the "
+                "checkpoint was trained on, or restore without the 'data' part")
 
     def epochs(self, dataset: tf.data.Dataset) -> Iterator[Iterator[Any]]:
         """One iterator per epoch of `dataset`, forever; the first is fast-forwarded to
@@ -207,17 +244,14 @@ class DataPosition(tf.Module):
             self.epoch.assign(0)
             self.batch.assign(0)
         self._resume = False
+        self._per_epoch = None
         for _ in range(epoch):
             iter(dataset)  # draws this epoch's reshuffle seed, as the original run did
         while True:
             iterator = iter(dataset)
             for i in range(skip):
                 if next(iterator, None) is None:
-                    raise ValueError(
-                        f"cannot resume the data stream at epoch {epoch}, batch {skip}: this epoch "
-                        f"has only {i} batches; resume with the data (and batch size and seed) "
-                        "the checkpoint was trained on, or restore without the 'data' part"
-                    )
+                    raise ValueError(self._cannot_resume(epoch, skip, i))
             yield iterator
             if int(self.batch.numpy()) == 0:
                 raise ValueError("the training data yielded no batch")
@@ -231,6 +265,43 @@ class DataPosition(tf.Module):
             for batch in iterator:
                 self.advance(1)
                 yield batch
+
+
+class StreamPosition(tf.Module):
+    """How many batches a per-head stream (`fit(data={head: ...})`) has drawn from its
+    dataset repeated forever, as a variable a checkpoint saves.
+
+    A resumed stream is the dataset, built anew, repeated and fast-forwarded by that
+    count. Each repetition of a shuffled dataset draws the next reshuffle seed of that
+    dataset object, so a fresh dataset replays the original run's epochs exactly (for
+    any dataset that is deterministic given its seeds, as `as_dataset`'s is).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="stream_position")
+        self.drawn = tf.Variable(0, dtype=tf.int64, trainable=False, name="drawn")
+        self._resume = False
+
+    @property
+    def restored(self) -> bool:
+        """Whether a restore moved the position since the stream was last started."""
+        return self._resume
+
+    def mark_restored(self) -> None:
+        """The next `stream` continues from the (restored) position instead of restarting."""
+        self._resume = True
+
+    def stream(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """`dataset` repeated forever, from the restored position (else from its start).
+        Whoever takes batches from it calls `advance`."""
+        if not self._resume:
+            self.drawn.assign(0)
+        self._resume = False
+        return dataset.repeat().skip(int(self.drawn.numpy())).prefetch(tf.data.AUTOTUNE)
+
+    def advance(self, batches: int) -> None:
+        """Counts `batches` more batches drawn."""
+        self.drawn.assign_add(batches, read_value=False)
 
 
 def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
@@ -279,5 +350,6 @@ def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
             return tf.nest.map_structure(lambda a: tf.gather(a, idx), arrays)
         return tf.data.Dataset.range(batches).map(gather)
 
-    ds = orders.flat_map(epoch)
+    # The known length lets `fit` run epochs as one repeated stream (`DataPosition.repeated`).
+    ds = orders.flat_map(epoch).apply(tf.data.experimental.assert_cardinality(batches))
     return ds.prefetch(tf.data.AUTOTUNE)

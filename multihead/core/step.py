@@ -300,14 +300,15 @@ class TrainStep:
         return self._through_concrete(self._variant(monitored, names, per_head)[0], key, inputs,
                                       targets)
 
-    def _steps(self, monitored: bool, iterator: Any, max_steps: int) -> StepsOutput:
+    def _steps(self, monitored: bool, iterator: Any, max_steps: int, per_head: bool = False,
+               ) -> StepsOutput:
         count = self._step_counts.get(max_steps)
         if count is None:
             count = self._step_counts[max_steps] = tf.constant(max_steps, tf.int32)
         key = None
         if self._strategy is None and isinstance(iterator, tf.data.Iterator):
-            key = ("many", monitored, tf.type_spec_from_value(iterator))
-        many = self._variant(monitored, self.head_names)[1]
+            key = ("many", monitored, per_head, tf.type_spec_from_value(iterator))
+        many = self._variant(monitored, self.head_names, per_head)[1]
         return self._through_concrete(many, key, iterator, count)
 
     def __call__(self, inputs: Any, targets: Any, heads: Sequence[str] | None = None,
@@ -328,8 +329,9 @@ class TrainStep:
         monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
         return self._one_step(monitored, names, inputs, targets, per_head)
 
-    def run(self, iterator: Any, max_steps: int) -> StepsOutput:
-        """Up to `max_steps` steps in compiled calls, taking batches from `iterator`.
+    def run(self, iterator: Any, max_steps: int, per_head: bool = False) -> StepsOutput:
+        """Up to `max_steps` steps in compiled calls, taking batches from `iterator`
+        (with `per_head`, batches `({head: inputs}, {head: targets})`, see `forward`).
 
         One call, or, with a monitor, one per stretch of steps that do not log
         plus one per logging step. Fewer steps are run if the iterator is
@@ -341,12 +343,12 @@ class TrainStep:
             distribute.check_not_in_scope(self._strategy)
         monitor = self._monitor
         if monitor is None or monitor.distributed:
-            return self._steps(monitor is not None, iterator, max_steps)
+            return self._steps(monitor is not None, iterator, max_steps, per_head)
         step, left, parts = self._counter(), max_steps, []
         while left > 0:  # the counter moves only by these calls meanwhile
             logs = monitor.logs_at(step)
             n = 1 if logs else min(left, monitor.quiet_steps_from(step))
-            part = self._steps(logs, iterator, n)
+            part = self._steps(logs, iterator, n, per_head)
             parts.append(part)
             count = int(part.count)
             step, left = step + count, left - count

@@ -14,7 +14,7 @@ import tensorflow as tf
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, check_int
 from multihead.core import distribute
-from multihead.core.data import DataPosition, as_dataset
+from multihead.core.data import DataPosition, StreamPosition, as_dataset
 from multihead.core.evaluation import Evaluator
 from multihead.core.model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
@@ -185,18 +185,24 @@ class _Stream:
     epochs, run through the compiled step several steps per call."""
 
     def __init__(self, key: Any, train_step: TrainStep, position: DataPosition,
-                 dataset: Any) -> None:
+                 dataset: Any, per_epoch: int | None) -> None:
         self.key = key
         self.train_step = train_step
         self._position = position
-        self._epochs = position.epochs(dataset)
-        self._iterator = next(self._epochs)
+        self._epochs: Iterator[Any] | None = None
+        if per_epoch:  # a known length: the epochs as one repeated stream
+            self._iterator = position.repeated(dataset, per_epoch)
+        else:
+            self._epochs = position.epochs(dataset)
+            self._iterator = next(self._epochs)
 
     def run(self, steps: int) -> _Steps:
         """Up to `steps` steps; 0 at the end of an epoch (the next call starts the next)."""
         out = self.train_step.run(self._iterator, steps)
         count = int(out.count)
         if count == 0:
+            if self._epochs is None:
+                raise ValueError("the training data yielded no batch")
             self._iterator = next(self._epochs)  # raises if an epoch yields no batch
         else:
             self._position.advance(count)
@@ -205,33 +211,49 @@ class _Stream:
 
 
 class _HeadStreams:
-    """The batches `fit` takes from per-head datasets: each head cycles through its own,
-    with a position of its own; each step is one compiled call (see `TaskSampling`)."""
+    """The batches `fit` takes from per-head datasets: each head's own dataset, repeated
+    forever, with a checkpointed count of the batches drawn (`StreamPosition`).
 
-    def __init__(self, key: Any, train_step: TrainStep, positions: Mapping[str, DataPosition],
-                 datasets: Mapping[str, Any], sampling: TaskSampling,
+    With `sampling="all"` the heads' streams are zipped and run in the compiled loop,
+    several steps per call, as one dataset is; a sampled head is drawn per step in
+    Python (`TaskSampling.head_at`) and its step is one compiled call.
+    """
+
+    def __init__(self, key: Any, train_step: TrainStep, positions: Mapping[str, StreamPosition],
+                 datasets: Mapping[str, tf.data.Dataset], sampling: TaskSampling,
                  probabilities: np.ndarray | None, step: tf.Variable) -> None:
         self.key = key
         self.train_step = train_step
-        self._batches = {h: positions[h].cycle(ds) for h, ds in datasets.items()}
-        self._sampling = sampling
+        self._positions = {h: positions[h] for h in datasets}
+        streams = {h: positions[h].stream(ds) for h, ds in datasets.items()}
         self._probabilities = probabilities
+        self._sampling = sampling
         self._step = step
+        if probabilities is None:
+            zipped = tf.data.Dataset.zip(streams).map(
+                lambda batches: ({h: b[0] for h, b in batches.items()},
+                                 {h: b[1] for h, b in batches.items()}))
+            self._zipped = iter(zipped)
+        else:
+            self._iterators = {h: iter(stream) for h, stream in streams.items()}
 
     def run(self, steps: int) -> _Steps:
         """`steps` steps."""
+        if self._probabilities is None:
+            out = self.train_step.run(self._zipped, steps, per_head=True)
+            count = int(out.count)  # the streams never end (each was checked to have a batch)
+            for position in self._positions.values():
+                position.advance(count)
+            return _Steps(int(out.first_step), count, out.losses.numpy(), out.updated.numpy(),
+                          out.skipped.numpy())
         first = int(self._step.numpy())
-        heads = list(self._batches)
+        heads = list(self._iterators)
         outputs = []
         for step in range(first, first + steps):
-            if self._probabilities is not None:
-                head = heads[self._sampling.head_at(step, self._probabilities)]
-                inputs, targets = next(self._batches[head])
-                outputs.append(self.train_step(inputs, targets, heads=(head,)))
-            else:
-                batches = {h: next(batches) for h, batches in self._batches.items()}
-                outputs.append(self.train_step({h: b[0] for h, b in batches.items()},
-                                               {h: b[1] for h, b in batches.items()}, per_head=True))
+            head = heads[self._sampling.head_at(step, self._probabilities)]
+            inputs, targets = next(self._iterators[head])
+            self._positions[head].advance(1)
+            outputs.append(self.train_step(inputs, targets, heads=(head,)))
         return _Steps(first, steps, *(np.stack([getattr(o, f).numpy() for o in outputs])
                                       for f in ("losses", "updated", "skipped")))
 
@@ -715,9 +737,12 @@ class Trainer:
         zeros = tf.nest.map_structure(_zeros_for_spec, inputs_spec)
         train_step = self._ensure_built(zeros)
         self._check_targets(targets_spec, None, zeros)
+        per_epoch = int(dataset.cardinality())
         if self.strategy is not None:  # each global batch is split across the replicas
             dataset = self.strategy.experimental_distribute_dataset(dataset)
-        self._last_stream = _Stream(key, train_step, self.data_position, dataset)
+            per_epoch = 0
+        self._last_stream = _Stream(key, train_step, self.data_position, dataset,
+                                    per_epoch if per_epoch > 0 else None)
         return self._last_stream
 
     def _head_streams(self, key: Any, data: Mapping[str, Any], batch_size: int | None,
@@ -735,6 +760,8 @@ class Trainer:
         for i, head in enumerate(self.model.head_names):
             head_seed = None if seed is None else seed + i
             datasets[head] = self._head_dataset(head, data[head], batch_size, True, head_seed)
+            if next(iter(datasets[head].take(1)), None) is None:
+                raise ValueError(f"data[{head!r}] yields no batch; give that head some examples")
             leaves = [] if isinstance(data[head], tf.data.Dataset) else tf.nest.flatten(data[head])
             sizes[head] = len(leaves[0]) if leaves else None
         probabilities = sampling.probabilities(list(datasets), sizes) if sampling.samples else None
