@@ -446,11 +446,12 @@ class TrainStep:
                 ) -> Forward:
         """One forward pass of `heads` (inside the caller's tape).
 
-        A head with `trains_trunk=False` reads the trunk output through `stop_gradient`.
+        A head with `trains_trunk=False` reads the trunk output through `stop_gradient`
+        (a trunk that routes heads: see `MultiHeadModel.stop_shared`).
         """
         model = self._model
         features = model.features(inputs, training=True)
-        stopped = tf.nest.map_structure(tf.stop_gradient, features)
+        stopped = model.stop_shared(features)
         losses, weighted = {}, {}
         for head in heads:
             output = model.head_output(head.name, features if head.trains_trunk else stopped,
