@@ -410,6 +410,9 @@ class TrainStep:
             update = lambda: self._sequential(inputs, targets, step, heads)  # noqa: E731
         if monitored:
             def update_and_log() -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                gate_weights = getattr(self._model.trunk, "gate_weights", None)
+                if gate_weights is not None and self._strategy is None:  # before the updates
+                    self._monitor.gates(lambda: gate_weights(inputs, training=True))
                 out = update()
                 self._count_and_log(heads, step, out[1])
                 return out
