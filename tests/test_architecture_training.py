@@ -4,12 +4,13 @@ aggregation, target networks of a part, and the gate monitoring."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch
 from multihead.monitoring import tags
-from multihead.monitoring.report import read_scalars
+from multihead.monitoring.report import format_report, load_report, plot_report, read_scalars
 
 HEADS = ("a", "b")
 
@@ -142,3 +143,29 @@ def test_logged_gate_utilisation_is_the_mean_gate_output_on_the_batch(tmp_path):
             entropy = scalars[tags.gate_entropy(h)]
             np.testing.assert_allclose(entropy.values[list(entropy.steps).index(step)],
                                        np.mean(-np.sum(g * np.log(g), axis=1)), atol=1e-5)
+    # `multihead report`: the heads x experts matrix, at the last logged step
+    report = load_report(str(tmp_path))
+    for h in HEADS:
+        np.testing.assert_allclose(report.utilisation[h], expected[-1][h].mean(axis=0), atol=1e-6)
+    text = format_report(report)
+    assert "gate utilisation" in text
+    row = next(line for line in text.splitlines() if line.startswith("b ") and "e0" not in line
+               and len(line.split()) == 1 + 4 + 1)
+    assert row.split()[1:5] == [f"{v:.3f}" for v in expected[-1]["b"].mean(axis=0)]
+
+
+def test_report_png_has_the_utilisation_heatmap(tmp_path):
+    pytest.importorskip("matplotlib")
+    model = _mmoe()
+    trainer = mh.Trainer(model, _objectives(), log_dir=str(tmp_path), log_every=1, histograms_every=0)
+    trainer.step(make_batch(HEADS))
+    trainer.close()
+    report = load_report(str(tmp_path))
+    plot_report(report, tmp_path / "r.png")
+    import dataclasses
+    import matplotlib.image
+
+    plot_report(dataclasses.replace(report, utilisation={}, gate_entropy={}), tmp_path / "plain.png")
+    image = matplotlib.image.imread(str(tmp_path / "r.png"))
+    assert image.shape[:2] == (450, 1500)  # the figure keeps its size with a fourth panel
+    assert not np.array_equal(image, matplotlib.image.imread(str(tmp_path / "plain.png")))
