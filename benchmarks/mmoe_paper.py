@@ -4,8 +4,9 @@ at task correlations 0.5, 0.9 and 1.0, over seeds.
 Each run is `multihead train experiments/mmoe_paper/<model>.yaml --set data.correlation=<c>
 --set seed=<s>` (in this process, TensorBoard off); the seed draws both the data (new task
 weight vectors and examples) and the initial weights. The table shows the final eval MSE,
-mean of the two tasks, as mean +- standard deviation over seeds, and MMoE's margin over
-each of the others.
+mean of the two tasks, as mean +- standard deviation over seeds (the spread is mostly the
+data's: each seed draws new tasks), and MMoE's margin over each of the others, paired by
+seed (same data): the mean over seeds of `loss_mmoe / loss_other - 1`.
 
     python benchmarks/mmoe_paper.py              # 3 seeds, the configs' 3000 steps
     python benchmarks/mmoe_paper.py --seeds 5
@@ -19,6 +20,8 @@ them is largest at low correlation. docs/architectures.md compares them with a r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -45,11 +48,19 @@ def run(model: str, correlation: float, seed: int, steps: int | None, workdir: s
             "--set", f"seed={seed}", "--set", "log.tensorboard=false"]
     if steps is not None:
         args += ["--set", f"train.steps={steps}", "--set", f"train.eval_every={steps}"]
-    if main(args) != 0:
+    with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
+        code = main(args)
+    if code != 0:
         raise SystemExit(f"run failed: {' '.join(args)}")
     with open(os.path.join(run_dir, "metrics.json")) as f:
         evals = json.load(f)["eval"]
     return statistics.fmean(evals[h]["loss"] for h in ("y1", "y2"))
+
+
+def paired_margin(losses: dict, model: str, other: str, correlation: float) -> str:
+    """Mean over seeds of MMoE's loss relative to `other`'s on the same seed (same data)."""
+    ratios = [a / b - 1 for a, b in zip(losses[(model, correlation)], losses[(other, correlation)])]
+    return f"{statistics.fmean(ratios):+.1%}"
 
 
 def main() -> None:
@@ -75,10 +86,9 @@ def main() -> None:
 
     rows = [["correlation"] + list(MODELS) + ["MMoE vs shared-bottom", "MMoE vs OMoE"]]
     for c in CORRELATIONS:
-        means = {m: statistics.fmean(losses[(m, c)]) for m in MODELS}
         rows.append([str(c)] + [cell(losses[(m, c)]) for m in MODELS]
-                    + [f"{means['mmoe'] / means['shared_bottom'] - 1:+.1%}",
-                       f"{means['mmoe'] / means['omoe'] - 1:+.1%}"])
+                    + [paired_margin(losses, "mmoe", "shared_bottom", c),
+                       paired_margin(losses, "mmoe", "omoe", c)])
     print(f"final eval MSE (mean of the two tasks), {seeds} seeds, "
           f"{steps or 'the configs'} steps")
     print(table(rows))
