@@ -114,6 +114,11 @@ def test_trunk_aggregation_is_over_the_shared_variables_and_gates_train_per_head
         assert not np.array_equal(_gate(model, h).weights[0].numpy(), gates[h][0])
 
 
+def test_rep_grad_needs_one_shared_trunk_output():
+    with pytest.raises(ValueError, match="rep_grad=True combines .* MMoE gives each head its own"):
+        mh.Trainer(_mmoe(), _objectives(), trunk=mh.TrunkPolicy(aggregator="mgda", rep_grad=True))
+
+
 def test_target_network_of_one_head_follows_its_gate():
     model = _mmoe()
     target = mh.TargetNetwork(model, heads=["a"], every=1)
@@ -129,11 +134,17 @@ def test_logged_gate_utilisation_is_the_mean_gate_output_on_the_batch(tmp_path):
     trainer = mh.Trainer(model, _objectives(), log_dir=str(tmp_path), log_every=1, histograms_every=2)
     batches = [make_batch(HEADS, seed=s) for s in range(3)]
     expected = []
+    x0, y0 = batches[0]
+    with tf.GradientTape() as tape:  # head a's gradient: its head part includes its gate
+        loss = tf.reduce_mean(tf.square(y0["a"] - model(x0)["a"]))
+    own = model.heads["a"].trainable_variables + _gate(model, "a").trainable_variables
+    head_norm = np.sqrt(sum(np.sum(g.numpy() ** 2) for g in tape.gradient(loss, own)))
     for x, y in batches:  # the gates at the parameters each step starts from
         expected.append({h: _gate(model, h)(x).numpy().astype(np.float64) for h in HEADS})
         trainer.step((x, y))
     trainer.close()
     scalars = read_scalars(str(tmp_path / "train"))
+    np.testing.assert_allclose(scalars[tags.head_grad_norm("a")].values[0], head_norm, rtol=1e-5)
     for step, gates in enumerate(expected):
         for h, g in gates.items():
             for i in range(g.shape[1]):
