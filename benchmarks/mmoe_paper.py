@@ -9,7 +9,7 @@ data's: each seed draws new tasks), and MMoE's margin over each of the others, p
 seed (same data): the mean over seeds of `loss_mmoe / loss_other - 1`.
 
     python benchmarks/mmoe_paper.py              # 3 seeds, the configs' 3000 steps
-    python benchmarks/mmoe_paper.py --seeds 5
+    python benchmarks/mmoe_paper.py --seeds 5 --steps 20000
     python benchmarks/mmoe_paper.py --quick      # 2 seeds, 300 steps: a smoke run
 
 The paper's findings (its Figure 4, training loss over 200 runs per setting): shared-bottom
@@ -67,9 +67,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, 300 steps")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 3)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default: the configs' 3000; --quick: 300)")
     args = parser.parse_args()
     seeds = args.seeds or (2 if args.quick else 3)
-    steps = 300 if args.quick else None
+    steps = args.steps or (300 if args.quick else None)
     losses: dict[tuple[str, float], list[float]] = {}
     with tempfile.TemporaryDirectory() as workdir:
         for correlation in CORRELATIONS:
