@@ -31,7 +31,7 @@ def _experts(layer, x):
     for i in range(layer.n):
         h = x if x.ndim == 2 else x[:, i]
         for dense in layer.stack:
-            h = _relu(h @ _np(dense.kernel)[i] + _np(dense.bias)[i])
+            h = _relu(h @ _np(dense.kernel)[:, i] + _np(dense.bias)[i])
         outs.append(h)
     return np.stack(outs, axis=1)
 
