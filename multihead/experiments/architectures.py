@@ -90,7 +90,9 @@ def build_architecture(spec: Mapping[str, Any], heads: Sequence[str], path: str 
     (name, options), = spec.items()
     where = f"{path}.{name}"
     if name not in _KEYS:
-        raise ConfigError(f"{path}: unknown architecture {name!r}{suggest(name, _KEYS)}")
+        raise ConfigError(f"{path}: unknown architecture {name!r}{suggest(name, _KEYS)}; a trunk is a "
+                          f"Keras layer {{class_name: ...}}, a list of them, {{mlp: {{...}}}} or one of "
+                          f"{list(_KEYS)}")
     if not isinstance(options, Mapping):
         raise ConfigError(f"{where}: expected a mapping of its options, got {options!r}")
     check_keys(options, _KEYS[name], where, error=ConfigError)
