@@ -180,3 +180,13 @@ def test_report_png_has_the_utilisation_heatmap(tmp_path):
     image = matplotlib.image.imread(str(tmp_path / "r.png"))
     assert image.shape[:2] == (450, 1500)  # the figure keeps its size with a fourth panel
     assert not np.array_equal(image, matplotlib.image.imread(str(tmp_path / "plain.png")))
+
+
+def test_saved_model_export_routes_each_head_its_features(tmp_path):
+    model = _mmoe()
+    x, _ = make_batch(HEADS)
+    mh.export_saved_model(model, str(tmp_path / "export"))
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    out = loaded(tf.constant(x))
+    for h in HEADS:
+        np.testing.assert_allclose(out[h].numpy(), model(x)[h].numpy(), atol=1e-6)
