@@ -26,6 +26,9 @@ from multihead.core.data import MultiTaskData, as_dataset, mmoe_synthetic  # noq
 from multihead.core.distribute import make_strategy  # noqa: E402
 from multihead.io.export import ExportResult, export_saved_model  # noqa: E402
 from multihead.core.model import MultiHeadModel  # noqa: E402
+from multihead.core.architectures import (  # noqa: E402
+    CGC, MMoE, MTAN, OMoE, PLE, CrossStitch, DSelectK,
+)
 from multihead.monitoring.monitor import Monitor  # noqa: E402
 from multihead.core.objectives import Objective  # noqa: E402
 from multihead.core.partition import Partition  # noqa: E402
@@ -48,20 +51,27 @@ __all__ = [
     "AGGREGATORS",
     "Aggregation",
     "BestCheckpoint",
+    "CGC",
     "Callback",
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointReadError",
+    "CrossStitch",
+    "DSelectK",
     "EarlyStopping",
     "ExportResult",
     "History",
     "ImportReport",
     "LambdaCallback",
     "LoadedRun",
+    "MMoE",
+    "MTAN",
     "Monitor",
     "MultiHeadModel",
     "MultiTaskData",
+    "OMoE",
     "Objective",
+    "PLE",
     "Partition",
     "ReduceLROnPlateau",
     "ReplayBuffer",

@@ -14,6 +14,28 @@ from multihead.core.partition import Partition, partition_variables
 _HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
+def routes_heads(trunk: keras.layers.Layer) -> bool:
+    """Whether `trunk` gives each head its own features (`{head: features}`) and owns
+    layers that belong to single heads (the `head_owned_layers()` protocol, as the
+    layers of `multihead.core.architectures` do)."""
+    return callable(getattr(trunk, "head_owned_layers", None))
+
+
+def head_input(trunk: keras.layers.Layer, features: Any, head: str) -> Any:
+    """What head `head` reads of the trunk output `features`: its own entry for a trunk
+    that routes heads, the whole output otherwise."""
+    return features[head] if routes_heads(trunk) else features
+
+
+def trunk_owned_variables(trunk: keras.layers.Layer) -> dict[str, list[keras.Variable]]:
+    """Head -> the trainable variables of the layers `trunk` owns for that head ({} for a
+    trunk that does not route heads)."""
+    if not routes_heads(trunk):
+        return {}
+    return {head: [v for layer in layers for v in layer.trainable_variables]
+            for head, layers in trunk.head_owned_layers().items()}
+
+
 def _zeros_like_shape(shape: Any) -> Any:
     """Zero tensors for an input shape (unknown dimensions become 1), nested."""
     if isinstance(shape, Mapping):
@@ -31,6 +53,12 @@ class MultiHeadModel(keras.Model):
     output. The trainable variables are partitioned, by object identity, into the
     trunk's and each head's; `var_list(name)` is what head `name`'s optimizer is
     built on.
+
+    A trunk may route heads (MMoE, PLE, MTAN, ...; see `multihead.core.architectures`):
+    it returns `{head: features}`, each head reads its own entry, and the layers the
+    trunk declares in `head_owned_layers()` (a head's gate, attention module or
+    column) belong to that head's part: `var_list(name)` is the shared trunk variables
+    plus the head layer's plus those.
 
     Example:
         >>> import keras, multihead as mh
@@ -76,6 +104,12 @@ class MultiHeadModel(keras.Model):
                 )
             if head is trunk:
                 raise ValueError(f"head {head_name!r} is the trunk object itself")
+        if routes_heads(trunk):
+            routed = list(getattr(trunk, "head_names", ()))
+            if sorted(routed) != sorted(heads):
+                raise ValueError(
+                    f"the trunk {type(trunk).__name__} routes heads {routed}, but the model's heads "
+                    f"are {list(heads)}; build the trunk with heads={list(heads)}")
         self.trunk = trunk
         self.heads = dict(heads)
         self._head_names = tuple(heads)
@@ -91,15 +125,33 @@ class MultiHeadModel(keras.Model):
         """Creates all variables by running the trunk and heads once on zeros of `input_shape`."""
         feats = self.trunk(_zeros_like_shape(input_shape))
         for name in self._head_names:
-            self.heads[name](feats)
+            self.heads[name](head_input(self.trunk, feats, name))
 
     def features(self, inputs: Any, training: bool | None = None) -> Any:
         """The trunk's output for `inputs`."""
         return self.trunk(inputs, training=training)
 
     def head_output(self, head: str, features: Any, training: bool | None = None) -> Any:
-        """Head `head`'s output for trunk output `features`."""
-        return self.heads[head](features, training=training)
+        """Head `head`'s output for trunk output `features` (its own entry, for a trunk
+        that routes heads)."""
+        return self.heads[head](head_input(self.trunk, features, head), training=training)
+
+    @property
+    def routes_heads(self) -> bool:
+        """Whether the trunk gives each head its own features and owns per-head layers."""
+        return routes_heads(self.trunk)
+
+    def stop_shared(self, features: Any) -> Any:
+        """The trunk output as a head with `trains_trunk=False` reads it.
+
+        A plain trunk's output is read through `tf.stop_gradient`. A trunk that routes
+        heads computes a head's features with layers that head owns (its gate), which
+        must still train: its output is passed as is, and the shared variables stay out
+        of the head's var_list, so the head's optimizer never moves them.
+        """
+        if self.routes_heads:
+            return features
+        return tf.nest.map_structure(tf.stop_gradient, features)
 
     def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
         feats = self.features(inputs, training=training)
@@ -179,16 +231,17 @@ class MultiHeadModel(keras.Model):
                 trunk=self.trunk.trainable_variables,
                 heads={n: self.heads[n].trainable_variables for n in self._head_names},
                 all_trainable=self.trainable_variables,
+                trunk_owned=trunk_owned_variables(self.trunk),
             )
         return self._partition
 
     @property
     def trunk_variables(self) -> list[keras.Variable]:
-        """Trainable variables of the trunk."""
+        """Shared trainable variables of the trunk (not those it owns for one head)."""
         return list(self.partition.trunk)
 
     def head_variables(self, head: str) -> list[keras.Variable]:
-        """Trainable variables of head `head`."""
+        """Trainable variables of head `head`: its layer's, then those the trunk owns for it."""
         self._check_head(head)
         return list(self.partition.heads[head])
 

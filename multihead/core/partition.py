@@ -1,8 +1,13 @@
-"""Partition of a model's trainable variables into the trunk and the heads.
+"""Partition of a model's trainable variables into the shared trunk and the heads.
 
 The partition is computed once, from the layers that own the variables, and
 compared by object identity (never by name): Keras auto-names variables, so two
 different variables may share a name and a rebuilt network renames them.
+
+A trunk may own variables that belong to one head (a per-head gate in MMoE, a
+per-head attention module in MTAN, a task column in cross-stitch): those belong to
+that head's part, and the trunk's part holds only what every head shares. A head's
+var_list is the shared variables plus everything the head owns.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ class Partition:
     """Trainable variables of a multi-head model, split by owner.
 
     Attributes:
-        trunk: the trunk's trainable variables, in Keras' tracking order.
-        heads: head name -> that head's trainable variables, in tracking order.
+        trunk: the trunk's shared trainable variables, in Keras' tracking order.
+        heads: head name -> that head's trainable variables, in tracking order: its
+            head layer's, then those the trunk owns for it (gates, attention, column).
     """
 
     trunk: tuple[keras.Variable, ...]
@@ -41,15 +47,18 @@ def partition_variables(
     trunk: Sequence[keras.Variable],
     heads: Mapping[str, Sequence[keras.Variable]],
     all_trainable: Sequence[keras.Variable],
+    trunk_owned: Mapping[str, Sequence[keras.Variable]] | None = None,
 ) -> Partition:
     """Validates and returns the partition of `all_trainable` into trunk and heads.
 
     Every variable of `all_trainable` must be owned by exactly one part.
 
     Args:
-        trunk: variables owned by the trunk.
-        heads: head name -> variables owned by that head.
+        trunk: variables of the trunk layer (the shared ones and those it owns for heads).
+        heads: head name -> variables of that head's layer.
         all_trainable: every trainable variable of the model.
+        trunk_owned: head name -> variables of `trunk` that belong to that head (e.g.
+            its gate); they move from the trunk's part to the head's.
 
     Returns:
         The validated partition.
@@ -58,7 +67,30 @@ def partition_variables(
         ValueError: a variable is owned by two parts (a layer object used both in
             the trunk and in a head, or in two heads), or by none.
     """
+    trunk_owned = dict(trunk_owned or {})
+    in_trunk = {id(v) for v in trunk}
+    for name, variables in trunk_owned.items():
+        if name not in heads:
+            raise ValueError(f"the trunk owns variables for head {name!r}, but the model's heads "
+                             f"are {list(heads)}")
+        for var in variables:
+            if id(var) not in in_trunk:
+                raise ValueError(f"variable {variable_label(var)!r}, owned by the trunk for head "
+                                 f"{name!r}, is not a trainable variable of the trunk")
+    owned_by: dict[int, list[str]] = {}
+    for name, variables in trunk_owned.items():
+        for var in variables:
+            names = owned_by.setdefault(id(var), [])
+            if name not in names:
+                names.append(name)
+    shared = [v for v in trunk if id(v) not in owned_by]
+    heads = {n: list(heads[n]) + [v for v in trunk_owned.get(n, ()) if id(v) in owned_by]
+             for n in heads}
+    trunk = shared
     owners: dict[int, list[str]] = {}
+    for var_id, names in owned_by.items():
+        if len(names) > 1:  # a trunk sub-layer declared for two heads
+            owners[var_id] = [f"head {n!r}" for n in names]
     for part, variables in [(TRUNK, trunk)] + [(f"head {n!r}", v) for n, v in heads.items()]:
         for var in variables:
             parts = owners.setdefault(id(var), [])

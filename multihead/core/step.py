@@ -417,6 +417,10 @@ class TrainStep:
             update = lambda: self._sequential(inputs, targets, step, heads, per_head)  # noqa: E731
         if monitored:
             def update_and_log() -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                gate_weights = getattr(self._model.trunk, "gate_weights", None)
+                if gate_weights is not None and self._strategy is None and not per_head:
+                    # before the updates; with per-head batches the gates see no one batch
+                    self._monitor.gates(lambda: gate_weights(inputs, training=True))
                 out = update()
                 self._count_and_log(heads, step, out[1])
                 return out
@@ -453,7 +457,8 @@ class TrainStep:
                 per_head: bool = False) -> Forward:
         """One forward pass of `heads` (inside the caller's tape).
 
-        A head with `trains_trunk=False` reads the trunk output through `stop_gradient`.
+        A head with `trains_trunk=False` reads the trunk output through `stop_gradient`
+        (a trunk that routes heads: see `MultiHeadModel.stop_shared`).
         With `per_head`, `inputs` and `targets` are dicts head -> that head's own batch:
         the trunk runs once per head, on the head's batch, and `Forward.features` is
         the dict head -> trunk output.
@@ -461,9 +466,10 @@ class TrainStep:
         model = self._model
         if per_head:
             features = {h.name: model.features(inputs[h.name], training=True) for h in heads}
+            stopped = {name: model.stop_shared(f) for name, f in features.items()}
         else:
             features = model.features(inputs, training=True)
-        stopped = tf.nest.map_structure(tf.stop_gradient, features)
+            stopped = model.stop_shared(features)
         losses, weighted = {}, {}
         for head in heads:
             seen = features if head.trains_trunk else stopped

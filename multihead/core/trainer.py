@@ -396,6 +396,11 @@ class Trainer:
             self.trunk_update = TrunkUpdate.create(trunk, self.objectives, schedule, self.optimizers)
         if strategy is not None:
             self._check_strategy(strategy)
+        if self.trunk_update is not None and self.trunk_update.policy.rep_grad and model.routes_heads:
+            raise ValueError(
+                f"trunk: rep_grad=True combines the heads' gradients at one shared trunk output, but "
+                f"the trunk {type(model.trunk).__name__} gives each head its own features; "
+                "use rep_grad=False (parameter space)")
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
         # Built now so a bad metric name fails at construction.

@@ -15,6 +15,7 @@ import yaml
 
 from multihead import _keras_internals as internals
 from multihead._checks import check_float, check_int, check_keys, suggest
+from multihead.experiments.architectures import build_architecture, is_architecture
 from multihead.experiments.config import ConfigError, ExperimentConfig, to_dict
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
 from multihead.core.data import MultiTaskData
@@ -96,7 +97,13 @@ def build_layer(spec: Any, path: str) -> keras.layers.Layer:
 def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
     """The model of `config.model`, built for inputs of `input_shape`: `(None, ...)`, or a dict
     input name -> shape for named inputs (see `named_inputs_trunk`)."""
-    trunk = build_layer(config.model.trunk, "model.trunk")
+    if is_architecture(config.model.trunk):
+        if isinstance(input_shape, Mapping):
+            raise ConfigError(f"model.trunk: {next(iter(config.model.trunk))} takes one input "
+                              f"tensor, but the data has named inputs {sorted(input_shape)}")
+        trunk = build_architecture(config.model.trunk, list(config.model.heads))
+    else:
+        trunk = build_layer(config.model.trunk, "model.trunk")
     if isinstance(input_shape, Mapping):
         trunk = named_inputs_trunk(trunk, input_shape)
     heads = {

@@ -22,7 +22,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead.core.model import MultiHeadModel
+from multihead.core.model import MultiHeadModel, head_input
 
 #: Name of the input of every serving signature.
 INPUT_NAME = "inputs"
@@ -64,7 +64,8 @@ class _Serving(tf.Module):
     def _outputs_of(self, heads: tuple[str, ...]):
         def serve(inputs: tf.Tensor | dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             feats = self.trunk(inputs, training=False)
-            return {h: self.heads[h](feats, training=False) for h in heads}
+            return {h: self.heads[h](head_input(self.trunk, feats, h), training=False)
+                    for h in heads}
 
         return serve
 

@@ -3,7 +3,8 @@
 The object graph of a multihead checkpoint is
 
     trunk                 the trunk layer
-    heads/<name>          each head layer
+    heads/<name>          each head layer (with the layers a routing trunk owns
+                          for that head, e.g. its MMoE gate: see `head_part`)
     rng                   the seed states of the model's random layers (Dropout, ...)
     optimizers/<name>     each head's optimizer (slots, iterations, and the
                           variables it was built on)
@@ -128,7 +129,7 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
         if kind == "trunk":
             objects[part] = model.trunk
         elif kind == "heads":
-            objects[part] = model.heads[name]
+            objects[part] = head_part(model, name)
         elif kind == "rng":
             objects[part] = group({
                 "trunk": internals.seed_generator_states(model.trunk),
@@ -145,6 +146,17 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
         elif kind == "targets":
             objects[part] = targets[name]
     return objects
+
+
+def head_part(model: MultiHeadModel, name: str) -> Any:
+    """What `heads/<name>` saves: the head layer; for a trunk that owns layers for the
+    head (a gate, an attention module), a node `{layer: head, trunk_owned: {0: ...}}`,
+    so restoring the head part into a fresh model restores its gate too."""
+    owned = list(model.trunk.head_owned_layers().get(name, ())) if model.routes_heads else []
+    if not owned:
+        return model.heads[name]
+    return group({"layer": model.heads[name],
+                  "trunk_owned": group({str(i): layer for i, layer in enumerate(owned)})})
 
 
 def checkpoint_root(objects: Mapping[str, Any]) -> tf.train.Checkpoint:

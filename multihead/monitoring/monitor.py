@@ -21,6 +21,11 @@ section per head):
   Yu et al. 2020). Under `sequential`, it is the cosine of the gradients *as
   applied*: b's gradient is taken at the parameters a's update left.
 * `grad_hist/<head>/<address>`: gradient histograms, at their own cadence.
+* `gate/<head>/expert_<i>`, `gate/<head>/entropy`, `gate_hist/<head>`: for a trunk
+  with gates (MMoE, PLE, ...), the mean weight each head's gate gives each expert
+  on the step's batch (expert utilisation), the mean entropy of its gate weights,
+  and their histogram (at the histogram cadence); computed at the parameters the
+  step starts from (`Monitor.gates`).
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
 
 Every tag is built by `multihead.monitoring.tags`, the schema `multihead report` reads.
@@ -388,6 +393,37 @@ class Monitor:
                 fn()
 
         self._gated(self._scalars_due(self._step), body)
+
+    def gates(self, gate_weights: Callable[[], Mapping[str, tf.Tensor]]) -> None:
+        """Inside `monitored`, before the step's updates: per head, the mean gate weight per
+        expert and the mean entropy of the gate weights (scalar cadence), and a histogram
+        of the gate weights (histogram cadence). `gate_weights()` returns head ->
+        `(batch, experts)` mixture weights; it runs only on steps that log them."""
+        if not self.active:
+            return
+
+        def stats() -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+            weights = {h: tf.cast(w, tf.float32) for h, w in gate_weights().items()}
+            means = {h: tf.reduce_mean(w, axis=0) for h, w in weights.items()}
+            # 0 log 0 = 0: a gate that gives an expert no weight adds nothing.
+            entropy = {h: tf.reduce_mean(-tf.reduce_sum(tf.math.multiply_no_nan(tf.math.log(w), w), -1))
+                       for h, w in weights.items()}
+            return weights, means, entropy
+
+        def scalars() -> None:
+            _, means, entropy = stats()
+            for head, mean in means.items():
+                for i in range(int(mean.shape[0])):
+                    self._emit_scalar(tags.gate_expert(head, i), mean[i])
+                self._emit_scalar(tags.gate_entropy(head), entropy[head])
+
+        def histograms() -> None:
+            with tf.compat.v1.name_scope(None):
+                for head, w in stats()[0].items():
+                    self._emit_histogram(tags.gate_hist(head), w)
+
+        self.when_scalars(scalars)
+        self._gated(self._histograms_due(self._step), histograms)
 
     def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
         """`fn()` only when `due`, as a functional `If` that is not lowered.

@@ -21,7 +21,7 @@ import glob
 import math
 import os
 import tempfile
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -77,6 +77,10 @@ class RunReport:
             the diagonal, None when never logged, e.g. a head with `trains_trunk=False`).
         train: every scalar tag of the `train` run.
         eval: every scalar tag of the `eval` run (empty without evaluations).
+        utilisation: for a trunk with gates (MMoE, PLE, ...), head -> the mean weight its
+            gate gave each expert (`gate/<head>/expert_<i>`) at the last logged step;
+            empty without gates. One expert near 1 is expert collapse.
+        gate_entropy: head -> the mean entropy of its gate weights at that step.
     """
 
     run_dir: str
@@ -85,6 +89,8 @@ class RunReport:
     conflict: dict[str, dict[str, float | None]]
     train: dict[str, Series]
     eval: dict[str, Series]
+    utilisation: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    gate_entropy: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 # -- reading event files ---------------------------------------------------------------
@@ -218,7 +224,26 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
                 conflict[a][b] = 1.0 if a in trunk_heads else None
             else:
                 conflict[a][b] = _mean(cosines.get(frozenset((a, b))))
-    return RunReport(run_dir, heads, summaries, conflict, train, evals)
+    utilisation, entropy = _gate_utilisation(train, heads)
+    return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy)
+
+
+def _gate_utilisation(train: Mapping[str, Series], heads: Sequence[str],
+                      ) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Head -> mean gate weight per expert, and head -> gate entropy, at the last logged step."""
+    experts: dict[str, dict[int, float]] = {}
+    entropy: dict[str, float] = {}
+    for tag, series in train.items():
+        parsed = tags.parse(tag)
+        if parsed is None or parsed.kind != tags.GATE or parsed.heads[0] not in heads:
+            continue
+        head = parsed.heads[0]
+        if parsed.part == tags.GATE_ENTROPY:
+            entropy[head] = float(series.values[-1])
+        else:
+            experts.setdefault(head, {})[int(parsed.part[len(tags.GATE_EXPERT):])] = float(series.values[-1])
+    utilisation = {h: [experts[h][i] for i in sorted(experts[h])] for h in heads if h in experts}
+    return utilisation, entropy
 
 
 def report_to_dict(report: RunReport) -> dict[str, Any]:
@@ -231,6 +256,8 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
         "heads": {h: {k: clean(v) for k, v in dataclasses.asdict(s).items() if k != "head"}
                   for h, s in report.summaries.items()},
         "conflict": {a: {b: clean(v) for b, v in row.items()} for a, row in report.conflict.items()},
+        "gate_utilisation": {h: [clean(v) for v in row] for h, row in report.utilisation.items()},
+        "gate_entropy": {h: clean(v) for h, v in report.gate_entropy.items()},
     }
 
 
@@ -262,10 +289,37 @@ def format_report(report: RunReport) -> str:
             "-" if report.conflict[a][b] is None else f"{report.conflict[a][b]:+.3f}"
             for b in report.heads))
     lines += _table(matrix)
+    if report.utilisation:
+        width = max(len(row) for row in report.utilisation.values())
+        lines += ["", "gate utilisation: mean gate weight per expert at the last logged step "
+                  "(one expert near 1: collapse)"]
+        table = [("head",) + tuple(f"e{i}" for i in range(width)) + ("entropy",)]
+        for head, row in report.utilisation.items():
+            table.append((head,) + tuple(f"{v:.3f}" for v in row) + ("",) * (width - len(row))
+                         + (_fmt(report.gate_entropy.get(head), 3),))
+        lines += _table(table)
     return "\n".join(lines)
 
 
 # -- the figure ------------------------------------------------------------------------
+
+
+def _plot_utilisation(ax: Any, report: RunReport) -> None:
+    """Heads x experts heatmap of the mean gate weights (0 to 1)."""
+    heads = list(report.utilisation)
+    width = max(len(row) for row in report.utilisation.values())
+    matrix = np.full((len(heads), width), np.nan)
+    for i, head in enumerate(heads):
+        matrix[i, :len(report.utilisation[head])] = report.utilisation[head]
+    ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(width), [str(i) for i in range(width)])
+    ax.set_yticks(range(len(heads)), heads)
+    for i in range(len(heads)):
+        for j in range(width):
+            if np.isfinite(matrix[i, j]):
+                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize="small",
+                        color="black" if matrix[i, j] > 0.5 else "white")
+    ax.set(title="gate utilisation (mean weight)", xlabel="expert")
 
 FIGSIZE = (15.0, 4.5)
 DPI = 100
@@ -286,7 +340,8 @@ def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
 
     path = os.fspath(path)
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    loss_ax, norm_ax, conflict_ax = fig.subplots(1, 3)
+    axes = fig.subplots(1, 4 if report.utilisation else 3)
+    loss_ax, norm_ax, conflict_ax = axes[:3]
     colors = matplotlib.colormaps["tab10"]
     for i, head in enumerate(report.heads):
         loss = report.train[tags.loss(head)]
@@ -316,6 +371,8 @@ def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
                                  color="white" if abs(matrix[i, j]) > 0.5 else "black")
     conflict_ax.set_title("mean trunk-gradient cosine")
     fig.colorbar(image, ax=conflict_ax)
+    if report.utilisation:
+        _plot_utilisation(axes[3], report)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
     os.close(fd)

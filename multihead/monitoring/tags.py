@@ -25,6 +25,9 @@ Train run (`<log_dir>/train`):
 | `agg_trunk_grad_norm/<head>`          | norm of the head's trunk gradient fed to the aggregator|
 | `agg_cosine/<a>/<b>`                  | cosine of a's and b's gradients fed to the aggregator  |
 | `agg_projections`, `agg_update_norm`  | PCGrad projections; norm of the aggregated update      |
+| `gate/<head>/expert_<i>`              | mean weight the head's gate gives expert i (batch mean)|
+| `gate/<head>/entropy`                 | mean entropy of the head's gate weights (nats)         |
+| `gate_hist/<head>`                    | histogram of the head's gate weights (all experts)     |
 | `episode/return`, `episode/length`    | RL episodes, x axis = environment steps                |
 | `config` (text)                       | the resolved experiment config                         |
 
@@ -54,6 +57,10 @@ AGG_UPDATE_NORM = "agg_update_norm"
 EPISODE_RETURN = "episode/return"
 EPISODE_LENGTH = "episode/length"
 CONFIG = "config"
+GATE = "gate"
+GATE_HIST = "gate_hist"
+#: The last segment of a gate's entropy tag; an expert's is `expert_<i>`.
+GATE_ENTROPY, GATE_EXPERT = "entropy", "expert_"
 
 #: The parts a head's gradient norm is split into.
 TRUNK, HEAD, VAR = "trunk", "head", "var"
@@ -142,6 +149,21 @@ def agg_cosine(a: str, b: str) -> str:
     return f"{AGG_COSINE}/{a}/{b}"
 
 
+def gate_expert(head: str, expert: int) -> str:
+    """`gate/<head>/expert_<i>`: the mean weight the head's gate gives expert i."""
+    return f"{GATE}/{head}/{GATE_EXPERT}{expert}"
+
+
+def gate_entropy(head: str) -> str:
+    """`gate/<head>/entropy`: the mean entropy of the head's gate weights."""
+    return f"{GATE}/{head}/{GATE_ENTROPY}"
+
+
+def gate_hist(head: str) -> str:
+    """`gate_hist/<head>`: histogram of the head's gate weights."""
+    return f"{GATE_HIST}/{head}"
+
+
 def eval_metric(metric: str, head: str) -> str:
     """`<metric>/<head>` in the eval run (`loss/a`, `mae/a`)."""
     return f"{metric}/{head}"
@@ -157,7 +179,8 @@ class Tag(NamedTuple):
         kind: the first segment (`loss`, `grad_norm`, `grad_cosine`, ...), or the
             whole tag of a run-wide one (`agg_projections`, `episode/return`).
         heads: the head (one), the pair (two), or `()` for a run-wide tag.
-        part: `trunk`, `head` or `var` for gradient norms, else None.
+        part: `trunk`, `head` or `var` for gradient norms, `expert_<i>` or `entropy`
+            for gate tags, else None.
         address: the variable's address for per-variable tags, else None.
     """
 
@@ -194,6 +217,12 @@ def parse(tag: str) -> Tag | None:
         return None
     if kind == GRAD_NORM_CLIPPED and segments[1:] == [TRUNK]:
         return Tag(kind, (segments[0],), TRUNK)
+    if kind == GATE and len(segments) == 2 and (
+            segments[1] == GATE_ENTROPY
+            or (segments[1].startswith(GATE_EXPERT) and segments[1][len(GATE_EXPERT):].isdigit())):
+        return Tag(kind, (segments[0],), segments[1])
+    if kind == GATE_HIST and len(segments) == 1:
+        return Tag(kind, (segments[0],))
     if kind == GRAD_HIST and len(segments) > 1:
         return Tag(kind, (segments[0],), None, "/".join(segments[1:]))
     return None

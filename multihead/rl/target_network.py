@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from multihead._checks import check_float, check_int, variable_label
-from multihead.core.model import MultiHeadModel, _zeros_like_shape
+from multihead.core.model import MultiHeadModel, _zeros_like_shape, head_input
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
 
@@ -258,4 +258,5 @@ class TargetNetwork(tf.Module):
     def __call__(self, inputs: Any) -> dict[str, tf.Tensor]:
         """The copy's outputs `{head: output}` for `inputs`, under `tf.stop_gradient`."""
         feats = self.trunk(inputs, training=False)
-        return {h: tf.stop_gradient(self.heads[h](feats, training=False)) for h in self.head_names}
+        return {h: tf.stop_gradient(self.heads[h](head_input(self.trunk, feats, h), training=False))
+                for h in self.head_names}

@@ -1,0 +1,113 @@
+"""Step time of each multi-task architecture at matched parameter counts, as ratios to a
+shared-bottom trunk, side by side in one process.
+
+Two regression heads (`Dense(1)` each) on 100 inputs, batch 256, Adam per head, the
+default per-head trunk update. The shared-bottom trunk is one Dense(512, relu) layer
+(52k parameters); each architecture's expert (or column) width is the one that brings
+its total parameter count closest to that:
+
+  shared_bottom   Dense(512)
+  mmoe            8 experts, 1 layer each, a softmax gate per head
+  omoe            8 experts, one shared gate
+  cgc             4 shared + 2 per head experts (8 in all)
+  ple             the same over 2 levels
+  dselect_k       8 experts, k = 2
+  cross_stitch    a column of 2 Dense layers per head, stitch units after each
+
+Each is timed through the Trainer's compiled step (the `tf.function` `Trainer.step`
+calls); medians over repeats, the variants timed round-robin within each repeat so
+that load from other processes hits them alike. The machine is shared: read the
+ratios, not the milliseconds. (MTAN is convolutional and has no dense counterpart
+here.)
+
+    python benchmarks/architectures.py            # 15 repeats of 50 steps
+    python benchmarks/architectures.py --quick    # 5 repeats of 20 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import multihead as mh  # noqa: E402
+from _timing import interleaved_medians, table  # noqa: E402
+
+IN_DIM, BATCH, WIDTH = 100, 256, 512
+HEADS = ["a", "b"]
+
+TRUNKS = {
+    "shared_bottom": lambda u: keras.Sequential([keras.layers.Dense(u, activation="relu")]),
+    "mmoe": lambda u: mh.MMoE(HEADS, experts=8, expert_units=[u]),
+    "omoe": lambda u: mh.OMoE(HEADS, experts=8, expert_units=[u]),
+    "cgc": lambda u: mh.CGC(HEADS, shared_experts=4, task_experts=2, expert_units=[u]),
+    "ple": lambda u: mh.PLE(HEADS, shared_experts=4, task_experts=2, expert_units=[u], levels=2),
+    "dselect_k": lambda u: mh.DSelectK(HEADS, experts=8, k=2, expert_units=[u]),
+    "cross_stitch": lambda u: mh.CrossStitch(HEADS, units=[u, u]),
+}
+
+
+def build(name: str, width: int, seed: int = 0) -> mh.MultiHeadModel:
+    keras.utils.set_random_seed(seed)
+    model = mh.MultiHeadModel(TRUNKS[name](width), {h: keras.layers.Dense(1) for h in HEADS})
+    model.build((None, IN_DIM))
+    return model
+
+
+def count(model: mh.MultiHeadModel) -> int:
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+def matched_width(name: str, target: int) -> int:
+    """The width whose model has the parameter count closest to `target`."""
+    best, best_gap = 1, None
+    for width in range(1, WIDTH + 1):
+        gap = abs(count(build(name, width)) - target)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = width, gap
+        elif gap > best_gap:  # the count grows with the width
+            break
+    return best
+
+
+def compiled_step(model: mh.MultiHeadModel):
+    trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-3)) for h in HEADS})
+    return trainer._ensure_built(None)  # noqa: SLF001 - the compiled step Trainer.step calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 repeats of 20 steps")
+    args = parser.parse_args()
+    calls, repeats = (20, 5) if args.quick else (50, 15)
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal((BATCH, IN_DIM)), tf.float32)
+    y = {h: tf.constant(rng.standard_normal((BATCH, 1)), tf.float32) for h in HEADS}
+    target = count(build("shared_bottom", WIDTH))
+    widths, params, steps = {}, {}, {}
+    for name in TRUNKS:
+        widths[name] = WIDTH if name == "shared_bottom" else matched_width(name, target)
+        model = build(name, widths[name])
+        params[name] = count(model)
+        step = compiled_step(model)
+        step(x, y)  # trace
+        steps[name] = lambda step=step: step(x, y)
+    medians = interleaved_medians(steps, calls, repeats)
+    base = medians["shared_bottom"]
+    rows = [["architecture", "width", "parameters", "ms / step", "ratio"]]
+    for name in TRUNKS:
+        rows.append([name, str(widths[name]), str(params[name]), f"{medians[name] * 1e3:.2f}",
+                     f"{medians[name] / base:.2f}x"])
+    print(f"step time at matched parameters, batch {BATCH}, median of {repeats} x {calls} steps")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

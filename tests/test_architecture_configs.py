@@ -1,0 +1,68 @@
+"""A config of each architecture trains through `multihead train` (tiny sizes, few steps), and
+bad architecture configs fail with the key path."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from multihead.experiments.cli import main
+from multihead.monitoring import tags
+from multihead.monitoring.report import read_scalars
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "experiments", "architectures")
+TINY = ["--set", "train.steps=4", "--set", "train.eval_every=4", "--set", "train.batch_size=16",
+        "--set", "log.every=2", "--set", "log.histograms_every=0"]
+SMALL_DATA = {"mmoe": ["--set", "data.train_size=64", "--set", "data.eval_size=32"],
+              "multidigits": ["--set", "data.options={train_size: 64, eval_size: 32, canvas: 12, shift: 1}"]}
+#: Gate monitoring through the CLI is checked on MMoE (tests/test_architecture_training.py
+#: checks the logged values); the others train without TensorBoard, whose second compiled
+#: step variant doubles a run's time.
+MONITORED = ("mmoe",)
+
+
+@pytest.mark.parametrize("name", sorted(f[:-5] for f in os.listdir(CONFIGS)))
+def test_each_architecture_config_trains_through_the_cli(name, tmp_path):
+    if name == "mtan":
+        pytest.importorskip("sklearn")
+    config = os.path.join(CONFIGS, f"{name}.yaml")
+    kind = yaml.safe_load(open(config))["data"]["kind"]
+    run_dir = tmp_path / "run"
+    quiet = [] if name in MONITORED else ["--set", "log.tensorboard=false"]
+    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"] + TINY + SMALL_DATA[kind]
+                + quiet) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 4
+    assert all(np.isfinite(m["loss"]) for m in metrics["eval"].values())
+    if name not in MONITORED:
+        return
+    scalars = read_scalars(str(run_dir / "train"))
+    gate_tags = [t for t in scalars if t.startswith(tags.GATE + "/")]
+    for head in metrics["eval"]:  # utilisation per head, each a distribution over the experts
+        means = [scalars[t].values for t in gate_tags if t.startswith(f"gate/{head}/expert_")]
+        assert len(means) == 8
+        np.testing.assert_allclose(np.sum(means, axis=0), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("trunk,message", [
+    ({"mmeo": {"experts": 2}}, "model.trunk: unknown architecture 'mmeo' (did you mean 'mmoe'?)"),
+    ({"mmoe": {"experts": 0, "expert": {"mlp": {"units": [4]}}}}, "model.trunk.mmoe.experts: must be >= 1"),
+    ({"mmoe": {"experts": 2}}, "model.trunk.mmoe.expert: missing"),
+    ({"mmoe": {"experts": 2, "expert": {"mlp": {"unit": [4]}}}},
+     "model.trunk.mmoe.expert.mlp.unit: unknown key (did you mean 'units'?)"),
+    ({"dselect_k": {"experts": 6, "k": 2, "expert": {"mlp": {"units": [4]}}}},
+     "model.trunk.dselect_k: DSelectK.experts: must be a power of two"),
+])
+def test_bad_architecture_config_names_the_key(trunk, message, tmp_path, capsys):
+    config = yaml.safe_load(open(os.path.join(CONFIGS, "mmoe.yaml")))
+    config["model"]["trunk"] = trunk
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    assert main(["train", str(path), "--run-dir", str(run_dir), "--quiet"] + TINY
+                + SMALL_DATA["mmoe"]) == 2
+    assert message in capsys.readouterr().err
+    assert not run_dir.exists()

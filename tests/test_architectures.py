@@ -1,0 +1,235 @@
+"""Architectures that route heads: each forward pass against a numpy implementation of
+the paper's equations, serialization, and the partition into shared and owned variables."""
+
+import keras
+import numpy as np
+import pytest
+
+import multihead as mh
+from multihead.core.architectures import smooth_step
+
+HEADS = ["a", "b"]
+RNG = np.random.default_rng(0)
+
+
+def _np(v):
+    return np.asarray(v.numpy(), np.float64)
+
+
+def _relu(x):
+    return np.maximum(x, 0.0)
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _experts(layer, x):
+    """Expert i's MLP, one expert at a time (the reference loops where the layer batches)."""
+    outs = []
+    for i in range(layer.n):
+        h = x if x.ndim == 2 else x[:, i]
+        for dense in layer.stack:
+            h = _relu(h @ _np(dense.kernel)[:, i] + _np(dense.bias)[i])
+        outs.append(h)
+    return np.stack(outs, axis=1)
+
+
+def _gate(dense, x):  # softmax(W x), no bias
+    return _softmax(x @ _np(dense.kernel))
+
+
+def _mix(g, e):
+    return np.sum(g[:, :, None] * e, axis=1)
+
+
+def _model(trunk, input_shape):
+    heads = {h: keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(1)]) for h in HEADS}
+    model = mh.MultiHeadModel(trunk, heads)
+    model.build(input_shape)
+    return model
+
+
+def _check(trunk, x, expected):
+    out = trunk(x.astype("float32"))
+    assert sorted(out) == sorted(expected)
+    for h in expected:
+        np.testing.assert_allclose(out[h].numpy(), expected[h], atol=1e-6, rtol=0)
+
+
+def test_mmoe_forward_is_the_papers_mixture_per_gate():
+    trunk = mh.MMoE(HEADS, experts=4, expert_units=[6, 5])
+    _model(trunk, (None, 3))
+    x = RNG.normal(size=(7, 3))
+    e = _experts(trunk.experts, x)  # f_i(x)
+    # y_k = sum_i softmax(W_k x)_i f_i(x), one gate per task
+    _check(trunk, x, {h: _mix(_gate(trunk.gates[k], x), e) for k, h in enumerate(HEADS)})
+
+
+def test_omoe_forward_is_one_gate_for_all_heads():
+    trunk = mh.OMoE(HEADS, experts=3, expert_units=[4])
+    _model(trunk, (None, 3))
+    x = RNG.normal(size=(5, 3))
+    y = _mix(_gate(trunk.gates[0], x), _experts(trunk.experts, x))
+    _check(trunk, x, {h: y for h in HEADS})
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_ple_forward_is_progressive_extraction(levels):
+    trunk = (mh.CGC(HEADS, shared_experts=2, task_experts=3, expert_units=[4]) if levels == 1 else
+             mh.PLE(HEADS, shared_experts=2, task_experts=3, expert_units=[4], levels=levels))
+    _model(trunk, (None, 3))
+    x = RNG.normal(size=(5, 3))
+    k = len(HEADS)
+    xs, xt = x, [x] * k
+    for j in range(levels):
+        shared = _experts(trunk.shared_stacks[j], xs)
+        own = [_experts(trunk.task_stacks[j * k + t], xt[t]) for t in range(k)]
+        # task gate over [own experts, shared experts], from the task's own input
+        new_t = [_mix(_gate(trunk.task_gates[j * k + t], xt[t]),
+                      np.concatenate([own[t], shared], 1)) for t in range(k)]
+        if j < levels - 1:  # shared gate over every expert of the level
+            xs = _mix(_gate(trunk.shared_gates[j], xs), np.concatenate(own + [shared], 1))
+        xt = new_t
+    _check(trunk, x, dict(zip(HEADS, xt)))
+
+
+def _np_smooth_step(t, gamma):
+    out = np.where(t <= -gamma / 2, 0.0, np.where(t >= gamma / 2, 1.0, 0.0))
+    mid = (t > -gamma / 2) & (t < gamma / 2)
+    return np.where(mid, -2 / gamma ** 3 * t ** 3 + 3 / (2 * gamma) * t + 0.5, out)
+
+
+def test_smooth_step_matches_its_definition():
+    t = np.linspace(-2, 2, 41)
+    np.testing.assert_allclose(smooth_step(t.astype("float32"), 1.5).numpy(), _np_smooth_step(t, 1.5),
+                               atol=1e-6)
+
+
+def test_dselect_k_forward_is_the_papers_selector_mixture():
+    trunk = mh.DSelectK(HEADS, experts=4, k=2, expert_units=[5], gamma=1.0)
+    _model(trunk, (None, 3))
+    for gate in trunk.gates:  # logits spread over the whole smooth step, not only its middle
+        gate.selector_logits.kernel.assign(RNG.normal(size=gate.selector_logits.kernel.shape))
+        gate.selector_weights.kernel.assign(RNG.normal(size=gate.selector_weights.kernel.shape))
+    x = RNG.normal(size=(6, 3))
+    e = _experts(trunk.experts, x)
+    expected = {}
+    for t, h in enumerate(HEADS):
+        gate = trunk.gates[t]
+        z = (x @ _np(gate.selector_logits.kernel) + _np(gate.selector_logits.bias)).reshape(6, 2, 2)
+        a = _softmax(x @ _np(gate.selector_weights.kernel) + _np(gate.selector_weights.bias))
+        s = _np_smooth_step(z, 1.0)
+        w = np.zeros((6, 4))
+        for i in range(2):  # selector i
+            for j in range(4):  # expert j, by its binary code
+                r = np.ones(6)
+                for bit in range(2):
+                    r *= s[:, i, bit] if (j >> bit) & 1 else 1 - s[:, i, bit]
+                w[:, j] += a[:, i] * r
+        np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-12)  # a distribution over experts
+        expected[h] = _mix(w, e)
+    _check(trunk, x, expected)
+
+
+def test_dselect_k_needs_a_power_of_two_experts():
+    with pytest.raises(ValueError, match="DSelectK.experts: must be a power of two"):
+        mh.DSelectK(HEADS, experts=6, k=2, expert_units=[4])
+
+
+def test_cross_stitch_forward_mixes_columns_by_the_stitch_units():
+    trunk = mh.CrossStitch(HEADS, units=[4, 3])
+    _model(trunk, (None, 3))
+    for s in trunk.stitches:
+        s.assign(RNG.normal(size=(2, 2)))
+    x = RNG.normal(size=(5, 3))
+    xs = [x, x]
+    for l, stitch in enumerate(trunk.stitches):
+        h = [_relu(xs[t] @ _np(trunk.columns[l * 2 + t].kernel) + _np(trunk.columns[l * 2 + t].bias))
+             for t in range(2)]
+        a = _np(stitch)
+        xs = [a[k, 0] * h[0] + a[k, 1] * h[1] for k in range(2)]
+    _check(trunk, x, dict(zip(HEADS, xs)))
+
+
+def _conv(x, layer, act):
+    """'same' convolution, stride 1, by sums over kernel offsets."""
+    w, b = _np(layer.kernel), _np(layer.bias)
+    kh, kw = w.shape[:2]
+    ph, pw = kh // 2, kw // 2
+    padded = np.pad(x, [(0, 0), (ph, kh - 1 - ph), (pw, kw - 1 - pw), (0, 0)])
+    out = np.zeros(x.shape[:3] + (w.shape[3],))
+    for i in range(kh):
+        for j in range(kw):
+            out += padded[:, i:i + x.shape[1], j:j + x.shape[2], :] @ w[i, j]
+    out += b
+    return _relu(out) if act == "relu" else 1 / (1 + np.exp(-out))
+
+
+def _pool(x):
+    b, h, w, c = x.shape
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def test_mtan_forward_is_attention_over_the_shared_backbone():
+    trunk = mh.MTAN(HEADS, channels=[3, 4])
+    _model(trunk, (None, 8, 8, 2))
+    x = RNG.normal(size=(2, 8, 8, 2))
+    k, feats, att = 2, x, [None, None]
+    for j in range(2):
+        u = _conv(feats, trunk.first[j], "relu")
+        p = _conv(u, trunk.second[j], "relu")
+        for t in range(k):
+            i = j * k + t
+            src = u if att[t] is None else np.concatenate([u, att[t]], -1)
+            mask = _conv(_conv(src, trunk.mask_hidden[i], "relu"), trunk.mask_out[i], "sigmoid")
+            att[t] = _pool(_conv(mask * p, trunk.project[i], "relu"))
+        feats = _pool(p)
+    _check(trunk, x, dict(zip(HEADS, att)))
+
+
+ALL = [
+    (lambda: mh.MMoE(HEADS, 4, [5]), (None, 3)),
+    (lambda: mh.OMoE(HEADS, 4, [5]), (None, 3)),
+    (lambda: mh.CGC(HEADS, 2, 2, [5]), (None, 3)),
+    (lambda: mh.PLE(HEADS, 2, 2, [5], levels=2), (None, 3)),
+    (lambda: mh.DSelectK(HEADS, 4, 2, [5]), (None, 3)),
+    (lambda: mh.CrossStitch(HEADS, [5, 4]), (None, 3)),
+    (lambda: mh.MTAN(HEADS, [3, 4]), (None, 4, 4, 2)),
+]
+
+
+@pytest.mark.parametrize("make,shape", ALL, ids=[m().__class__.__name__ for m, _ in ALL])
+def test_partition_and_keras_round_trip(make, shape, tmp_path):
+    model = _model(make(), shape)
+    owned = model.trunk.head_owned_layers()
+    shared = {id(v) for v in model.trunk_variables}
+    for h in HEADS:
+        own = [v for layer in owned[h] for v in layer.trainable_variables]
+        # var_list(h) = shared trunk variables + h's layer + what the trunk owns for h
+        assert [id(v) for v in model.var_list(h)] == (
+            [id(v) for v in model.trunk_variables]
+            + [id(v) for v in model.heads[h].trainable_variables] + [id(v) for v in own])
+        assert not shared & {id(v) for v in own}
+    x = np.random.default_rng(1).normal(size=(2,) + shape[1:]).astype("float32")
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    for h in HEADS:
+        np.testing.assert_array_equal(loaded(x)[h].numpy(), model(x)[h].numpy())
+
+
+def test_trunk_must_route_the_models_heads():
+    with pytest.raises(ValueError, match=r"routes heads \['a', 'b'\].*build the trunk with heads=\['a', 'c'\]"):
+        mh.MultiHeadModel(mh.MMoE(HEADS, 2, [3]), {"a": keras.layers.Dense(1), "c": keras.layers.Dense(1)})
+
+
+def test_a_layer_owned_for_two_heads_is_an_error_naming_it():
+    class Twice(mh.MMoE):
+        def head_owned_layers(self):
+            return {"a": [self.gates[0]], "b": [self.gates[0], self.gates[1]]}
+
+    model = _model(Twice(HEADS, 2, [3]), (None, 3))
+    with pytest.raises(ValueError, match=r"variable '.*kernel.*' is owned by head 'a' and head 'b'"):
+        model.partition
