@@ -53,7 +53,12 @@ def _default_run_dir(config_path: str) -> str:
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
-    return load_config(args.config, args.set or [])
+    config = load_config(args.config, args.set or [])
+    if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
+        from multihead.experiments.single_task import only_head
+
+        config = only_head(config, args.only_head, source=f"{args.config}: --only-head")
+    return config
 
 
 def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
@@ -353,6 +358,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.add_argument("--resume", metavar="RUN_DIR",
                        help="continue RUN_DIR from its latest checkpoint (exactly, as if never stopped)")
+    train.add_argument("--only-head", metavar="HEAD",
+                       help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
     train.set_defaults(func=cmd_train)
 
     export = sub.add_parser("export", help="write a run's model as a SavedModel, a signature per head")
