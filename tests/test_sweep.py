@@ -123,6 +123,22 @@ def test_last_error_skips_tensorflow_logging():
 # -- end to end ------------------------------------------------------------------------
 
 
+def test_two_parallel_trials_one_failing_fast(tmp_path):
+    """The short version of the two tests below: one trial done (equal to the run made alone),
+    one failed by a config error, both recorded."""
+    config = _write(tmp_path, TINY)
+    out = _sweep(config, "--grid", "train.steps=6,six", "--jobs", "2", "--sweep-dir", str(tmp_path / "sw"))
+    assert out.returncode == 1, out.stderr[-3000:]
+    trials = json.loads((tmp_path / "sw" / "sweep.json").read_text())["trials"]
+    assert [t["status"] for t in trials] == ["done", "failed"]
+    assert "train.steps: expected an integer, got 'six' (str)" in trials[1]["error"]
+    assert main(["train", config, "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert _results(tmp_path / "sw" / "trials" / "t000") == _results(tmp_path / "alone")
+    assert trials[0]["metrics"] == _results(tmp_path / "alone")["eval"]
+    assert "2 running" in out.stderr and "1/2 done, 0 running, 1 failed; best eval/mean_loss" in out.stderr
+
+
+@pytest.mark.slow
 def test_parallel_grid_equals_the_runs_made_one_by_one(tmp_path):
     config = _write(tmp_path, TINY)
     out = _sweep(config, "--grid", "seed=0,1", "--grid", f"{LR}=0.01,0.1", "--jobs", "2",
@@ -145,6 +161,7 @@ def test_parallel_grid_equals_the_runs_made_one_by_one(tmp_path):
     assert f"best eval/mean_loss {best['objective']:.6g} ({best['id']})" in out.stderr
 
 
+@pytest.mark.slow
 def test_failed_trials_are_recorded_and_the_others_complete(tmp_path):
     config = _write(tmp_path, {**TINY, "train": {**TINY["train"], "max_nonfinite_steps": 1},
                                "sweep": {"zip": {"train.steps": [6, "six", 6],
@@ -200,6 +217,7 @@ def test_resume_after_sigkill_runs_what_is_missing_and_ends_as_an_uninterrupted_
     resumed = _sweep("--resume", str(tmp_path / "cut"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (tmp_path / "cut/trials/t000/metrics.json").stat().st_mtime_ns == mtime  # not rerun
-    assert "resuming" in (tmp_path / "cut/logs/t001.log").read_text()  # from its checkpoint
+    log = (tmp_path / "cut/logs/t001.log").read_text()  # the command lines of its two starts
+    assert log.count("$ ") == 2 and " --resume " in log.split("$ ")[2]  # from its checkpoint
     final = json.loads(index.read_text())
     assert final == json.loads((tmp_path / "whole" / "sweep.json").read_text())

@@ -395,6 +395,7 @@ def _parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_validate)
 
     _add_sweep_parser(sub)
+    _add_compare_parser(sub)
 
     rep = sub.add_parser("report", help="per-head losses, gradient norms and conflicts of a run")
     rep.add_argument("run_dir", help="a run directory (with train/ event files)")
@@ -444,6 +445,36 @@ def _add_sweep_parser(sub: Any) -> None:
         return cmd_sweep(args)
 
     sweep.set_defaults(func=run)
+
+
+def _add_compare_parser(sub: Any) -> None:
+    """`multihead compare`: runs and sweeps side by side, Δm% against single-task baselines."""
+    compare = sub.add_parser("compare", help="per-head metrics of runs and sweeps, mean ± std over "
+                                             "seeds, Δm%% against single-task baselines")
+    compare.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP", help="run or sweep directories")
+    compare.add_argument("--baseline", nargs="+", default=[], metavar="RUN",
+                         help="single-task runs (train --only-head) or sweeps of them")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
+
+    def run(args: argparse.Namespace) -> int:
+        from multihead.experiments.compare import compare as compare_runs, plot_comparison
+
+        if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
+            raise UsageError(f"--png {args.png!r}: directory {os.path.dirname(os.path.abspath(args.png))!r} "
+                             "does not exist")
+        result = compare_runs(args.paths, baseline=args.baseline)
+        if args.png:
+            try:
+                plot_comparison(result, args.png)
+            except ImportError:
+                raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+        if args.png and not args.json:
+            print(f"wrote {args.png}")
+        return 0
+
+    compare.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,6 +41,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -418,8 +419,11 @@ class LocalBackend:
 
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
+        command = trial_command(base, run_dir, overrides, resume)
         log = open(log_path, "a", encoding="utf-8")
-        proc = subprocess.Popen(trial_command(base, run_dir, overrides, resume), stdout=log,
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        proc = subprocess.Popen(command, stdout=log,
                                 stderr=subprocess.STDOUT, env=trial_env(self.threads),
                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         return (proc, log)
@@ -551,21 +555,22 @@ class Sweep:
         return self.index
 
     def finish(self) -> None:
-        """The HParams experiment summary of the done trials, at the sweep directory."""
-        from multihead.experiments.hparams import final_metrics, write_experiment
+        """The HParams experiment summary of the done trials at the sweep directory: every
+        hyperparameter their runs logged (with the values seen) and their final metrics."""
+        from multihead.experiments.config import load_config
+        from multihead.experiments.hparams import final_metrics, run_hparams, write_experiment
 
-        done = [t for t in self.index["trials"] if t["status"] == "done"]
-        if not done:
-            return
         seen: dict[str, list[Any]] = {}
         tags: set[str] = set()
-        for trial in done:
+        for trial in self.index["trials"]:
+            if trial["status"] != "done":
+                continue
             tags |= set(final_metrics({"eval": trial["metrics"]}))
-            for key, value in trial["overrides"].items():
-                from multihead.experiments.hparams import _scalar
-
-                seen.setdefault(key, []).append(_scalar(value))
-        write_experiment(self.sweep_dir, seen, sorted(tags))
+            config = load_config(os.path.join(self.run_dir(trial), "config.yaml"))
+            for key, value in run_hparams(config, as_sets(trial["overrides"])).items():
+                seen.setdefault(key, []).append(value)
+        if tags:
+            write_experiment(self.sweep_dir, seen, sorted(tags))
 
 
 def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search: str = "grid") -> dict[str, Any]:
