@@ -11,7 +11,7 @@ import yaml
 
 import multihead as mh
 from multihead.experiments.cli import main
-from multihead.experiments.compare import CompareError, delta_m, direction
+from multihead.experiments.compare import delta_m, direction
 
 
 def _run(path, config: dict, final: dict, evals=()) -> str:

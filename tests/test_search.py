@@ -7,15 +7,14 @@ import json
 import os
 
 import pytest
-import yaml
 from test_sweep import TINY, _results, _sweep, _write
 
 from multihead.experiments.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
-SMALL = ["--set", "data.train_size=2000", "--set", "data.eval_size=500", "--set", "train.steps=150",
-         "--set", "train.eval_every=50", "--set", "model.trunk.mlp.units=[16]", "--set", "log.every=50"]
+SMALL = ["--set", "data.eval_size=500", "--set", "train.steps=300",
+         "--set", "train.eval_every=100", "--set", "model.trunk.mlp.units=[16]", "--set", "log.every=100"]
 LR = "model.heads.y1.optimizer.config.learning_rate"
 
 

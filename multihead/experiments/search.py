@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from multihead.experiments.config import ConfigError
-from multihead.experiments.sweep import Distribution, SweepSpec, Sweep, trial_outcome
+from multihead.experiments.sweep import Sweep, SweepSpec, trial_outcome
 
 
 def save_space(sweep: Sweep, spec: SweepSpec, n_trials: int, seed: int) -> None:
@@ -62,7 +62,7 @@ def intermediate_values(run_dir: str, objective: str) -> dict[int, float]:
         series = [s for tag, s in scalars.items() if tag.startswith("loss/")]
         if not series:
             return {}
-        steps = set.intersection(*[set(int(x) for x in s.steps) for s in series])
+        steps = set.intersection(*[{int(x) for x in s.steps} for s in series])
         return {step: math.fsum(float(s.values[list(s.steps).index(step)]) for s in series) / len(series)
                 for step in sorted(steps)}
     _, head, metric = objective.split("/")

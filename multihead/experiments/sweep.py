@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
@@ -522,8 +522,7 @@ class Sweep:
         trial.update(status="running", error=None, metrics=None, objective=None)
         return backend.start(self.base, run_dir, self.log_path(trial), trial["overrides"], resume)
 
-    def run(self, backend: Any, jobs: int, poll_s: float = 0.2,
-            on_poll: Callable[[dict[str, Any], Any], bool] | None = None) -> dict[str, Any]:
+    def run(self, backend: Any, jobs: int, poll_s: float = 0.2) -> dict[str, Any]:
         """Runs every trial that is not done, `jobs` at a time; returns the index."""
         os.makedirs(os.path.join(self.sweep_dir, LOGS), exist_ok=True)
         todo = self._todo()
