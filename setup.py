@@ -1,5 +1,5 @@
 """Install multihead: `pip install -e .[test]` (add `[rl]` for the RL tasks, `[data]` for MultiDigits,
-`[plot]` for PNG reports, `[docs]` to build the documentation site with `mkdocs build --strict`)."""
+`[plot]` for PNG reports, `[optuna]` / `[ray]` for sweep search / backend, `[docs]` to build the documentation site with `mkdocs build --strict`)."""
 
 import re
 from pathlib import Path
@@ -26,11 +26,16 @@ setup(
     ],
     extras_require={
         # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
-        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn", "tensorflow-datasets"],
+        # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe
+        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn", "tensorflow-datasets",
+                 "optuna", "ray", "pandas"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
         "tfds": ["tensorflow-datasets"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
+        "optuna": ["optuna"],  # multihead sweep --search optuna
+        "ray": ["ray"],  # multihead sweep --backend ray
+        "pandas": ["pandas"],  # Comparison.to_dataframe()
         # API reference from the docstrings by static analysis (griffe): builds without importing TF.
         "docs": ["mkdocs~=1.6.1", "mkdocstrings~=1.0.8", "mkdocstrings-python~=2.0.11"],
     },

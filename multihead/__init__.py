@@ -44,6 +44,7 @@ from multihead.io.transfer import copy_weights  # noqa: E402
 from multihead.experiments.data_sources import load_data  # noqa: E402
 from multihead.experiments.multidigits import multidigits  # noqa: E402
 from multihead.experiments.runs import LoadedRun, load_run  # noqa: E402
+from multihead.experiments.compare import Comparison, compare  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -56,6 +57,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointReadError",
+    "Comparison",
     "CrossStitch",
     "DSelectK",
     "EarlyStopping",
@@ -87,6 +89,7 @@ __all__ = [
     "as_dataset",
     "available_parts",
     "checkpoint_parts",
+    "compare",
     "copy_weights",
     "export_saved_model",
     "import_tf1_checkpoint",

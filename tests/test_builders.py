@@ -66,11 +66,8 @@ def test_objective_errors_name_the_head_key(head, message):
     assert message in str(err.value)
 
 
-def test_data_tasks_must_match_the_heads():
+def test_data_tasks_must_cover_the_heads():
     config = _config()
-    config.data.tasks = ["y1", "y2", "y3"]
-    with pytest.raises(ConfigError, match="data.tasks: the data has task 'y3' but model.heads has no head 'y3'"):
-        build_data(config)
     config.data.tasks = ["y1"]
     with pytest.raises(ConfigError, match="model.heads.y2: the data has no task 'y2'"):
         build_data(config)

@@ -53,7 +53,12 @@ def _default_run_dir(config_path: str) -> str:
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
-    return load_config(args.config, args.set or [])
+    config = load_config(args.config, args.set or [])
+    if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
+        from multihead.experiments.single_task import only_head
+
+        config = only_head(config, args.only_head, source=f"{args.config}: --only-head")
+    return config
 
 
 def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
@@ -147,11 +152,20 @@ def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
         print(f"resuming {run_dir}", file=sys.stderr)
     metrics = runner.run(run_dir, verbose=not args.quiet, resume=True)
     _write_config(run_dir, config)  # train.steps may have grown
+    _log_hparams(args, run_dir, config, runner, metrics)
     return _finish(run_dir, metrics)
 
 
 def _write_config(run_dir: str, config: ExperimentConfig) -> None:
     _write_atomic(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _log_hparams(args: argparse.Namespace, run_dir: str, config: ExperimentConfig, runner: Any,
+                 metrics: dict[str, Any]) -> None:
+    """The run's hyperparameters (with its --set overrides) and final metrics for the HParams dashboard."""
+    from multihead.experiments.hparams import log_run_hparams
+
+    log_run_hparams(run_dir, config, runner, metrics, args.set or [])
 
 
 def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
@@ -265,6 +279,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if created and not os.path.exists(os.path.join(run_dir, "checkpoints")):
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping was written
         raise
+    _log_hparams(args, run_dir, config, runner, metrics)
     return _finish(run_dir, metrics)
 
 
@@ -312,6 +327,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.add_argument("--resume", metavar="RUN_DIR",
                        help="continue RUN_DIR from its latest checkpoint (exactly, as if never stopped)")
+    train.add_argument("--only-head", metavar="HEAD",
+                       help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
     train.set_defaults(func=cmd_train)
 
     export = sub.add_parser("export", help="write a run's model as a SavedModel, a signature per head")
@@ -336,12 +353,87 @@ def _parser() -> argparse.ArgumentParser:
     with_config(validate)
     validate.set_defaults(func=cmd_validate)
 
+    _add_sweep_parser(sub)
+    _add_compare_parser(sub)
+
     rep = sub.add_parser("report", help="per-head losses, gradient norms and conflicts of a run")
     rep.add_argument("run_dir", help="a run directory (with train/ event files)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")
     rep.set_defaults(func=cmd_report)
     return parser
+
+
+def _add_sweep_parser(sub: Any) -> None:
+    """`multihead sweep`: its options; the command lives in multihead/experiments/sweep.py."""
+    sweep = sub.add_parser("sweep", help="many runs from one config: a grid, random draws or an "
+                                         "Optuna search, in parallel, resumable")
+    sweep.add_argument("config", nargs="?", help="experiment YAML file (may hold a sweep: section)")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value for every trial (repeatable)")
+    sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                       help="an axis: one trial per value, product with the other axes (repeatable)")
+    sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",
+                       help="a random axis: loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
+                            "choice:A,B (repeatable; --trials draws, or Optuna's search space)")
+    sweep.add_argument("--trials", type=int, metavar="N", help="random draws / Optuna trials (default 10)")
+    sweep.add_argument("--search", choices=("grid", "optuna"), default="grid",
+                       help="grid: the axes' trials; optuna: an Optuna search over --sample axes")
+    sweep.add_argument("--search-seed", type=int, default=0, help="seed of the random draws / Optuna sampler")
+    sweep.add_argument("--objective", default="eval/mean_loss",
+                       help="eval/<head>/<metric> or eval/mean_loss (best so far, Optuna's value)")
+    sweep.add_argument("--direction", default="minimize", help="minimize or maximize the objective")
+    sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<config>-<time>)")
+    sweep.add_argument("--resume", metavar="SWEEP_DIR",
+                       help="run the missing and failed trials of SWEEP_DIR; interrupted ones "
+                            "continue from their checkpoints")
+    sweep.add_argument("--jobs", type=int, default=1, help="trials run at once (processes)")
+    sweep.add_argument("--threads", default="auto",
+                       help="TensorFlow threads per trial: auto (max(1, cores // jobs)), none "
+                            "(TensorFlow's default) or a count")
+    sweep.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="local processes, or Ray tasks (pip install 'multihead[ray]')")
+    sweep.add_argument("--ray-address", help="an existing Ray cluster (ray.init(address=...)); "
+                                             "default: a local Ray instance")
+    sweep.add_argument("--ray-cpus", type=int, help="CPUs of the local Ray instance (default: all)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    def run(args: argparse.Namespace) -> int:
+        from multihead.experiments.sweep import cmd_sweep
+
+        return cmd_sweep(args)
+
+    sweep.set_defaults(func=run)
+
+
+def _add_compare_parser(sub: Any) -> None:
+    """`multihead compare`: runs and sweeps side by side, Δm% against single-task baselines."""
+    compare = sub.add_parser("compare", help="per-head metrics of runs and sweeps, mean ± std over "
+                                             "seeds, Δm%% against single-task baselines")
+    compare.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP", help="run or sweep directories")
+    compare.add_argument("--baseline", nargs="+", default=[], metavar="RUN",
+                         help="single-task runs (train --only-head) or sweeps of them")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
+
+    def run(args: argparse.Namespace) -> int:
+        from multihead.experiments.compare import compare as compare_runs, plot_comparison
+
+        if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
+            raise UsageError(f"--png {args.png!r}: directory {os.path.dirname(os.path.abspath(args.png))!r} "
+                             "does not exist")
+        result = compare_runs(args.paths, baseline=args.baseline)
+        if args.png:
+            try:
+                plot_comparison(result, args.png)
+            except ImportError:
+                raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+        if args.png and not args.json:
+            print(f"wrote {args.png}")
+        return 0
+
+    compare.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -333,6 +333,8 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = _field(CheckpointConfig())
     callbacks: CallbacksConfig = _field(CallbacksConfig(), doc="supervised only")
     distribute: DistributeConfig = _field(DistributeConfig())
+    sweep: Any = _field(None, doc="multihead sweep only: grid, zip and random axes "
+                                  "(docs/sweeps.md); multihead train ignores it")
 
 
 # -- validation ------------------------------------------------------------------------
@@ -424,6 +426,10 @@ def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
         config.train.trunk = _check_trunk(config)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
+        if config.sweep is not None:  # its own module: the rules of sweeps live with sweeps
+            from multihead.experiments.sweep import sweep_spec
+
+            sweep_spec(config.sweep)
         check_data(config.data, list(config.model.heads))
         if config.train.jit_compile and config.log.tensorboard:
             raise ConfigError("train.jit_compile: XLA cannot compile the TensorBoard summaries in "

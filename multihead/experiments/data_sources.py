@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib
 import math
 import os
@@ -138,12 +139,8 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
 
 def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     tasks = data.tasks if data.tasks is not None else heads
-    for task in tasks:
-        if task not in heads:
-            raise ConfigError(
-                f"data.tasks: the data has task {task!r} but model.heads has no head {task!r} "
-                f"(heads: {heads})"
-            )
+    # Tasks without a head are generated and dropped: a single-task baseline (`train
+    # --only-head`) keeps the multi-task run's task list, so its head sees the same data.
     for head in heads:
         if head not in tasks:
             raise ConfigError(f"model.heads.{head}: the data has no task {head!r} (tasks: {tasks})")
@@ -151,13 +148,18 @@ def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     if classification is None:
         classification = tasks[:1] if data.kind == "mixed" else []
     try:
-        return mmoe_synthetic(
+        full = mmoe_synthetic(
             tasks=tasks, correlation=data.correlation, train_size=data.train_size,
             eval_size=data.eval_size, input_dim=data.input_dim, num_sinusoids=data.num_sinusoids,
             scale=data.scale, noise_std=data.noise_std, classification=classification, seed=seed,
         )
     except ValueError as err:
         raise ConfigError(f"data: {err}") from None
+    if list(tasks) == list(heads):
+        return full
+    return dataclasses.replace(full, y_train={h: full.y_train[h] for h in heads},
+                               y_eval={h: full.y_eval[h] for h in heads},
+                               kinds={h: full.kinds[h] for h in heads})
 
 
 # -- files -----------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""`mh.compare` / `multihead compare`: grouping over seeds, mean ± std, best, and Δm% against
+single-task baselines, checked against hand arithmetic on fixed numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+import multihead as mh
+from multihead.experiments.cli import main
+from multihead.experiments.compare import delta_m, direction
+
+
+def _run(path, config: dict, final: dict, evals=()) -> str:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    (path / "metrics.json").write_text(json.dumps(
+        {"eval": final, "evals": [{"step": s, "eval": e} for s, e in evals], "wall_time_s": 1.0}))
+    return str(path)
+
+
+def _config(aggregator: str, seed: int, heads=("a", "b")) -> dict:
+    return {"seed": seed, "model": {"heads": {h: {"loss": "mse"} for h in heads}},
+            "train": {"trunk": {"aggregator": aggregator}}}
+
+
+def _close(tree: dict, expected: dict) -> bool:
+    return tree.keys() == expected.keys() and all(tree[h] == pytest.approx(expected[h]) for h in expected)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Two aggregators x two seeds; head a: loss and mae (lower-better), head b: accuracy
+    (higher-better) and loss. The pcgrad group's means are the fixed numbers of the test."""
+    pcgrad = [({"a": {"loss": 0.8, "mae": 1.1}, "b": {"accuracy": 0.75, "loss": 0.45}}),
+              ({"a": {"loss": 1.0, "mae": 1.3}, "b": {"accuracy": 0.85, "loss": 0.55}})]
+    out = {"pcgrad": [], "sum": [], "baseline": []}
+    for seed, final in enumerate(pcgrad):
+        evals = [(10, {"a": {"loss": 0.7 + seed, "mae": 2.0}, "b": {"accuracy": 0.9, "loss": 1.0}}),
+                 (20, final)]
+        out["pcgrad"].append(_run(tmp_path / f"pcgrad{seed}", _config("pcgrad", seed), final, evals))
+        out["sum"].append(_run(tmp_path / f"sum{seed}", _config("sum", seed),
+                               {"a": {"loss": 2.0, "mae": 2.0}, "b": {"accuracy": 0.5, "loss": 0.4}}))
+    # baselines: head a over two seeds (means loss 1.0, mae 1.0), head b once
+    out["baseline"].append(_run(tmp_path / "base_a0", _config("sum", 0, ("a",)), {"a": {"loss": 0.9, "mae": 0.8}}))
+    out["baseline"].append(_run(tmp_path / "base_a1", _config("sum", 1, ("a",)), {"a": {"loss": 1.1, "mae": 1.2}}))
+    out["baseline"].append(_run(tmp_path / "base_b", _config("sum", 0, ("b",)), {"b": {"accuracy": 0.5, "loss": 0.4}}))
+    return out
+
+
+def test_delta_m_equals_the_hand_computation_with_mixed_directions(runs):
+    result = mh.compare(runs["pcgrad"] + runs["sum"], baseline=runs["baseline"])
+    assert [g.label for g in result.groups] == ["train.trunk.aggregator=pcgrad", "train.trunk.aggregator=sum"]
+    pcgrad, plain = result.groups
+    assert pcgrad.runs == runs["pcgrad"]
+    # group means over the two seeds: a/loss (0.8+1.0)/2 = 0.9, a/mae (1.1+1.3)/2 = 1.2,
+    # b/accuracy (0.75+0.85)/2 = 0.8, b/loss (0.45+0.55)/2 = 0.5; std of a/loss |0.8-1.0|/2 = 0.1
+    assert _close(pcgrad.mean, {"a": {"loss": 0.9, "mae": 1.2}, "b": {"accuracy": 0.8, "loss": 0.5}})
+    assert pcgrad.std["a"]["loss"] == pytest.approx(0.1)
+    # baselines: a/loss (0.9+1.1)/2 = 1.0, a/mae (0.8+1.2)/2 = 1.0, b/accuracy 0.5, b/loss 0.4
+    assert _close(result.baseline, {"a": {"loss": 1.0, "mae": 1.0}, "b": {"accuracy": 0.5, "loss": 0.4}})
+    # Δm% = 100/4 * [ (0.9-1.0)/1.0      a/loss, lower-better:   -0.10
+    #               + (1.2-1.0)/1.0      a/mae, lower-better:    +0.20
+    #               - (0.8-0.5)/0.5      b/accuracy, higher:     -0.60
+    #               + (0.5-0.4)/0.4 ]    b/loss, lower-better:   +0.25
+    #        = 100/4 * (-0.25) = -6.25   (negative: better than single-task)
+    assert pcgrad.delta_m == pytest.approx(-6.25, rel=1e-12)
+    # sum: a (2-1)/1 = +1 twice, b/accuracy -(0.5-0.5)/0.5 = 0, b/loss (0.4-0.4)/0.4 = 0:
+    # 100/4 * 2 = +50
+    assert plain.delta_m == pytest.approx(50.0, rel=1e-12)
+    assert plain.std["a"]["loss"] == 0.0
+
+
+def test_best_is_per_metric_direction_and_final_is_the_last(runs):
+    result = mh.compare(runs["pcgrad"])
+    first = result.runs[0]
+    assert first.final["a"]["loss"] == 0.8
+    assert first.best["a"] == {"loss": 0.7, "mae": 1.1}  # min over evals 10 and 20
+    assert first.best["b"] == {"accuracy": 0.9, "loss": 0.45}  # accuracy: max
+    assert result.groups[0].label == "all" and len(result.groups) == 1  # they differ only in seed
+    # seed 0: min(0.7, 0.8) = 0.7; seed 1: min(1.7, 1.0) = 1.0; mean 0.85
+    assert result.groups[0].best_mean["a"]["loss"] == pytest.approx((0.7 + 1.0) / 2)
+    assert result.groups[0].delta_m is None and result.baseline == {}
+
+
+def test_directions():
+    assert [direction(m) for m in ("loss", "mean_absolute_error", "accuracy",
+                                   "sparse_categorical_accuracy", "auc", "weird")] == \
+        ["min", "min", "max", "max", "max", None]
+    value, skipped = delta_m({"a": {"weird": 2.0, "loss": 2.0}}, {"a": {"weird": 1.0, "loss": 1.0}})
+    assert value == 100.0 and skipped == ["a/weird"]
+    assert delta_m({"a": {"weird": 2.0}}, {"a": {"weird": 1.0}}, {"weird": "max"})[0] == -100.0
+
+
+def test_cli_json_png_and_sweep_dirs(runs, tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"trials": [
+        {"run_dir": f"../pcgrad{i}", "status": "done"} for i in range(2)] +
+        [{"run_dir": "../sum0", "status": "failed"}]}))
+    png = tmp_path / "curves.png"
+    assert main(["compare", str(sweep), *runs["sum"], "--baseline", *runs["baseline"],
+                 "--json", "--png", str(png)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = mh.compare([str(sweep)] + runs["sum"], baseline=runs["baseline"]).to_dict()
+    assert printed == json.loads(json.dumps(expected))
+    assert [len(g["runs"]) for g in printed["groups"]] == [2, 2]  # the failed trial is left out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["compare", *runs["pcgrad"], *runs["sum"], "--baseline", *runs["baseline"]]) == 0
+    table = capsys.readouterr().out
+    assert "-6.25" in table and "+50.00" in table and "0.9 ± 0.1" in table
+    assert main(["compare", str(tmp_path / "nope")]) == 2
+    assert "neither a finished run" in capsys.readouterr().err
+
+
+def test_to_dataframe(runs):
+    pd = pytest.importorskip("pandas")
+    frame = mh.compare(runs["pcgrad"], baseline=runs["baseline"]).to_dataframe()
+    assert isinstance(frame, pd.DataFrame)
+    row = frame[(frame["head"] == "b") & (frame["metric"] == "accuracy")].iloc[0]
+    assert row["mean"] == pytest.approx(0.8) and row["baseline"] == 0.5 and row["n"] == 2
+    np.testing.assert_allclose(frame["delta_m"].unique(), [-6.25])

@@ -1,0 +1,136 @@
+"""Every run logs its hyperparameters and final metrics for TensorBoard's HParams dashboard;
+a real TensorBoard server lists a sweep's trials with them."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.request
+
+import pytest
+import yaml
+from test_tensorboard_server import _tensorboard, _wait_until
+
+from multihead.experiments.cli import main
+from multihead.experiments.config import from_dict
+from multihead.experiments.hparams import final_metrics, run_hparams
+from multihead.experiments.sweep import Objective, Sweep, new_index
+
+LR = "model.heads.y1.optimizer.config.learning_rate"
+TINY = {
+    "seed": 0,
+    "data": {"kind": "mmoe", "train_size": 128, "eval_size": 32, "input_dim": 6},
+    "model": {
+        "trunk": {"mlp": {"units": [4]}},
+        "heads": {
+            "y1": {"layers": {"class_name": "Dense", "config": {"units": 1}}, "metrics": ["mae"],
+                   "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.01}}},
+            "y2": {"layers": {"class_name": "Dense", "config": {"units": 1}}, "optimizer": "sgd",
+                   "weight": 0.5},
+        },
+    },
+    "train": {"steps": 4, "batch_size": 32},
+    "log": {"every": 2, "histograms_every": 0},
+}
+
+
+def test_run_hparams_are_the_usual_ones_plus_the_overrides():
+    aggregated = from_dict({**TINY, "train": {**TINY["train"], "trunk": {"aggregator": "pcgrad",
+                                                                        "optimizer": "rmsprop"}}})
+    values = run_hparams(aggregated, ["train.batch_size=16", "model.trunk.mlp.units=[8, 8]"])
+    assert values["seed"] == 0 and values["task"] == "supervised"
+    assert values["model.heads.y1.optimizer"] == "Adam" and values[LR] == 0.01
+    # an optimizer given by name: Keras' default learning rate (SGD 0.01, RMSprop 0.001)
+    assert values["model.heads.y2.optimizer"] == "SGD"
+    assert values["model.heads.y2.optimizer.config.learning_rate"] == pytest.approx(0.01)
+    assert values["model.heads.y2.weight"] == 0.5
+    assert values["train.trunk"] == "aggregated" and values["train.trunk.aggregator"] == "pcgrad"
+    assert values["train.trunk.optimizer"] == "RMSprop"
+    assert values["train.trunk.optimizer.config.learning_rate"] == pytest.approx(0.001)
+    assert values["model.trunk"] == "{mlp: {units: [4]}}" and values["train.schedule"] == "simultaneous"
+    assert values["train.batch_size"] == 16  # the override, parsed as --set parses it
+    assert values["model.trunk.mlp.units"] == "[8, 8]"  # not a scalar: flow YAML
+
+
+def test_final_metrics_are_those_of_metrics_json():
+    metrics = {"eval": {"a": {"loss": 1.5, "accuracy": 0.25}, "b": {"loss": 0.5}}}
+    assert final_metrics(metrics) == {"final/a/loss": 1.5, "final/a/accuracy": 0.25,
+                                      "final/b/loss": 0.5, "final/mean_loss": 1.0}  # (1.5 + 0.5) / 2
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_a_run_writes_its_session_and_final_metrics(tmp_path):
+    """The short version of the server test below: the run directory's own event file."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.util import tensor_util
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--quiet", "--set", f"{LR}=0.05"]) == 0
+    (events,) = run.glob("events.out.tfevents.*")  # the session: the run directory itself
+    session, scalars = None, {}
+    for event in EventFileLoader(str(events)).Load():
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                session = metadata.parse_session_start_info_plugin_data(value.metadata.plugin_data.content)
+            else:
+                scalars[value.tag] = (event.step, float(tensor_util.make_ndarray(value.tensor)))
+    assert session.hparams[LR].number_value == 0.05
+    assert session.hparams["model.heads.y2.optimizer"].string_value == "SGD"
+    metrics = json.loads((run / "metrics.json").read_text())
+    expected = final_metrics(metrics)
+    assert scalars.keys() == expected.keys()
+    for tag, value in expected.items():
+        assert scalars[tag][0] == metrics["steps"] and math.isclose(scalars[tag][1], value, rel_tol=1e-6)
+
+
+@pytest.mark.slow
+def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    sweep_dir = tmp_path / "sweep"
+    trials = [{LR: 0.01}, {LR: 0.1}]
+    sweep = Sweep(str(sweep_dir), new_index(trials, Objective()))
+    for trial in sweep.index["trials"]:  # the runs a sweep's trial processes make, in-process
+        assert main(["train", str(config), "--run-dir", sweep.run_dir(trial), "--quiet",
+                     "--set", f"{LR}={trial['overrides'][LR]}"]) == 0
+        metrics = json.loads((sweep_dir / trial["run_dir"] / "metrics.json").read_text())
+        trial.update(status="done", metrics=metrics["eval"])
+    sweep.finish()
+
+    with _tensorboard(sweep_dir, tmp_path) as (port, proc, log):
+        experiment = _wait_until(port, proc, log, lambda: _post(port, "/data/plugin/hparams/experiment",
+                                                               {"experimentName": ""}),
+                                 lambda e: e.get("metricInfos"), "the HParams experiment")
+        infos = {h["name"]: h for h in experiment["hparamInfos"]}
+        assert infos[LR]["domainDiscrete"] == [0.01, 0.1]
+        assert {"seed", "model.heads.y2.optimizer", "train.trunk", "model.trunk"} <= set(infos)
+        tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
+        assert tags == {"final/y1/loss", "final/y1/mean_absolute_error", "final/y2/loss", "final/mean_loss"}
+        groups = _wait_until(
+            port, proc, log,
+            lambda: _post(port, "/data/plugin/hparams/session_groups", {
+                "experimentName": "", "startIndex": 0, "sliceSize": 100,
+                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+                "colParams": [{"hparam": LR}] + [{"metric": {"tag": t, "group": ""}} for t in sorted(tags)]}),
+            lambda g: len(g.get("sessionGroups", [])) == 2, "two session groups")["sessionGroups"]
+        served = {g["sessions"][0]["name"]: g for g in groups}
+        assert sorted(served) == ["trials/t000", "trials/t001"]
+        for trial in sweep.index["trials"]:
+            group = served[trial["run_dir"]]
+            assert group["hparams"][LR] == trial["overrides"][LR]
+            assert group["hparams"]["model.heads.y2.weight"] == 0.5
+            values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
+            expected = final_metrics({"eval": trial["metrics"]})
+            assert values.keys() == expected.keys()
+            for tag, value in expected.items():  # float32 summaries of the float64 numbers
+                assert math.isclose(values[tag], value, rel_tol=1e-6), tag
+            assert {m["trainingStep"] for m in group["metricValues"]} == {4}
