@@ -204,3 +204,18 @@ def test_bad_per_head_configs_are_one_line_exit_2_and_write_nothing(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert key in err and len(err.splitlines()) == 1, err
     assert not run_dir.exists()
+
+
+def test_the_single_task_baseline_of_a_per_head_config_keeps_that_heads_dataset(tmp_path):
+    from multihead.experiments.config import load_config
+    from multihead.experiments.data_sources import build_data
+    from multihead.experiments.single_task import only_head
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(CONFIG.format(sampling="temperature"))
+    config = load_config(str(path))
+    baseline = only_head(config, "b")
+    assert list(baseline.data.per_head) == ["b"] and baseline.data.sampling == "all"
+    ours, theirs = build_data(baseline)["b"], build_data(config)["b"]
+    np.testing.assert_array_equal(ours.x_train, theirs.x_train)
+    np.testing.assert_array_equal(ours.y_eval["b"], theirs.y_eval["b"])

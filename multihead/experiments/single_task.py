@@ -49,7 +49,11 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head") 
     raw: dict[str, Any] = to_dict(config)
     raw["model"]["heads"] = {head: raw["model"]["heads"][head]}
     data = raw["data"]
-    if data["kind"] in ("mmoe", "mixed") and data.get("tasks") is None:
+    if data.get("per_head"):  # one dataset per head: keep this head's, drawn every step
+        data["per_head"] = {head: data["per_head"][head]}
+        data["sampling_weights"] = {}
+        data["sampling"] = "all"
+    elif data["kind"] in ("mmoe", "mixed") and data.get("tasks") is None:
         data["tasks"] = heads  # the task list decides the generated data: keep it
     if isinstance(data.get("targets"), dict):
         data["targets"] = {head: data["targets"][head]} if head in data["targets"] else None
