@@ -1,8 +1,10 @@
 """The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
 `predict`.
 
-Exit codes: 0 success, 2 bad input (config, overrides, paths) with a one-line
-error on stderr and nothing written, 1 an unexpected failure.
+Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
+with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
+logs and `status.json` kept), 130 / 143 a run stopped by SIGINT / SIGTERM (checkpointed,
+resumable with `--resume`). `multihead.experiments.run_guard` has the run-directory rules.
 """
 
 from __future__ import annotations
@@ -123,6 +125,10 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
             )
     if "resume" not in inspect.signature(runner.run).parameters:
         raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
+    for name in ("checkpoints", "train", "eval", "best"):  # a run's folders are its own
+        if os.path.islink(os.path.join(run_dir, name)):
+            raise UsageError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
+                             "folders must be inside it (copy the target in its place)")
     latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
@@ -135,19 +141,115 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
 
 
 def _latest_checkpoint(directory: str) -> str | None:
-    """The newest checkpoint a `CheckpointManager` recorded in `directory`, or None."""
-    import tensorflow as tf
+    """The newest periodic checkpoint in `directory` (found by scanning it: the state file
+    is not trusted), or None."""
+    from multihead.io.manager import scan_checkpoints
 
-    return tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
+    found = scan_checkpoints(directory)
+    return found[-1] if found else None
 
 
 def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> int:
-    run_dir = _check_resume(args, config, runner)
-    if not args.quiet:
-        print(f"resuming {run_dir}", file=sys.stderr)
-    metrics = runner.run(run_dir, verbose=not args.quiet, resume=True)
-    _write_config(run_dir, config)  # train.steps may have grown
-    return _finish(run_dir, metrics)
+    run_dir = _check_resume(args, config, runner)  # reads only: a refusal changes nothing
+    with _lock(run_dir):
+        if not args.quiet:
+            print(f"resuming {run_dir}", file=sys.stderr)
+        return _guarded_run(args, config, run_dir, runner, resume=True)
+
+
+def _lock(run_dir: str) -> Any:
+    from multihead.experiments.run_guard import RunLock, RunLocked
+
+    try:
+        return RunLock(run_dir)
+    except RunLocked as err:
+        raise UsageError(str(err)) from None
+
+
+def _disposable(run_dir: str, watch: Any) -> bool:
+    """True when a fresh run wrote nothing worth keeping: no step done (as far as the
+    runner reports steps) and no checkpoint, or nothing but its setup files."""
+    from multihead.experiments.run_guard import LOCK_FILE, STATUS_FILE
+
+    setup = {"config.yaml", LOCK_FILE, STATUS_FILE, "inputs.json"}
+    if set(os.listdir(run_dir)) <= setup:
+        return True
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    return watch.tracks_steps and watch.step is None and \
+        not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir))
+
+
+def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: str, runner: Any,
+                 resume: bool = False) -> int:
+    """Runs `runner` in `run_dir` (locked by the caller) under the run-directory rules:
+    status.json, a stop at a step boundary on SIGINT/SIGTERM, and nothing deleted that a
+    step wrote."""
+    import inspect
+    import traceback
+
+    from multihead.experiments.run_guard import (
+        RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
+
+    takes = "extra_callbacks" in inspect.signature(runner.run).parameters
+    watch = RunWatch(immediate=not takes)
+    kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
+    if resume:
+        kwargs["resume"] = True
+    before = read_status(run_dir)
+    resume_hint = f"multihead train {args.config} --resume {run_dir}"
+    try:
+        with watch:  # the handlers are in place once the status says running
+            write_status(run_dir, "running", step=watch.step)
+            metrics = runner.run(run_dir, verbose=not args.quiet, **kwargs)
+            if resume:
+                _write_config(run_dir, config)  # train.steps may have grown
+            code = _finish(run_dir, metrics)
+    except RunInterrupted as stop:
+        step = stop.step if stop.step is not None else watch.step
+        checkpoint = stop.checkpoint or _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        name = signal_name(stop.signum)
+        write_status(run_dir, "interrupted", step=step, checkpoint=checkpoint,
+                     error=f"stopped by {name}", signal=name, exit_code=128 + stop.signum)
+        saved = f"checkpoint {os.path.relpath(checkpoint, run_dir)}" if checkpoint else "no checkpoint"
+        how = f"resume with: {resume_hint}" if checkpoint and takes else "start it again to rerun"
+        print(f"multihead: interrupted by {name} at step {step}; kept {run_dir} ({saved}); {how}",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except (ConfigError, UsageError):
+        if not resume and _disposable(run_dir, watch):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif resume and watch.step is None and before is not None:
+            write_status(run_dir, **{k: v for k, v in before.items()
+                                     if k in ("status", "step", "checkpoint", "error")})
+        else:
+            write_status(run_dir, "failed", step=watch.step, error="bad input")
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure: keep the run, say what happened
+        line = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        if is_disk_full(err):
+            line = f"disk full ({line})"
+        if not resume and _disposable(run_dir, watch) and not is_disk_full(err):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            print(f"multihead: error: the run failed before its first step: {line}", file=sys.stderr)
+            return 1
+        checkpoint = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        written = write_status(run_dir, "failed", step=watch.step, checkpoint=checkpoint, error=line,
+                               traceback=traceback.format_exc())
+        kept = f"kept {run_dir}" + (" (status.json)" if written else " (status.json not written)")
+        how = f"; resume with: {resume_hint}" if checkpoint and takes else ""
+        print(f"multihead: error: run failed at step {watch.step}: {line}; {kept}{how}",
+              file=sys.stderr)
+        return 1
+    write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
+                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")))
+    return code
+
+
+def signal_name(signum: int) -> str:
+    """`SIGINT` for 2."""
+    import signal
+
+    return signal.Signals(signum).name
 
 
 def _write_config(run_dir: str, config: ExperimentConfig) -> None:
@@ -295,18 +397,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or _default_run_dir(args.config)
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
-    created = not os.path.exists(run_dir)
+    from multihead.experiments.run_guard import LOCK_FILE
+
     os.makedirs(run_dir, exist_ok=True)
-    try:
+    with _lock(run_dir):
+        if set(os.listdir(run_dir)) - {LOCK_FILE}:  # another process wrote it meanwhile
+            raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
         _write_config(run_dir, config)
         if not args.quiet:
             print(f"run directory: {run_dir}", file=sys.stderr)
-        metrics = runner.run(run_dir, verbose=not args.quiet)
-    except BaseException:
-        if created and not os.path.exists(os.path.join(run_dir, "checkpoints")):
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping was written
-        raise
-    return _finish(run_dir, metrics)
+        return _guarded_run(args, config, run_dir, runner)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
