@@ -131,11 +131,17 @@ def write_status(run_dir: str, status: str, *, step: int | None = None,
         return True
     except OSError:
         pass
-    try:  # no space for a new file: overwrite the reserved blocks of the existing one
+    # No space for a new file: overwrite the reserved bytes of the existing one, with the
+    # fields that fit (no traceback, the error cut short).
+    small = {k: v for k, v in tree.items() if k != "traceback"}
+    small["error"] = (error or "")[:_STATUS_RESERVE // 4] or None
+    data = json.dumps(small).encode()[:_STATUS_RESERVE].ljust(_STATUS_RESERVE)
+    try:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
         try:
-            data = text.ljust(_STATUS_RESERVE).encode()
-            return os.pwrite(fd, data, 0) == len(data)
+            written = os.pwrite(fd, data, 0) == len(data)
+            os.ftruncate(fd, len(data))  # shrinking needs no space
+            return written
         finally:
             os.close(fd)
     except OSError:

@@ -54,8 +54,8 @@ _STATE_FILE = "checkpoint"
 def scan_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
     """The `ckpt-<step>` checkpoint prefixes in `directory`, oldest first.
 
-    A checkpoint counts when `ckpt-<step>.index` and its `ckpt-<step>.data-*` shards are
-    regular files directly in `directory` (a symlink is not followed: what it points at may
+    A checkpoint counts when `ckpt-<step>.index` (not empty) and its `ckpt-<step>.data-*`
+    shards are regular files directly in `directory` (a symlink is not followed: what it points at may
     be outside the directory). Whether a file is readable is for the restore to find out.
 
     Args:
@@ -68,7 +68,8 @@ def scan_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
     found = []
     for name, entry in entries.items():
         match = _CHECKPOINT_INDEX.fullmatch(name)
-        if match is None or not entry.is_file(follow_symlinks=False):
+        if match is None or not entry.is_file(follow_symlinks=False) or \
+                entry.stat(follow_symlinks=False).st_size == 0:  # an index cut off by a crash
             continue
         prefix = name[: -len(".index")]
         shards = [e for n, e in entries.items() if n.startswith(prefix + ".data-")]
