@@ -19,7 +19,6 @@ import sys
 import tempfile
 from typing import Any, Sequence
 
-import yaml
 
 from multihead.experiments.config import ConfigError, ExperimentConfig, load_config, to_dict
 
@@ -55,7 +54,7 @@ def _default_run_dir(config_path: str) -> str:
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
-    return load_config(args.config, args.set or [])
+    return load_config(args.config, args.set or [], allow_import=args.allow_import or ())
 
 
 def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
@@ -63,9 +62,19 @@ def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
     from multihead.experiments import runners as tasks
 
     try:
-        return tasks.prepare(config)
+        runner = tasks.prepare(config)
+        if config.task == "supervised":  # validate runs what train would run first
+            from multihead.experiments.dry_run import dry_run
+
+            dry_run(runner)
+        return runner
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+        # A rule no check states yet: still one line, exit 2, nothing written.
+        line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(f"{args.config}: cannot build the run from this config: "
+                          f"{type(err).__name__}: {line}") from None
 
 
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
@@ -114,8 +123,10 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     saved = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(saved):
         raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    from multihead.experiments.config import parse_yaml
+
     with open(saved, encoding="utf-8") as fh:
-        before = _flat(yaml.safe_load(fh) or {})
+        before = _flat(parse_yaml(fh.read(), saved) or {})
     now = _flat(to_dict(config))
     for key in sorted(set(before) | set(now)):
         if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
@@ -253,7 +264,9 @@ def signal_name(signum: int) -> str:
 
 
 def _write_config(run_dir: str, config: ExperimentConfig) -> None:
-    _write_atomic(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(to_dict(config), sort_keys=False))
+    from multihead.experiments.yaml12 import dump_yaml
+
+    _write_atomic(os.path.join(run_dir, "config.yaml"), dump_yaml(to_dict(config)))
 
 
 def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
@@ -282,7 +295,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
     if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
         raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
-    config = load_config(saved)
+    config = load_config(saved, allow_import=args.allow_import or ())
     if config.task == "supervised":  # the input the run recorded, whatever its data source
         from multihead.experiments.builders import build_model
         from multihead.experiments.runs import run_input_shape
@@ -445,7 +458,13 @@ def _parser() -> argparse.ArgumentParser:
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set train.steps=500 (repeatable)")
+                       help="override a config value, e.g. --set train.steps=500 (repeatable; "
+                            "the value is YAML 1.2)")
+        allow_import(p)
+
+    def allow_import(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-import", action="append", metavar="MODULE",
+                       help="let env.id 'MODULE:Env' import MODULE (repeatable)")
 
     train = sub.add_parser("train", help="train from an experiment config and write a run directory")
     with_config(train)
@@ -459,6 +478,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
     export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
+    allow_import(export)
     export.set_defaults(func=cmd_export)
 
     predict = sub.add_parser("predict", help="a finished run's outputs on new data, as .npz")
