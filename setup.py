@@ -26,7 +26,7 @@ setup(
     ],
     extras_require={
         # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
-        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn", "tensorflow-datasets"],
+        "test": ["pytest", "hypothesis", "gymnasium", "matplotlib", "scipy", "scikit-learn", "tensorflow-datasets"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
         "tfds": ["tensorflow-datasets"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],

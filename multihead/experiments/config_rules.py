@@ -124,6 +124,29 @@ def _check_seed(value: Any, path: str, error: type[Exception]) -> None:
         raise error(f"{path}: a seed must be in [0, {SEED_MAX}], got {value}")
 
 
+#: The synthetic data a config generates must fit in this many bytes (float32 inputs).
+SYNTHETIC_BYTES_MAX = 4 << 30
+
+
+def _check_synthetic_size(data: Any, error: type[Exception]) -> None:
+    """The generated inputs (mmoe, mixed, multidigits) fit in `SYNTHETIC_BYTES_MAX`."""
+    if data.kind in ("mmoe", "mixed"):
+        rows, width, where = data.train_size + data.eval_size, data.input_dim, "data.train_size"
+    elif data.kind == "multidigits":
+        options = data.options
+        sizes = [options.get("train_size", 20000), options.get("eval_size", 4000),
+                 options.get("canvas", 12)]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+            return  # the generator names the bad option
+        rows, width, where = sizes[0] + sizes[1], sizes[2] ** 2, "data.options.train_size"
+    else:
+        return
+    needed = rows * width * 4
+    if needed > SYNTHETIC_BYTES_MAX:
+        raise error(f"{where}: the generated data would take {needed / 2**30:.1f} GiB "
+                    f"(at most {SYNTHETIC_BYTES_MAX >> 30} GiB); use fewer or smaller examples")
+
+
 def check_env_id(env_id: str, allow_import: Sequence[str], path: str,
                  error: type[Exception]) -> None:
     """`env.id` of the form `module:Env` makes gymnasium import `module`: refused unless the
@@ -146,6 +169,8 @@ def check_rules(config: Any, allow_import: Sequence[str] = (), *,
     """
     _check_seed(config.seed, "seed", error)
     _check_seed(config.data.seed, "data.seed", error)
+    _check_numbers(config.data.options, "data.options", error)
+    _check_synthetic_size(config.data, error)
     _check_numbers(config.model.trunk, "model.trunk", error)
     _check_layers(config.model.trunk, "model.trunk", error)
     for name, head in config.model.heads.items():
