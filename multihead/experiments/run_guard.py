@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import tempfile
+import threading
 import types
 from typing import Any
 
@@ -201,6 +202,8 @@ class RunWatch(Callback):
             self.request_stop(f"interrupted by {signal.Signals(signum).name}")
 
     def __enter__(self) -> RunWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # Python delivers signals to the main thread only: nothing to install
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
