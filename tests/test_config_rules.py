@@ -58,6 +58,8 @@ def _validate(tmp_path, capsys, text=BASE, sets=(), extra=()):
     ("train.batch_size=99999999999999999999999", "train.batch_size", "must be in"),
     ("model.trunk={mlp: {units: [99999999999]}}", "model.trunk.mlp.units[0]", "integer range"),
     ("data.correlation=.inf", "data.correlation", "finite"),
+    ("data.num_sinusoids=1217826", "data.num_sinusoids", "<= 10000"),
+    ("data.train_size=2000000000", "data.train_size", "GiB"),
     ("model.heads={1: {}}", "model.heads.1", "keys are strings"),
     ("train.steps=" + "[" * 100 + "]" * 100, "train.steps", "deeper than"),
 ])

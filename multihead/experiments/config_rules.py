@@ -124,6 +124,8 @@ def _check_seed(value: Any, path: str, error: type[Exception]) -> None:
         raise error(f"{path}: a seed must be in [0, {SEED_MAX}], got {value}")
 
 
+#: Sinusoids per label of the MMoE synthetic data.
+MAX_SINUSOIDS = 10_000
 #: The synthetic data a config generates must fit in this many bytes (float32 inputs).
 SYNTHETIC_BYTES_MAX = 4 << 30
 
@@ -131,6 +133,9 @@ SYNTHETIC_BYTES_MAX = 4 << 30
 def _check_synthetic_size(data: Any, error: type[Exception]) -> None:
     """The generated inputs (mmoe, mixed, multidigits) fit in `SYNTHETIC_BYTES_MAX`."""
     if data.kind in ("mmoe", "mixed"):
+        if data.num_sinusoids > MAX_SINUSOIDS:  # generation time grows with it, per example
+            raise error(f"data.num_sinusoids: must be <= {MAX_SINUSOIDS}, got "
+                        f"{data.num_sinusoids} (Ma et al. use 10)")
         rows, width, where = data.train_size + data.eval_size, data.input_dim, "data.train_size"
     elif data.kind == "multidigits":
         options = data.options
