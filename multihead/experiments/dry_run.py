@@ -39,8 +39,13 @@ def dry_run(runner: Any) -> None:
         ConfigError: naming the head's config key and what failed.
     """
     data, model, objectives = runner.data, runner.model, runner.objectives
-    x = _first(data.x_train, BATCH)
-    y = {head: np.asarray(labels)[:BATCH] for head, labels in data.y_train.items()}
+    if isinstance(data, dict):  # per-head data (same input layout): each head's own labels
+        n = min(BATCH, *(len(d.y_train[h]) for h, d in data.items()))
+        x = _first(next(iter(data.values())).x_train, n)
+        y = {head: np.asarray(d.y_train[head])[:n] for head, d in data.items()}
+    else:
+        x = _first(data.x_train, BATCH)
+        y = {head: np.asarray(labels)[:BATCH] for head, labels in data.y_train.items()}
     try:
         with tf.GradientTape(persistent=True) as tape:
             outputs = model(x, training=False)
