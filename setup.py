@@ -26,9 +26,9 @@ setup(
     ],
     extras_require={
         # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
-        # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe
-        "test": ["pytest", "gymnasium", "matplotlib", "scipy", "scikit-learn", "tensorflow-datasets",
-                 "optuna", "ray", "pandas"],
+        # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe; hypothesis: fuzz suite
+        "test": ["pytest", "hypothesis", "gymnasium", "matplotlib", "scipy", "scikit-learn",
+                 "tensorflow-datasets", "optuna", "ray", "pandas"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
         "tfds": ["tensorflow-datasets"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],

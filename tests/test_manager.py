@@ -59,8 +59,9 @@ class _Crash(Exception):
 
 
 def test_crash_during_save_never_leaves_the_manager_on_a_partial_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint whose files are complete counts though the state file never named it
+    (the directory is scanned); a half-written one does not."""
     model, trainer, manager, data = _manager_run(tmp_path, 10)
-    at_ten = weights(model.weights)
 
     # Crash after ckpt-15's files are written but before the state file names it ...
     def crash_before_recording(*args, **kwargs):
@@ -70,6 +71,7 @@ def test_crash_during_save_never_leaves_the_manager_on_a_partial_checkpoint(tmp_
     with pytest.raises(_Crash):
         trainer.fit(data, 5, batch_size=8, verbose=False, checkpoints=manager)
     assert any(f.startswith("ckpt-15") for f in os.listdir(tmp_path))
+    at_fifteen = weights(model.weights)
     # ... and a half-written ckpt-20 (a data file cut short, no index) from a crash mid-write.
     (data10,) = [f for f in os.listdir(tmp_path) if f.startswith("ckpt-10.data")]
     (tmp_path / data10.replace("ckpt-10", "ckpt-20")).write_bytes(
@@ -78,9 +80,9 @@ def test_crash_during_save_never_leaves_the_manager_on_a_partial_checkpoint(tmp_
     fresh_model = make_model(seed=4)
     fresh = _trainer(fresh_model)
     reopened = CheckpointManager(tmp_path, fresh_model, fresh, every=5)
-    assert reopened.latest_checkpoint.endswith("ckpt-10")
-    assert reopened.restore_latest() == 10
-    for a, v in zip(at_ten, fresh_model.weights):
+    assert reopened.latest_checkpoint.endswith("ckpt-15")
+    assert reopened.restore_latest() == 15
+    for a, v in zip(at_fifteen, fresh_model.weights):
         np.testing.assert_array_equal(a, v.numpy())
 
 

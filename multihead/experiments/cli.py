@@ -1,8 +1,10 @@
 """The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
 `predict`.
 
-Exit codes: 0 success, 2 bad input (config, overrides, paths) with a one-line
-error on stderr and nothing written, 1 an unexpected failure.
+Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
+with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
+logs and `status.json` kept), 130 / 143 a run stopped by SIGINT / SIGTERM (checkpointed,
+resumable with `--resume`). `multihead.experiments.run_guard` has the run-directory rules.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import sys
 import tempfile
 from typing import Any, Sequence
 
-import yaml
 
 from multihead.experiments.config import ConfigError, ExperimentConfig, load_config, to_dict
 
@@ -53,7 +54,7 @@ def _default_run_dir(config_path: str) -> str:
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
-    config = load_config(args.config, args.set or [])
+    config = load_config(args.config, args.set or [], allow_import=args.allow_import or ())
     if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
         from multihead.experiments.single_task import only_head
 
@@ -66,9 +67,19 @@ def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
     from multihead.experiments import runners as tasks
 
     try:
-        return tasks.prepare(config)
+        runner = tasks.prepare(config)
+        if config.task == "supervised":  # validate runs what train would run first
+            from multihead.experiments.dry_run import dry_run
+
+            dry_run(runner)
+        return runner
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+        # A rule no check states yet: still one line, exit 2, nothing written.
+        line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(f"{args.config}: cannot build the run from this config: "
+                          f"{type(err).__name__}: {line}") from None
 
 
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
@@ -117,8 +128,10 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     saved = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(saved):
         raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    from multihead.experiments.config import parse_yaml
+
     with open(saved, encoding="utf-8") as fh:
-        before = _flat(yaml.safe_load(fh) or {})
+        before = _flat(parse_yaml(fh.read(), saved) or {})
     now = _flat(to_dict(config))
     for key in sorted(set(before) | set(now)):
         if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
@@ -128,6 +141,10 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
             )
     if "resume" not in inspect.signature(runner.run).parameters:
         raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
+    for name in ("checkpoints", "train", "eval", "best"):  # a run's folders are its own
+        if os.path.islink(os.path.join(run_dir, name)):
+            raise UsageError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
+                             "folders must be inside it (copy the target in its place)")
     latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
@@ -140,24 +157,122 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
 
 
 def _latest_checkpoint(directory: str) -> str | None:
-    """The newest checkpoint a `CheckpointManager` recorded in `directory`, or None."""
-    import tensorflow as tf
+    """The newest periodic checkpoint in `directory` (found by scanning it: the state file
+    is not trusted), or None."""
+    from multihead.io.manager import scan_checkpoints
 
-    return tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
+    found = scan_checkpoints(directory)
+    return found[-1] if found else None
 
 
 def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> int:
-    run_dir = _check_resume(args, config, runner)
-    if not args.quiet:
-        print(f"resuming {run_dir}", file=sys.stderr)
-    metrics = runner.run(run_dir, verbose=not args.quiet, resume=True)
-    _write_config(run_dir, config)  # train.steps may have grown
-    _log_hparams(args, run_dir, config, runner, metrics)
-    return _finish(run_dir, metrics)
+    run_dir = _check_resume(args, config, runner)  # reads only: a refusal changes nothing
+    with _lock(run_dir):
+        if not args.quiet:
+            print(f"resuming {run_dir}", file=sys.stderr)
+        return _guarded_run(args, config, run_dir, runner, resume=True)
+
+
+def _lock(run_dir: str) -> Any:
+    from multihead.experiments.run_guard import RunLock, RunLocked
+
+    try:
+        return RunLock(run_dir)
+    except RunLocked as err:
+        raise UsageError(str(err)) from None
+
+
+def _disposable(run_dir: str, watch: Any) -> bool:
+    """True when a fresh run wrote nothing worth keeping: no step done (as far as the
+    runner reports steps) and no checkpoint, or nothing but its setup files."""
+    from multihead.experiments.run_guard import LOCK_FILE, STATUS_FILE
+
+    setup = {"config.yaml", LOCK_FILE, STATUS_FILE, "inputs.json"}
+    if set(os.listdir(run_dir)) <= setup:
+        return True
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    return watch.tracks_steps and watch.step is None and \
+        not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir))
+
+
+def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: str, runner: Any,
+                 resume: bool = False) -> int:
+    """Runs `runner` in `run_dir` (locked by the caller) under the run-directory rules:
+    status.json, a stop at a step boundary on SIGINT/SIGTERM, and nothing deleted that a
+    step wrote."""
+    import inspect
+    import traceback
+
+    from multihead.experiments.run_guard import (
+        RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
+
+    takes = "extra_callbacks" in inspect.signature(runner.run).parameters
+    watch = RunWatch(immediate=not takes)
+    kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
+    if resume:
+        kwargs["resume"] = True
+    before = read_status(run_dir)
+    resume_hint = f"multihead train {args.config} --resume {run_dir}"
+    try:
+        with watch:  # the handlers are in place once the status says running
+            write_status(run_dir, "running", step=watch.step)
+            metrics = runner.run(run_dir, verbose=not args.quiet, **kwargs)
+            if resume:
+                _write_config(run_dir, config)  # train.steps may have grown
+            _log_hparams(args, run_dir, config, runner, metrics)
+            code = _finish(run_dir, metrics)
+    except RunInterrupted as stop:
+        step = stop.step if stop.step is not None else watch.step
+        checkpoint = stop.checkpoint or _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        name = signal_name(stop.signum)
+        write_status(run_dir, "interrupted", step=step, checkpoint=checkpoint,
+                     error=f"stopped by {name}", signal=name, exit_code=128 + stop.signum)
+        saved = f"checkpoint {os.path.relpath(checkpoint, run_dir)}" if checkpoint else "no checkpoint"
+        how = f"resume with: {resume_hint}" if checkpoint and takes else "start it again to rerun"
+        print(f"multihead: interrupted by {name} at step {step}; kept {run_dir} ({saved}); {how}",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except (ConfigError, UsageError):
+        if not resume and _disposable(run_dir, watch):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif resume and watch.step is None and before is not None:
+            write_status(run_dir, **{k: v for k, v in before.items()
+                                     if k in ("status", "step", "checkpoint", "error")})
+        else:
+            write_status(run_dir, "failed", step=watch.step, error="bad input")
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure: keep the run, say what happened
+        line = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        if is_disk_full(err):
+            line = f"disk full ({line})"
+        if not resume and _disposable(run_dir, watch) and not is_disk_full(err):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            print(f"multihead: error: the run failed before its first step: {line}", file=sys.stderr)
+            return 1
+        checkpoint = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        written = write_status(run_dir, "failed", step=watch.step, checkpoint=checkpoint, error=line,
+                               traceback=traceback.format_exc())
+        kept = f"kept {run_dir}" + (" (status.json)" if written else " (status.json not written)")
+        how = f"; resume with: {resume_hint}" if checkpoint and takes else ""
+        print(f"multihead: error: run failed at step {watch.step}: {line}; {kept}{how}",
+              file=sys.stderr)
+        return 1
+    write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
+                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")))
+    return code
+
+
+def signal_name(signum: int) -> str:
+    """`SIGINT` for 2."""
+    import signal
+
+    return signal.Signals(signum).name
 
 
 def _write_config(run_dir: str, config: ExperimentConfig) -> None:
-    _write_atomic(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(to_dict(config), sort_keys=False))
+    from multihead.experiments.yaml12 import dump_yaml
+
+    _write_atomic(os.path.join(run_dir, "config.yaml"), dump_yaml(to_dict(config)))
 
 
 def _log_hparams(args: argparse.Namespace, run_dir: str, config: ExperimentConfig, runner: Any,
@@ -194,7 +309,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
     if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
         raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
-    config = load_config(saved)
+    config = load_config(saved, allow_import=args.allow_import or ())
     if config.task == "supervised":  # the input the run recorded, whatever its data source
         from multihead.experiments.builders import build_model
         from multihead.experiments.runs import run_input_shape
@@ -268,19 +383,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or _default_run_dir(args.config)
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
-    created = not os.path.exists(run_dir)
+    from multihead.experiments.run_guard import LOCK_FILE
+
     os.makedirs(run_dir, exist_ok=True)
-    try:
+    with _lock(run_dir):
+        if set(os.listdir(run_dir)) - {LOCK_FILE}:  # another process wrote it meanwhile
+            raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
         _write_config(run_dir, config)
         if not args.quiet:
             print(f"run directory: {run_dir}", file=sys.stderr)
-        metrics = runner.run(run_dir, verbose=not args.quiet)
-    except BaseException:
-        if created and not os.path.exists(os.path.join(run_dir, "checkpoints")):
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping was written
-        raise
-    _log_hparams(args, run_dir, config, runner, metrics)
-    return _finish(run_dir, metrics)
+        return _guarded_run(args, config, run_dir, runner)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -319,7 +431,13 @@ def _parser() -> argparse.ArgumentParser:
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set train.steps=500 (repeatable)")
+                       help="override a config value, e.g. --set train.steps=500 (repeatable; "
+                            "the value is YAML 1.2)")
+        allow_import(p)
+
+    def allow_import(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-import", action="append", metavar="MODULE",
+                       help="let env.id 'MODULE:Env' import MODULE (repeatable)")
 
     train = sub.add_parser("train", help="train from an experiment config and write a run directory")
     with_config(train)
@@ -335,6 +453,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
     export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
+    allow_import(export)
     export.set_defaults(func=cmd_export)
 
     predict = sub.add_parser("predict", help="a finished run's outputs on new data, as .npz")

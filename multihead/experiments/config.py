@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import re
 import types
 import typing
 from typing import Any, Mapping, Sequence, Union
@@ -36,30 +35,16 @@ class ConfigError(ValueError):
 # -- YAML ------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that also reads `3e-4` as a float (YAML 1.1 needs `3.0e-4`)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
 def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parses YAML safely (no Python objects can be constructed)."""
+    """Parses YAML safely (no Python objects can be constructed), with YAML 1.2 semantics
+    (`yes` and `1:30` are strings, `010` is 10), duplicate keys refused and size, depth and
+    alias expansion bounded (`multihead.experiments.yaml12`)."""
+    from multihead.experiments.yaml12 import describe_error, load_yaml
+
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return load_yaml(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: invalid YAML: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"{source}: invalid YAML: {describe_error(err)}") from None
 
 
 # -- schema ----------------------------------------------------------------------------
@@ -340,6 +325,10 @@ class ExperimentConfig:
 # -- validation ------------------------------------------------------------------------
 
 
+#: The largest integer a config holds (int32): beyond it TF or numpy overflow.
+INT_LIMIT = 2**31 - 1
+
+
 def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
@@ -372,13 +361,17 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a mapping, got {describe(value)}")
         _, item = typing.get_args(tp)
-        return {str(k): _convert(item, v, _join(path, k)) for k, v in value.items()}
+        for k in value:
+            if not isinstance(k, str):  # head names, columns, keyword arguments
+                raise ConfigError(f"{_join(path, k)}: keys are strings, got {describe(k)}; "
+                                  f"quote it: '{k}'")
+        return {k: _convert(item, v, _join(path, k)) for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {describe(value)}")
         return value
-    if tp is int:
-        return check_int(value, path, error=ConfigError)
+    if tp is int:  # bounded: a number beyond int32 overflows somewhere in TF or numpy
+        return check_int(value, path, minimum=-INT_LIMIT, maximum=INT_LIMIT, error=ConfigError)
     if tp is float:
         return check_float(value, path, error=ConfigError)
     if tp is str:
@@ -415,10 +408,14 @@ def _build(cls: type, raw: Any, path: str) -> Any:
     return cls(**values)
 
 
-def from_dict(raw: Any, source: str = "<config>") -> ExperimentConfig:
-    """Validates a parsed config; errors are prefixed with `source`."""
+def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = ()) -> ExperimentConfig:
+    """Validates a parsed config; errors are prefixed with `source`. `allow_import`: modules
+    an `env.id` of the form `module:Env` may import."""
+    from multihead.experiments.config_rules import check_rules
+
     try:
         config = _build(ExperimentConfig, raw, "")
+        check_rules(config, allow_import, error=ConfigError)
         if not config.model.heads:
             raise ConfigError("model.heads: at least one head is required")
         for name, head in config.model.heads.items():
@@ -792,12 +789,14 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = parse_yaml(text, source=f"--set {assignment!r}")
 
 
-def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> ExperimentConfig:
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
+                allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """Reads, overrides and validates an experiment file.
 
     Args:
         path: the YAML file.
         overrides: `a.b.c=value` strings applied in order before validation.
+        allow_import: modules an `env.id` of the form `module:Env` may import.
 
     Raises:
         ConfigError: one line naming the file, the key path and what is wrong.
@@ -808,6 +807,9 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
             text = fh.read()
     except OSError as err:
         raise ConfigError(f"{source}: cannot read the config ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                          f"offset {err.start}); save the config as UTF-8") from None
     raw = parse_yaml(text, source)
     if raw is None:
         raw = {}
@@ -815,4 +817,4 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         raise ConfigError(f"{source}: the config must be a mapping at the top level")
     for assignment in overrides:
         apply_override(raw, assignment)
-    return from_dict(raw, source)
+    return from_dict(raw, source, allow_import)

@@ -109,8 +109,10 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
             full = multidigits(**{"seed": seed, **data.options})
         except TypeError as err:
             raise ConfigError(f"data.options: {str(err).splitlines()[0]}") from None
-        except ValueError as err:
-            raise ConfigError(f"data.options.{err}") from None
+        except ValueError as err:  # the option's own check names it ("size: ..."); numpy does not
+            line = str(err).splitlines()[0]
+            named = line.split(":", 1)[0] in data.options
+            raise ConfigError(f"data.options.{line}" if named else f"data.options: {line}") from None
         return MultiTaskData(x_train=full.x_train, y_train={h: full.y_train[h] for h in heads},
                              x_eval=full.x_eval, y_eval={h: full.y_eval[h] for h in heads},
                              kinds={h: full.kinds[h] for h in heads}, task_correlation=math.nan)

@@ -69,7 +69,10 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
         ConfigError: there is no such checkpoint.
     """
     directory = os.path.join(run_dir, "checkpoints")
-    latest = tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
+    from multihead.io.manager import scan_checkpoints
+
+    found = scan_checkpoints(directory)  # the state file is a hint, not trusted
+    latest = found[-1] if found else None
     final = os.path.join(directory, "final")
     if checkpoint in (None, "final"):
         if os.path.exists(final + ".index"):

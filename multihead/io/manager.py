@@ -7,11 +7,20 @@ corrupted latest checkpoint falls back to the previous one with a warning, and
 the TensorBoard events written after the restored checkpoint are dropped
 (`multihead.io.event_rewind`) so the resumed run logs each step once.
 `CheckpointManager.callback()` is how `Trainer.fit` saves on the cadence.
+
+What a manager trusts: only the checkpoint files in its own directory. The state
+file (`<directory>/checkpoint`) is a hint that anyone can edit; checkpoints are
+found by scanning the directory (`scan_checkpoints`: regular files
+`ckpt-<step>.index` with regular data shards, no symlinks), and the state file is
+rewritten from that scan before `tf.train.CheckpointManager` reads it, so no path
+it named (outside the directory, or garbage) is ever restored or deleted, and a
+missing, empty or stale state file loses nothing.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -36,6 +45,66 @@ from multihead.io.parts import (
 
 if TYPE_CHECKING:
     from multihead.core.trainer import Trainer
+
+
+_CHECKPOINT_INDEX = re.compile(r"ckpt-([0-9]{1,18})\.index")
+_STATE_FILE = "checkpoint"
+
+
+def scan_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
+    """The `ckpt-<step>` checkpoint prefixes in `directory`, oldest first.
+
+    A checkpoint counts when `ckpt-<step>.index` (not empty) and its `ckpt-<step>.data-*`
+    shards are regular files directly in `directory` (a symlink is not followed: what it points at may
+    be outside the directory). Whether a file is readable is for the restore to find out.
+
+    Args:
+        directory: a manager's directory (missing: no checkpoints).
+    """
+    try:
+        entries = {e.name: e for e in os.scandir(directory)}
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name, entry in entries.items():
+        match = _CHECKPOINT_INDEX.fullmatch(name)
+        if match is None or not entry.is_file(follow_symlinks=False) or \
+                entry.stat(follow_symlinks=False).st_size == 0:  # an index cut off by a crash
+            continue
+        prefix = name[: -len(".index")]
+        shards = [e for n, e in entries.items() if n.startswith(prefix + ".data-")]
+        if all(e.is_file(follow_symlinks=False) for e in shards):
+            found.append((int(match.group(1)), os.path.join(os.fspath(directory), prefix)))
+    return [path for _, path in sorted(found)]
+
+
+def _reset_state_file(directory: str, found: list[str]) -> None:
+    """Rewrites `directory/checkpoint` to list exactly the scanned checkpoints `found`.
+
+    `tf.train.CheckpointManager` reads the paths to keep and to delete from this file; written
+    from the scan, it names only files in `directory`, by relative name. The write replaces
+    the file atomically (a symlink in its place is replaced, not followed).
+    """
+    state = os.path.join(directory, _STATE_FILE)
+    if not found:
+        if os.path.lexists(state):
+            os.unlink(state)
+        return
+    lines = [f'model_checkpoint_path: "{os.path.basename(found[-1])}"']
+    for path in found:
+        stamp = os.stat(path + ".index", follow_symlinks=False).st_mtime
+        lines.append(f'all_model_checkpoint_paths: "{os.path.basename(path)}"')
+        lines.append(f"all_model_checkpoint_timestamps: {stamp!r}")
+    # An old preservation time: every listed checkpoint is one the manager may rotate out.
+    lines.append("last_preserved_timestamp: 0.0")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".checkpoint-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+        os.replace(tmp, state)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class _RunClock(tf.Module):
@@ -91,12 +160,14 @@ class CheckpointManager:
         self._parts = available_parts(model, trainer, targets)
         self._objects = part_objects(model, trainer, targets, self._parts)
         self._objects["run"] = self._clock
+        # Non-chief workers of a multi-worker run do not write into `directory`.
+        self._chief = trainer.is_chief if trainer is not None else True
+        if self._chief and os.path.isdir(self.directory):
+            _reset_state_file(self.directory, scan_checkpoints(self.directory))
         self._manager = tf.train.CheckpointManager(
             checkpoint_root(self._objects), self.directory, max_to_keep=keep, checkpoint_name="ckpt")
         self._last_saved: int | None = None
         self._last_seen: int | None = None
-        # Non-chief workers of a multi-worker run do not write into `directory`.
-        self._chief = trainer.is_chief if trainer is not None else True
 
     @property
     def parts(self) -> list[str]:

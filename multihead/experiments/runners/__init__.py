@@ -2,7 +2,10 @@
 
 A task module has `prepare(config) -> runner`: it builds and validates every
 object (so bad input fails before anything is written) and returns an object
-whose `run(run_dir, verbose) -> metrics dict` trains and writes the run.
+whose `run(run_dir, verbose) -> metrics dict` trains and writes the run. A runner whose
+`run` takes `extra_callbacks` (and `resume`) lets `multihead train` stop it at a step
+boundary on SIGINT/SIGTERM with a checkpoint (and resume it); see
+`multihead.experiments.run_guard`.
 """
 
 from __future__ import annotations

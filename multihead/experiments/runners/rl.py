@@ -53,6 +53,12 @@ def env_factory(config: EnvConfig) -> EnvSpec:
             kwargs["max_episode_steps"] = config.max_episode_steps
         return gymnasium.make(config.id, **kwargs)
 
+    if ":" not in config.id and config.id not in gymnasium.registry:
+        # Checked before gymnasium.make, which would look the name up as a module path.
+        from multihead._checks import suggest
+
+        raise ConfigError(f"env.id: {config.id!r} is not a registered gymnasium environment"
+                          f"{suggest(config.id, gymnasium.registry)}")
     try:
         env = make()
     except gymnasium.error.Error as err:

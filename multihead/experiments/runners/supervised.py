@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
@@ -24,7 +24,8 @@ from multihead.experiments.builders import (
 from multihead.io.checkpoints import CheckpointManager, save_checkpoint
 from multihead.experiments.config import ConfigError, ExperimentConfig
 from multihead.experiments.data_sources import input_spec
-from multihead.core.callbacks import EarlyStopping
+from multihead.experiments.run_guard import RunInterrupted, stop_if_interrupted
+from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
@@ -45,8 +46,11 @@ class SupervisedRunner:
     trunk: Any = "per_head"
     strategy: Any = None
 
-    def run(self, run_dir: str, verbose: bool = True, resume: bool = False) -> dict[str, Any]:
-        """Trains and writes the run; with `resume`, continues from the run's latest checkpoint."""
+    def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
+            extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+        """Trains and writes the run; with `resume`, continues from the run's latest checkpoint.
+        `extra_callbacks` go to `fit` too; a `RunWatch` among them that received a signal ends
+        the run with a checkpoint of the last step done and `RunInterrupted`."""
         cfg = self.config
         if not resume:
             write_inputs(run_dir, self.data)
@@ -67,14 +71,19 @@ class SupervisedRunner:
                                   eval_data=eval_data, eval_every=cfg.train.eval_every,
                                   verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
                                   steps_per_execution=cfg.train.steps_per_execution,
-                                  callbacks=callbacks.as_list(), sampling=_sampling(cfg))
+                                  callbacks=[*callbacks.as_list(), *extra_callbacks],
+                                  sampling=_sampling(cfg))
+            try:
+                stop_if_interrupted(extra_callbacks, lambda: _checkpoint_now(checkpoints, trainer),
+                                    trainer.global_step)
+            except RunInterrupted:
+                trainer.close()
+                raise
             evals, wall_time = history.eval, history.wall_time
             final_eval = _final_eval(evals, callbacks.early_stopping)
         else:
             final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
-        if checkpoints.latest_checkpoint is None or \
-                checkpoints.step_of(checkpoints.latest_checkpoint) != trainer.global_step:
-            checkpoints.save()  # the end of the run is always a resumable checkpoint
+        _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
         # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
         # evaluations of the eval data.
         train_metrics = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
@@ -104,6 +113,14 @@ class SupervisedRunner:
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
         }
+
+
+def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
+    """A periodic checkpoint of the trainer's current step: the latest, or a new one."""
+    latest = checkpoints.latest_checkpoint
+    if latest is None or checkpoints.step_of(latest) != trainer.global_step:
+        latest = checkpoints.save()
+    return latest
 
 
 def _tree(x: Any) -> Any:

@@ -1,0 +1,196 @@
+"""Rules on the free-form parts of a config (Keras layer, loss, optimizer and metric specs,
+seeds, `env.id`) that the typed schema in `multihead.experiments.config` cannot state.
+
+Each rule names the key path, shows the bad value and says what to do instead; `check_rules`
+runs them all on a config freshly built from YAML, before anything is built from it, so
+`validate` refuses what `train` would fail on (or, worse, run with: a negative learning
+rate ascends the gradient).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+#: Seeds go to numpy (at most 2**32 - 1) and TF; bounded as every config integer is (int32).
+SEED_MAX = 2**31 - 1
+#: Integers inside Keras specs (units, filters, ...): beyond int32 they overflow in TF.
+INT_LIMIT = 2**31 - 1
+#: Floating dtypes a trainable layer may compute in (or a mixed-precision policy name).
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16")
+#: Keras optimizers that wrap another and cannot stand as a head's optimizer.
+_WRAPPERS = {"LossScaleOptimizer": "mixed-precision loss scaling is not supported per head; "
+                                   "use the inner optimizer (e.g. {class_name: Adam, ...}) and "
+                                   "a float32 model"}
+
+
+def _walk(tree: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(key path, value) of every node of a plain-data tree, the root first."""
+    stack = [(path, tree)]
+    while stack:
+        where, node = stack.pop()
+        yield where, node
+        if isinstance(node, Mapping):
+            stack.extend((f"{where}.{k}", v) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(node))))
+
+
+def _check_numbers(tree: Any, path: str, error: type[Exception]) -> None:
+    for where, value in _walk(tree, path):
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, numbers.Integral) and abs(value) > INT_LIMIT:
+            raise error(f"{where}: {value} is beyond the integer range (|n| <= {INT_LIMIT})")
+        if isinstance(value, numbers.Real) and not math.isfinite(value):
+            raise error(f"{where}: must be a finite number, got {value!r}")
+
+
+def _class_name(spec: Any) -> str | None:
+    if isinstance(spec, Mapping) and isinstance(spec.get("class_name"), str):
+        return spec["class_name"].rsplit(">", 1)[-1]  # "keras.layers>Dense" -> "Dense"
+    return None
+
+
+def _check_layers(tree: Any, path: str, error: type[Exception]) -> None:
+    for where, node in _walk(tree, path):
+        name = _class_name(node)
+        if name == "Lambda":
+            raise error(f"{where}: Lambda layers are refused: their Python code cannot be "
+                        "saved in a config or checkpoint, and loading it would run arbitrary "
+                        "code; write a layer class registered with "
+                        "keras.saving.register_keras_serializable")
+        if name in ("Layer", "InputSpec"):
+            raise error(f"{where}: class_name {name!r} is Keras' abstract base class, which "
+                        "computes nothing; name a concrete layer such as Dense")
+        if name is not None and isinstance(node.get("config"), Mapping):
+            dtype = node["config"].get("dtype")
+            if isinstance(dtype, Mapping):  # a DTypePolicy dict
+                dtype = (dtype.get("config") or {}).get("name", dtype.get("class_name"))
+            if dtype is not None and dtype not in FLOAT_DTYPES:
+                raise error(f"{where}.config.dtype: {dtype!r} cannot be trained (no gradient "
+                            f"flows through it); use one of {list(FLOAT_DTYPES)}")
+
+
+def _check_optimizer(spec: Any, path: str, error: type[Exception]) -> None:
+    if isinstance(spec, str) or spec is None:
+        return
+    if not isinstance(spec, Mapping):
+        return  # the builder names the type
+    name = _class_name(spec)
+    if name is None:
+        raise error(f"{path}: an optimizer mapping needs class_name, e.g. "
+                    "{class_name: Adam, config: {learning_rate: 0.001}}; got keys "
+                    f"{sorted(map(str, spec))}")
+    if name in _WRAPPERS:
+        raise error(f"{path}.class_name: {name} is refused: {_WRAPPERS[name]}")
+    config = spec.get("config")
+    if isinstance(config, Mapping):
+        rate = config.get("learning_rate")
+        if isinstance(rate, numbers.Real) and not isinstance(rate, bool) and \
+                not (math.isfinite(rate) and rate > 0):
+            raise error(f"{path}.config.learning_rate: must be a finite number > 0, got {rate!r}"
+                        " (a negative rate ascends the gradient)")
+
+
+def _check_loss(spec: Any, path: str, error: type[Exception]) -> None:
+    if not isinstance(spec, Mapping):
+        return
+    name = _class_name(spec)
+    if name is None:
+        raise error(f"{path}: a loss mapping needs class_name, e.g. "
+                    "{class_name: Huber, config: {delta: 1.0}}")
+    config = spec.get("config")
+    if name.lower() == "huber" and isinstance(config, Mapping) and "delta" in config:
+        delta = config["delta"]
+        if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not delta > 0:
+            raise error(f"{path}.config.delta: the Huber delta must be a number > 0, got {delta!r}")
+
+
+def _check_metrics(metrics: Sequence[Any], path: str, error: type[Exception]) -> None:
+    for i, metric in enumerate(metrics):
+        if not isinstance(metric, (str, Mapping)):
+            raise error(f"{path}[{i}]: expected a metric name (e.g. mae) or "
+                        f"{{class_name: ..., config: ...}}, got {metric!r}")
+        if isinstance(metric, Mapping) and _class_name(metric) is None:
+            raise error(f"{path}[{i}]: a metric mapping needs class_name")
+
+
+def _check_seed(value: Any, path: str, error: type[Exception]) -> None:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and \
+            not 0 <= value <= SEED_MAX:
+        raise error(f"{path}: a seed must be in [0, {SEED_MAX}], got {value}")
+
+
+#: Sinusoids per label of the MMoE synthetic data.
+MAX_SINUSOIDS = 10_000
+#: The synthetic data a config generates must fit in this many bytes (float32 inputs).
+SYNTHETIC_BYTES_MAX = 4 << 30
+
+
+def _check_synthetic_size(data: Any, error: type[Exception]) -> None:
+    """The generated inputs (mmoe, mixed, multidigits) fit in `SYNTHETIC_BYTES_MAX`."""
+    if data.kind in ("mmoe", "mixed"):
+        if data.num_sinusoids > MAX_SINUSOIDS:  # generation time grows with it, per example
+            raise error(f"data.num_sinusoids: must be <= {MAX_SINUSOIDS}, got "
+                        f"{data.num_sinusoids} (Ma et al. use 10)")
+        rows, width, where = data.train_size + data.eval_size, data.input_dim, "data.train_size"
+    elif data.kind == "multidigits":
+        options = data.options
+        sizes = [options.get("train_size", 20000), options.get("eval_size", 4000),
+                 options.get("canvas", 12)]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+            return  # the generator names the bad option
+        rows, width, where = sizes[0] + sizes[1], sizes[2] ** 2, "data.options.train_size"
+    else:
+        return
+    needed = rows * width * 4
+    if needed > SYNTHETIC_BYTES_MAX:
+        raise error(f"{where}: the generated data would take {needed / 2**30:.1f} GiB "
+                    f"(at most {SYNTHETIC_BYTES_MAX >> 30} GiB); use fewer or smaller examples")
+
+
+def check_env_id(env_id: str, allow_import: Sequence[str], path: str,
+                 error: type[Exception]) -> None:
+    """`env.id` of the form `module:Env` makes gymnasium import `module`: refused unless the
+    user allowed that module (`--allow-import MODULE`)."""
+    if ":" not in env_id:
+        return
+    module = env_id.split(":", 1)[0]
+    if module not in allow_import:
+        raise error(f"{path}: {env_id!r} would make gymnasium import the Python module "
+                    f"{module!r}; pass --allow-import {module} if you trust it, or use a "
+                    "registered id such as CartPole-v1")
+
+
+def check_rules(config: Any, allow_import: Sequence[str] = (), *,
+                error: type[Exception] = ValueError) -> None:
+    """Runs every rule on an `ExperimentConfig` built from YAML (free-form parts still raw).
+
+    Raises:
+        error: the first rule broken, one line naming the key path.
+    """
+    _check_seed(config.seed, "seed", error)
+    _check_seed(config.data.seed, "data.seed", error)
+    _check_numbers(config.data.options, "data.options", error)
+    _check_synthetic_size(config.data, error)
+    _check_numbers(config.model.trunk, "model.trunk", error)
+    _check_layers(config.model.trunk, "model.trunk", error)
+    for name, head in config.model.heads.items():
+        path = f"model.heads.{name}"
+        for key in ("layers", "loss", "optimizer", "metrics", "weight"):
+            _check_numbers(getattr(head, key), f"{path}.{key}", error)
+        _check_layers(head.layers, f"{path}.layers", error)
+        _check_loss(head.loss, f"{path}.loss", error)
+        _check_optimizer(head.optimizer, f"{path}.optimizer", error)
+        _check_metrics(head.metrics, f"{path}.metrics", error)
+    trunk = config.train.trunk
+    if isinstance(trunk, Mapping):
+        _check_numbers(trunk, "train.trunk", error)
+        _check_optimizer(trunk.get("optimizer"), "train.trunk.optimizer", error)
+        _check_seed(trunk.get("seed"), "train.trunk.seed", error)
+    if config.env is not None:
+        _check_numbers(config.env.kwargs, "env.kwargs", error)
+        check_env_id(config.env.id, allow_import, "env.id", error)

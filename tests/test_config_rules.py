@@ -1,0 +1,133 @@
+"""`multihead validate` refuses, in one line naming the key, every config `train` would fail on
+or silently misread (`multihead.experiments.config_rules`, `yaml12`, `dry_run`)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import pytest
+import yaml
+
+from multihead.experiments.cli import main
+from multihead.experiments.config import ConfigError, parse_yaml
+from multihead.experiments.yaml12 import dump_yaml, load_yaml
+
+BASE = """\
+seed: 0
+data: {kind: mmoe, train_size: 64, eval_size: 16, input_dim: 4}
+model:
+  trunk: {mlp: {units: [4]}}
+  heads:
+    y1: {loss: mse, optimizer: {class_name: Adam, config: {learning_rate: 1.0e-3}}}
+    y2: {loss: mse}
+train: {steps: 2, batch_size: 8}
+"""
+
+
+def _validate(tmp_path, capsys, text=BASE, sets=(), extra=()):
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    args = ["validate", str(path)] + [f"--set={s}" for s in sets] + list(extra)
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.err
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ("model.heads.y1.optimizer={config: {learning_rate: 0.1}}", "model.heads.y1.optimizer",
+     "needs class_name"),
+    ("seed=99999999999999999999", "seed", "must be in"),
+    ("seed=-1", "seed", "a seed must be in [0,"),
+    ("model.heads.y1.layers={class_name: Layer}", "model.heads.y1.layers", "abstract base class"),
+    ("model.heads.y1.layers={class_name: Dense, config: {units: 1, dtype: int32}}",
+     "model.heads.y1.layers.config.dtype", "cannot be trained"),
+    ("model.heads.y1.optimizer={class_name: LossScaleOptimizer, config: {inner_optimizer: adam}}",
+     "model.heads.y1.optimizer.class_name", "loss scaling"),
+    ("model.heads.y1.metrics=[null]", "model.heads.y1.metrics[0]", "expected a metric name"),
+    ("model.heads.y1.optimizer={class_name: Adam, config: {learning_rate: .nan}}",
+     "model.heads.y1.optimizer.config.learning_rate", "finite"),
+    ("model.heads.y1.optimizer={class_name: Adam, config: {learning_rate: -0.1}}",
+     "model.heads.y1.optimizer.config.learning_rate", "> 0"),
+    ("model.heads.y1.loss={class_name: Huber, config: {delta: -1.0}}",
+     "model.heads.y1.loss.config.delta", "> 0"),
+    ("model.heads.y1.layers={class_name: Lambda, config: {function: abc}}",
+     "model.heads.y1.layers", "arbitrary code"),
+    ("train.steps=!!int abc", "train.steps", "not an integer"),
+    ("train.batch_size=99999999999999999999999", "train.batch_size", "must be in"),
+    ("model.trunk={mlp: {units: [99999999999]}}", "model.trunk.mlp.units[0]", "integer range"),
+    ("data.correlation=.inf", "data.correlation", "finite"),
+    ("data.num_sinusoids=1217826", "data.num_sinusoids", "<= 10000"),
+    ("data.train_size=2000000000", "data.train_size", "GiB"),
+    ("model.heads={1: {}}", "model.heads.1", "keys are strings"),
+    ("train.steps=" + "[" * 100 + "]" * 100, "train.steps", "deeper than"),
+])
+def test_each_bad_input_is_one_line_exit_2_naming_the_key(tmp_path, capsys, override, key, words):
+    code, err = _validate(tmp_path, capsys, sets=[override])
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("multihead: error: ") and "Traceback" not in err
+    assert key in err and words in err, err
+
+
+def test_a_non_utf8_file_and_duplicate_keys_are_refused(tmp_path, capsys):
+    code, err = _validate(tmp_path, capsys, BASE.encode() + b"# caf\xe9\n")
+    assert code == 2 and "not UTF-8 text (byte 0xe9" in err and err.count("\n") == 1
+    code, err = _validate(tmp_path, capsys, BASE + "seed: 1\n")
+    assert code == 2 and "duplicate key 'seed' (first on line 1) (line 9" in err
+
+
+def test_yaml_is_read_as_yaml_1_2_in_files_and_in_set(tmp_path, capsys):
+    # YAML 1.1 would read: True, 8, 90, a date, False.
+    assert load_yaml("a: yes\nb: 010\nc: 1:30\nd: 2020-01-01\ne: off\nf: 0o10\ng: 0x1f\nh: 3e-4\n") == {
+        "a": "yes", "b": 10, "c": "1:30", "d": "2020-01-01", "e": "off", "f": 8, "g": 31, "h": 3e-4}
+    assert math.isnan(load_yaml(".nan")) and load_yaml("-.inf") == -math.inf
+    from multihead.experiments.config import load_config
+
+    code, err = _validate(tmp_path, capsys, BASE.replace("y2:", "yes:"), sets=["train.steps=010"])
+    assert code == 0, err
+    config = load_config(tmp_path / "exp.yaml", ["train.steps=010"])
+    assert list(config.model.heads) == ["y1", "yes"] and config.train.steps == 10
+    with pytest.raises(ConfigError, match="expected an integer, got '1:30'"):
+        load_config(tmp_path / "exp.yaml", ["train.steps=1:30"])
+    # What a run writes reads back the same in both YAML versions.
+    tricky = {"s": ["yes", "010", "1:30", "0o10", "3e-4", "true", "null", "2020-01-01"]}
+    text = dump_yaml(tricky)
+    assert load_yaml(text) == tricky == yaml.safe_load(text)
+
+
+def test_an_alias_bomb_fails_fast(tmp_path, capsys):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    text = "\n".join(lines) + "\nbomb: *a9\n"
+    assert len(text) < 700  # 9**10 = 3.5e9 nodes expanded
+    started = time.process_time()
+    with pytest.raises(ConfigError, match="expands to more than 100000 nodes"):
+        parse_yaml(text, "bomb.yaml")
+    assert time.process_time() - started < 5  # CPU time of the parse, not a wall-clock race
+
+
+def test_env_id_with_a_module_prefix_is_refused_and_imports_nothing(tmp_path, capsys):
+    pytest.importorskip("gymnasium")
+    assert "this" not in sys.modules  # `import this` prints the Zen of Python
+    rl = """\
+task: dqn
+env: {id: "this:CartPole-v1"}
+model: {trunk: {mlp: {units: [4]}}, heads: {q: {layers: {class_name: Dense, config: {units: 2}}}}}
+dqn: {head: q}
+train: {steps: 2, batch_size: 4}
+"""
+    code, err = _validate(tmp_path, capsys, rl)
+    assert code == 2 and err.count("\n") == 1
+    assert "env.id: 'this:CartPole-v1' would make gymnasium import the Python module 'this'" in err
+    assert "--allow-import this" in err and "this" not in sys.modules
+    code, err = _validate(tmp_path, capsys, rl.replace("this:CartPole-v1", "CartPole-v7"))
+    assert code == 2 and "not a registered gymnasium environment (did you mean 'CartPole-v1'?)" in err
+
+
+def test_validate_runs_every_head_on_a_tiny_batch(tmp_path, capsys):
+    """What building alone accepts but the first step would fail on."""
+    code, err = _validate(tmp_path, capsys, sets=[
+        "model.heads.y1.loss=sparse_categorical_crossentropy"])
+    assert code == 2 and "model.heads.y1.loss: cannot compute it on a batch" in err, err
+    assert err.count("\n") == 1
