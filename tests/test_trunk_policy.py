@@ -55,13 +55,18 @@ def _reference(model, name, options, batches, rep_grad=False, seed=0, head_names
         heads[h].build(model.head_variables(h))
     trunk_opt.build(trunk_vars)
     rng = tf.random.Generator.from_seed(seed)
+    state = None  # a stateful aggregator's state, carried from step to step
     for x, y in batches:
         with tf.GradientTape(persistent=True) as tape:
             feats = model.trunk(x, training=True)
             losses = {h: _mse(y[h], model.heads[h](feats, training=True)) for h in head_names}
         extra = {}
-        if name == "pcgrad":
+        if name in ("pcgrad", "gradvac"):
             extra["order"] = tf.argsort(rng.uniform([k, k]), axis=1)
+        if name == "random":
+            extra["noise"] = rng.normal([k])
+        if name == "graddrop":  # one uniform draw per coordinate, variable by variable
+            extra["noise"] = tf.concat([rng.uniform([int(np.prod(v.shape))]) for v in trunk_vars], 0)
         if rep_grad:
             g = tf.stack([tf.reshape(tape.gradient(losses[h], feats), [-1]) for h in head_names])
             w = mh.aggregate(g, name, **options, **extra).weights
@@ -69,7 +74,9 @@ def _reference(model, name, options, batches, rep_grad=False, seed=0, head_names
             trunk_grads = tape.gradient(feats, trunk_vars, output_gradients=combined)
         else:
             g = tf.stack([_flat(tape.gradient(losses[h], trunk_vars), trunk_vars) for h in head_names])
-            trunk_grads = _unflat(mh.aggregate(g, name, **options, **extra).direction, trunk_vars)
+            result = mh.aggregate(g, name, state=state, **options, **extra)
+            state = result.state
+            trunk_grads = _unflat(result.direction, trunk_vars)
         for h in head_names:
             head_vars = model.head_variables(h)
             heads[h].apply_gradients(zip(tape.gradient(losses[h], head_vars), head_vars))
@@ -82,6 +89,10 @@ CASES = [
     ("pcgrad", {}, False), ("mgda", {}, False), ("cagrad", {"c": 0.5}, False),
     ("upgrad", {}, False), ("imtl", {}, False),
     ("mean", {}, True), ("mgda", {}, True), ("imtl", {}, True),
+    ("nash_mtl", {}, False), ("nash_mtl", {"update_weights_every": 2, "max_norm": 0.0}, False),
+    ("gradvac", {}, False), ("fairgrad", {"alpha": 2.0}, False), ("sdmgrad", {}, False),
+    ("random", {}, False), ("graddrop", {"leak": 0.2}, False),
+    ("trimmed_mean", {"trim_number": 1}, False),
 ]
 
 
@@ -92,6 +103,8 @@ assert len(HEADS) <= _PAIRWISE_MAX_HEADS
 MORE_HEADS_CASES = [  # constant weights never need the Gramian
     ("pcgrad", {}, False), ("mgda", {}, False), ("cagrad", {"c": 0.5}, False),
     ("upgrad", {}, False), ("mgda", {}, True), ("imtl", {}, True),
+    ("nash_mtl", {}, False), ("gradvac", {}, False), ("sdmgrad", {}, False),
+    ("random", {}, False), ("graddrop", {}, False), ("trimmed_mean", {"trim_number": 1}, False),
 ]
 
 
