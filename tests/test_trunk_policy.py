@@ -388,3 +388,42 @@ def test_config_trunk_errors_name_the_key(tmp_path):
                     "train: {trunk: {aggregator: mgda}}\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: model.heads.b.every: must be 1 with trunk"):
         load_config(path)
+
+
+def _scalarised(scheme, losses, step, state):
+    """The loss each scheme descends, written from its paper (differentiable in the losses)."""
+    if scheme == "gls":
+        return tf.reduce_prod(losses) ** (1.0 / 3)
+    if scheme == "stch":   # warmup_steps=1: sum log L, then the smooth Tchebycheff on L / L(0)
+        if step == 0:
+            state["nadir"] = tf.stop_gradient(losses)
+            return tf.reduce_sum(tf.math.log(losses))
+        return 3 * 0.5 * tf.reduce_logsumexp(tf.math.log(losses / state["nadir"]) / 0.5)
+    s = state["scale"]     # imtl_l: sum exp(s) L - s
+    return tf.reduce_sum(tf.exp(s) * losses - s)
+
+
+@pytest.mark.parametrize("scheme,options", [
+    ("gls", {}), ("stch", {"mu": 0.5, "warmup_steps": 1}), ("imtl_l", {}),
+])
+def test_new_loss_weighting_step_is_sgd_on_the_scalarised_loss(scheme, options):
+    batches = [make_batch(HEADS, seed=s) for s in range(3)]
+    ours, ref = make_model(HEADS, seed=2), make_model(HEADS, seed=2)
+    trainer = mh.Trainer(ours, {h: mh.Objective("mse", keras.optimizers.SGD(0.1)) for h in HEADS},
+                         trunk=mh.TrunkPolicy(keras.optimizers.SGD(0.1), scheme, options))
+    for batch in batches:
+        trainer.step(batch)
+    state = {"scale": tf.Variable(tf.zeros([3]))}
+    variables = list(ref.trainable_variables) + ([state["scale"]] if scheme == "imtl_l" else [])
+    for step, (x, y) in enumerate(batches):
+        with tf.GradientTape() as tape:
+            feats = ref.trunk(x, training=True)
+            losses = tf.stack([_mse(y[h], ref.heads[h](feats, training=True)) for h in HEADS])
+            total = _scalarised(scheme, losses, step, state)
+        for v, g in zip(variables, tape.gradient(total, variables)):
+            v.assign_sub(0.1 * g)
+    for a, b in zip(ours.trainable_variables, ref.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=2e-6)
+    if scheme == "imtl_l":
+        np.testing.assert_allclose(trainer.trunk_update.weighting.loss_scale.numpy(),
+                                   state["scale"].numpy(), atol=2e-6)

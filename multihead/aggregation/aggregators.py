@@ -758,10 +758,12 @@ def gradvac_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor], beta: float 
     (row i of `order`); where the cosine `rho_ij` of `g_i'` and `g_j` is below the goal
     `rho_T[i, j]`, `g_i' += w g_j` with
     `w = |g_i'| (rho_T sqrt(1 - rho^2) - rho sqrt(1 - rho_T^2)) / (|g_j| sqrt(1 - rho_T^2))`
-    (their eq. 4), which sets the cosine to the goal; then the goal, an EMA of the
+    (their eq. 4), which sets the cosine to the goal, and the goal, an EMA of the
     observed cosines, moves: `rho_T <- (1 - beta) rho_T + beta rho_ij` (eq. 5). The
-    aggregate is `sum_i g_i'`. Whole-trunk granularity, as LibMTL's `GradVac` with
-    `group_type=0`; its default `beta=0.5`. State: `rho_T` (`K x K`, initially 0).
+    aggregate is `sum_i g_i'`. As LibMTL's `GradVac` (the paper's authors published
+    no code) with `group_type=0` (whole trunk): the goal moves only when the cosine
+    is below it, the norms in the cosine and in `w` get `+ 1e-8`, and `beta`
+    defaults to 0.5. State: `rho_T` (`K x K`, initially 0).
 
     Args:
         gram: `K x K` Gramian.
@@ -782,16 +784,17 @@ def gradvac_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor], beta: float 
         j = order[:, pos]
         other = tf.not_equal(j, rows)
         dots, norm_i, norm_j = _pairwise_cosines(coeffs, gram, j)
-        rho = tf.math.divide_no_nan(dots, norm_i * norm_j)
+        rho = dots / (norm_i * norm_j + 1e-8)
         index = tf.stack([rows, j], axis=1)
         goal = tf.gather_nd(rho_t, index)
         root_goal = tf.sqrt(tf.maximum(1.0 - goal**2, 0.0))
         root_rho = tf.sqrt(tf.maximum(1.0 - rho**2, 0.0))
-        w = tf.math.divide_no_nan(norm_i * (goal * root_rho - rho * root_goal), norm_j * root_goal)
-        w = tf.where(other & (rho < goal), w, 0.0)
+        below = other & (rho < goal)
+        w = norm_i * (goal * root_rho - rho * root_goal) / (norm_j * root_goal + 1e-8)
+        w = tf.where(below, w, 0.0)
         coeffs += w[:, None] * tf.one_hot(j, k, dtype=dtype)
         rho_t = tf.tensor_scatter_nd_update(
-            rho_t, index, tf.where(other, (1.0 - beta) * goal + beta * rho, goal))
+            rho_t, index, tf.where(below, (1.0 - beta) * goal + beta * rho, goal))
     return Weighting(tf.reduce_sum(coeffs, axis=0), _no_projection(),
                      {"rho_T": tf.cast(rho_t, state["rho_T"].dtype)})
 
@@ -924,32 +927,34 @@ def sdmgrad_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor], lmbda: float
     """SDMGrad (Xiao et al., "Direction-oriented Multi-objective Learning: Simple and
     Provable Stochastic Algorithms", NeurIPS 2023).
 
-    As the authors' `sdmgrad` (one batch for the three gradient samples): with the
-    Gramian divided by `mean_k sqrt(gram_kk + 1e-4)^2`, the simplex weights `w` (the
-    state, initially `1/K`) take `niter` projected SGD steps (learning rate 10,
-    momentum 0.5, the momentum restarting every call, as the authors' optimizer
-    built per call) on `w^T G G^T w + 2 lmbda w^T G g0` (`g0` the mean gradient);
-    the direction is `(w @ G + lmbda g0) / (1 + lmbda)`.
+    As LibMTL's `SDMGrad` (modified from the authors' code), with one batch for its
+    three gradient samples: with the Gramian divided by
+    `mean_k sqrt(max(gram_kk, 0))^2 + 1e-8`, the simplex weights `w` (the state,
+    initially `1/K`) take `niter` projected SGD steps (learning rate 5, momentum
+    0.5, the momentum restarting every call as LibMTL's optimizer built per call)
+    along `gram w + lmbda gram 1/K`, each followed by the Euclidean projection on the
+    simplex; the direction is `(w @ G + lmbda g0) / (1 + lmbda)`, `g0` the mean
+    gradient.
 
     Args:
         gram: `K x K` Gramian.
         state: `{"w": (K,)}`.
-        lmbda: the regularisation towards the mean (the authors' `--lmbda`, LibMTL's
-            `SDMGrad_lamda`, default 0.3).
-        niter: projected SGD steps per call (default 20).
+        lmbda: the regularisation towards the mean (LibMTL's `SDMGrad_lamda`,
+            default 0.3).
+        niter: projected SGD steps per call (LibMTL's `SDMGrad_niter`, default 20).
     """
     k = _k(gram)
     gram = _as_gram(gram)
     dtype = gram.dtype
-    scale = tf.reduce_mean(tf.sqrt(tf.linalg.diag_part(gram) + 1e-4)) ** 2
-    gg = gram / scale
+    scale = tf.reduce_mean(tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0)))
+    gg = gram / (scale**2 + 1e-8)
     gg_mean = tf.reduce_mean(gg, axis=1)
     w = tf.cast(state["w"], dtype)
     buf = tf.zeros_like(w)
     for i in range(niter):
-        grad = 2.0 * tf.linalg.matvec(gg, w) + 2.0 * lmbda * gg_mean
+        grad = tf.linalg.matvec(gg, w) + lmbda * gg_mean
         buf = grad if i == 0 else 0.5 * buf + grad
-        w = _project_simplex(w - 10.0 * buf)
+        w = _project_simplex(w - 5.0 * buf)
     weights = (w + lmbda / k) / (1.0 + lmbda)
     return Weighting(weights, _no_projection(), {"w": tf.cast(w, state["w"].dtype)})
 

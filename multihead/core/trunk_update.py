@@ -86,8 +86,10 @@ class TrunkPolicy:
         aggregator: a gradient aggregator (`sum`, `mean`, `weights`, `pcgrad`,
             `mgda`, `cagrad`, `upgrad`, `imtl`, `dualproj`, `aligned_mtl`, `config`,
             `krum`; see `multihead.aggregation.aggregators`) or a loss weighting
-            (`uncertainty`, `gradnorm`, `dwa`, whose trunk aggregate is the sum
-            of the weighted heads' gradients).
+            (`uncertainty`, `gradnorm`, `dwa`, `gls`, `stch`, `imtl_l`, `famo`,
+            `rlw`, whose trunk aggregate is the sum of the weighted heads'
+            gradients). Also `nash_mtl`, `gradvac`, `fairgrad`, `sdmgrad`,
+            `random`, `graddrop`, `trimmed_mean`.
         options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,
             `{"alpha": 1.5}`, ...).
         rep_grad: combine the heads' gradients at the trunk output (MGDA-UB).
@@ -126,7 +128,7 @@ class TrunkPolicy:
 
     @property
     def is_loss_weighting(self) -> bool:
-        """True for `uncertainty`, `gradnorm`, `dwa`."""
+        """True for the loss weightings (`LOSS_WEIGHTINGS`)."""
         return self.aggregator in LOSS_WEIGHTINGS
 
 
@@ -438,7 +440,7 @@ class TrunkUpdate(_Aggregated, tf.Module):
         if policy.is_loss_weighting:
             self.aggregator: Aggregator = get_aggregator("sum", num_heads=k)
             self.weighting: LossWeighting | None = make_loss_weighting(
-                policy.aggregator, k, **policy.options)
+                policy.aggregator, k, seed=policy.seed, **policy.options)
         else:
             self.aggregator = get_aggregator(policy.aggregator, num_heads=k, **policy.options)
             self.weighting = None
