@@ -819,6 +819,9 @@ def _bargaining(cos: tf.Tensor, coef: tf.Tensor, valid: tf.Tensor, alpha: float,
         power = b ** (-1.0 / alpha)
         grad = (tf.linalg.matvec(q, b) - coef * power - (1.0 - mask) * (b - 1.0)) * mask
         hess = q + tf.linalg.diag(mask * coef * power / (alpha * b))
+        # A rounding-level ridge: where no positive solution exists the iterates grow and
+        # the barrier term vanishes, leaving a singular cosine matrix.
+        hess += _ridge(dtype, k) * tf.reduce_max(tf.linalg.diag_part(hess)) * tf.eye(k, dtype=dtype)
         step = -tf.linalg.solve(hess, grad[:, None])[:, 0]
         lam2 = tf.maximum(-tf.tensordot(grad, step, 1), 0.0)
         lam = tf.sqrt(lam2)
@@ -871,8 +874,8 @@ def nash_mtl_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor],
     each a cvxpy/ECOS solve of a linearised problem; here the same point is solved
     to float64 precision by damped Newton on the strictly convex
     `0.5 b^T C b - sum log b_i` (`C` the cosine matrix, `alpha = b / |g|`), at most
-    `optim_niter` Newton steps from the previous weights (quadratic convergence:
-    a few steps at most once warm). The weights are recomputed every
+    `optim_niter` Newton steps from `b = 1` (the solution for orthogonal gradients;
+    quadratic convergence, typically under 10 steps). The weights are recomputed every
     `update_weights_every` steps and reused in between (the state keeps them and
     the step count); the aggregate `alpha @ G` is clipped to norm `max_norm`
     (0: no clipping) as in the authors' `clip_grad_norm_` on the shared
@@ -893,7 +896,9 @@ def nash_mtl_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor],
     previous = tf.cast(state["alpha"], dtype)
     step = tf.cast(state["step"], tf.int64)
     due = tf.equal(step % update_weights_every, 0)
-    alpha = tf.cond(due, lambda: _bargaining_weights(gram, 1.0, previous, optim_niter),
+    # Started where the gradients' cosines are 0 (b = 1), not from the previous weights: a
+    # previous step's weights can be far off after the gradients' norms changed.
+    alpha = tf.cond(due, lambda: _bargaining_weights(gram, 1.0, None, optim_niter),
                     lambda: previous)
     weights = alpha
     if max_norm > 0:
@@ -946,16 +951,21 @@ def sdmgrad_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor], lmbda: float
     k = _k(gram)
     gram = _as_gram(gram)
     dtype = gram.dtype
-    scale = tf.reduce_mean(tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0)))
-    gg = gram / (scale**2 + 1e-8)
+    # The K x K iteration runs in float64: its learning rate 5 amplifies rounding ~1e4-fold.
+    g64 = tf.cast(gram, tf.float64)
+    scale = tf.reduce_mean(tf.sqrt(tf.maximum(tf.linalg.diag_part(g64), 0.0)))
+    gg = g64 / (scale**2 + 1e-8)
     gg_mean = tf.reduce_mean(gg, axis=1)
-    w = tf.cast(state["w"], dtype)
-    buf = tf.zeros_like(w)
-    for i in range(niter):
+    w = tf.cast(state["w"], tf.float64)
+
+    def body(i: tf.Tensor, w: tf.Tensor, buf: tf.Tensor) -> tuple[tf.Tensor, ...]:
         grad = tf.linalg.matvec(gg, w) + lmbda * gg_mean
-        buf = grad if i == 0 else 0.5 * buf + grad
-        w = _project_simplex(w - 5.0 * buf)
-    weights = (w + lmbda / k) / (1.0 + lmbda)
+        buf = tf.where(i == 0, grad, 0.5 * buf + grad)   # torch SGD momentum, restarted
+        return i + 1, _project_simplex(w - 5.0 * buf), buf
+
+    _, w, _ = tf.while_loop(lambda i, w, buf: i < niter, body,
+                            (tf.constant(0), w, tf.zeros_like(w)))
+    weights = tf.cast((w + lmbda / k) / (1.0 + lmbda), dtype)
     return Weighting(weights, _no_projection(), {"w": tf.cast(w, state["w"].dtype)})
 
 
@@ -1081,13 +1091,13 @@ _SPECS: dict[str, _Spec] = {
     "config": _Spec(config_weighting, False, False, "Liu et al., ICLR 2025"),
     "krum": _Spec(krum_weighting, False, False, "Blanchard et al., NeurIPS 2017"),
     "nash_mtl": _Spec(nash_mtl_weighting, False, False, "Navon et al., ICML 2022", state={
-        "alpha": StateSpec(lambda k: np.ones(k, np.float32), 1),
+        "alpha": StateSpec(lambda k: np.ones(k), 1),
         "step": StateSpec(lambda k: np.zeros((), np.int64), 0)}),
     "gradvac": _Spec(gradvac_weighting, False, True, "Wang et al., ICLR 2021", state={
-        "rho_T": StateSpec(lambda k: np.zeros((k, k), np.float32), 2)}),
+        "rho_T": StateSpec(lambda k: np.zeros((k, k)), 2)}),
     "fairgrad": _Spec(fairgrad_weighting, False, False, "Ban & Ji, ICML 2024"),
     "sdmgrad": _Spec(sdmgrad_weighting, False, False, "Xiao et al., NeurIPS 2023", state={
-        "w": StateSpec(lambda k: np.full(k, 1.0 / k, np.float32), 1)}),
+        "w": StateSpec(lambda k: np.full(k, 1.0 / k), 1)}),
     "random": _Spec(random_weighting, True, False, "Lin et al., TMLR 2022 (RLW)",
                     noise="normal"),
     "graddrop": _Spec(graddrop_combine, True, False, "Chen et al., NeurIPS 2020",
