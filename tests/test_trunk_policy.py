@@ -427,3 +427,45 @@ def test_new_loss_weighting_step_is_sgd_on_the_scalarised_loss(scheme, options):
     if scheme == "imtl_l":
         np.testing.assert_allclose(trainer.trunk_update.weighting.loss_scale.numpy(),
                                    state["scale"].numpy(), atol=2e-6)
+
+
+TRAIN_CONFIG = """\
+seed: 0
+data: {kind: mmoe, train_size: 64, eval_size: 32, input_dim: 4}
+model:
+  trunk: {mlp: {units: [8], activation: relu}}
+  heads:
+    a: {layers: [{class_name: Dense, config: {units: 1}}], optimizer: sgd}
+    b: {layers: [{class_name: Dense, config: {units: 1}}], optimizer: sgd}
+    c: {layers: [{class_name: Dense, config: {units: 1}}], optimizer: sgd}
+train: {steps: 4, batch_size: 16, eval_every: 4, trunk: TRUNK}
+log: {every: 1, histograms_every: 0}
+checkpoint: {every: 0}
+"""
+
+NEW_METHODS = [
+    ("nash_mtl", {}), ("gradvac", {}), ("fairgrad", {"alpha": 2.0}), ("sdmgrad", {}),
+    ("random", {}), ("graddrop", {}), ("trimmed_mean", {"trim_number": 1}),
+    ("gls", {}), ("stch", {"warmup_steps": 2}), ("imtl_l", {}), ("famo", {}), ("rlw", {}),
+    ("nash_mtl", {"dtype": "float64"}),
+]
+
+
+@pytest.mark.parametrize("name,options", NEW_METHODS)
+def test_every_new_method_trains_through_multihead_train(tmp_path, name, options):
+    """`multihead train` with a config (train.trunk.aggregator, options, dtype), 4 steps:
+    exit 0 and finite metrics in metrics.json."""
+    import json
+
+    from multihead.experiments.cli import main
+
+    options = dict(options)
+    dtype = options.pop("dtype", "float32")
+    trunk = {"optimizer": "sgd", "aggregator": name, "options": options, "dtype": dtype}
+    config = tmp_path / "exp.yaml"
+    config.write_text(TRAIN_CONFIG.replace("TRUNK", json.dumps(trunk)))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    text = json.dumps(metrics)
+    assert "NaN" not in text and "Infinity" not in text, text
