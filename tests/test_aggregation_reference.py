@@ -327,3 +327,266 @@ def test_float64_is_the_default_float32_computed_more_precisely():
     np.testing.assert_allclose(w32.numpy(), w64.numpy(), rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="dtype must be 'float32' or 'float64'"):
         mh.aggregate(g, "mean", dtype="int32")
+
+
+# -- stateful, random and coordinate-wise aggregators --------------------------------------------
+#
+# Each reference carries its own state from step to step; the aggregator's state goes in and out
+# as tensors. A sequence of STEPS gradient matrices (the same matrix perturbed) is checked step by
+# step, so a state carried wrongly shows at the second step.
+
+STEPS = 3
+
+
+def _bargaining_ref(g, alpha):
+    """Navon et al. 2022 (alpha = 1) / Ban & Ji 2024: w > 0 with (G G^T w)_i = w_i^(-1/alpha), by
+    SciPy's least_squares as the FairGrad authors (tight tolerances), on the nonzero rows."""
+    norms = np.linalg.norm(g, axis=1)
+    keep = norms > np.finfo(float).eps * max(norms.max(), 1e-300)
+    w = np.zeros(len(g))
+    if not keep.any():
+        return w
+    gram = g[keep] @ g[keep].T
+    start = np.diag(gram) ** (-0.5 * alpha / (1 + alpha) - 0.5 / (1 + alpha))  # orthogonal case
+    res = scipy.optimize.least_squares(lambda x: gram @ x - x ** (-1.0 / alpha), start,
+                                       bounds=(0, np.inf), xtol=1e-15, ftol=1e-15, gtol=1e-15,
+                                       x_scale="jac", max_nfev=10000)
+    w[keep] = res.x
+    return w
+
+
+def ref_nash_mtl(g, state, update_weights_every=1, max_norm=1.0):
+    step, alpha = state
+    if step % update_weights_every == 0:
+        alpha = _bargaining_ref(g, 1.0)
+    d = alpha @ g
+    norm = np.linalg.norm(d)
+    scale = max_norm / (norm + 1e-6) if max_norm > 0 and max_norm / (norm + 1e-6) < 1 else 1.0
+    return scale * d, (step + 1, alpha)
+
+
+def ref_gradvac(g, rho_t, beta=0.5):
+    """LibMTL's GradVac (whole model), heads in the fixed order 0..K-1."""
+    k = len(g)
+    rho_t = rho_t.copy()
+    pc = g.copy()
+    for i in range(k):
+        for j in range(k):
+            if j == i:
+                continue
+            rho = pc[i] @ g[j] / (np.linalg.norm(pc[i]) * np.linalg.norm(g[j]) + 1e-8)
+            if rho < rho_t[i, j]:
+                w = (np.linalg.norm(pc[i]) * (rho_t[i, j] * np.sqrt(1 - rho**2)
+                                              - rho * np.sqrt(1 - rho_t[i, j] ** 2))
+                     / (np.linalg.norm(g[j]) * np.sqrt(1 - rho_t[i, j] ** 2) + 1e-8))
+                pc[i] = pc[i] + w * g[j]
+                rho_t[i, j] = (1 - beta) * rho_t[i, j] + beta * rho
+    return pc.sum(axis=0), rho_t
+
+
+def _simplex_projection(v):
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u)
+    rho = np.nonzero(u * np.arange(1, len(v) + 1) > css - 1)[0][-1]
+    return np.maximum(v - (css[rho] - 1) / (rho + 1), 0)
+
+
+def ref_sdmgrad(g, w, lmbda=0.3, niter=20, gram=None):
+    """LibMTL's SDMGrad with one batch for its three gradient samples (`gram`: G G^T as given)."""
+    gg = g @ g.T if gram is None else gram
+    scale = np.mean(np.sqrt(np.maximum(np.diag(gg), 0)))
+    gg = gg / (scale**2 + 1e-8)
+    gg_mean = gg.mean(axis=1)
+    buf = None
+    for _ in range(niter):
+        grad = gg @ w + lmbda * gg_mean
+        buf = grad if buf is None else 0.5 * buf + grad
+        w = _simplex_projection(w - 5 * buf)
+    return (w @ g + lmbda * g.mean(axis=0)) / (1 + lmbda), w
+
+
+def ref_graddrop(g, u, leak=0.0):
+    """Chen et al. 2020, per coordinate: purity P, keep the sign that wins the draw U."""
+    p = 0.5 * (1 + g.sum(0) / (np.abs(g).sum(0) + 1e-7))
+    keep = ((p > u) & (g > 0)) | ((p < u) & (g < 0))
+    return ((leak + (1 - leak) * keep) * g).sum(0)
+
+
+def ref_trimmed_mean(g, t):
+    return np.sort(g, axis=0)[t:len(g) - t].mean(axis=0)
+
+
+def _sequence(k, seed):
+    g = _random(k, seed)
+    rng = np.random.default_rng(seed)
+    return [g + 0.3 * s * rng.standard_normal(g.shape) for s in range(STEPS)]
+
+
+@functools.lru_cache(maxsize=None)
+def _stateful_fn(name, k, dtype, options):
+    aggregator = agg.get_aggregator(name, num_heads=k, **dict(options))
+    if not aggregator.state:   # stateless (FairGrad): the same harness, no state
+        return tf.function(lambda gram, state: aggregator(gram)._replace(state={})), aggregator
+    return tf.function(lambda gram, state: aggregator(gram, state=state)), aggregator
+
+
+def _run_stateful(name, options, seq, dtype):
+    """Our directions along a sequence, the state carried as tensors."""
+    fn, aggregator = _stateful_fn(name, len(seq[0]), dtype, tuple(sorted(options.items())))
+    state = {key: tf.cast(v, dtype) if v.dtype.kind == "f" else tf.constant(v)
+             for key, v in aggregator.initial_state(len(seq[0])).items()}
+    out = []
+    for g in seq:
+        g = g.astype(dtype)
+        result = fn(tf.matmul(g, g, transpose_b=True), state)
+        state = result.state
+        w = result.weights.numpy().astype(np.float64)
+        assert np.all(np.isfinite(w)), (name, w)
+        out.append(w @ g.astype(np.float64))
+    return out
+
+
+def _run_reference(name, options, seq):
+    k = len(seq[0])
+    out = []
+    if name == "nash_mtl":
+        state = (0, np.ones(k))
+        for g in seq:
+            d, state = ref_nash_mtl(g, state, **options)
+            out.append(d)
+    elif name == "fairgrad":
+        out = [_bargaining_ref(g, options.get("alpha", 1.0)) @ g for g in seq]
+    elif name == "gradvac":
+        rho_t = np.zeros((k, k))
+        for g in seq:
+            d, rho_t = ref_gradvac(g, rho_t, **options)
+            out.append(d)
+    elif name == "sdmgrad":
+        w = np.full(k, 1.0 / k)
+        for g in seq:
+            d, w = ref_sdmgrad(g, w, **options)
+            out.append(d)
+    return out
+
+
+def _close(got, want, g, tol):
+    floor = 1e-3 * np.linalg.norm(g, axis=1).max() if np.any(g) else 1.0
+    err = np.linalg.norm(got - want) / max(np.linalg.norm(want), floor)
+    return err <= tol, err
+
+
+STATEFUL = {
+    "nash_mtl": {}, "nash_mtl_every2": {"update_weights_every": 2, "max_norm": 0.0},
+    "fairgrad": {"alpha": 1.0}, "fairgrad_alpha2": {"alpha": 2.0},
+    "gradvac": {}, "sdmgrad": {},
+}
+
+
+# The full sweep (20 sequences per K) is slow (~4 min on 2 loaded cores); the fast suite runs 2.
+SWEEP = [pytest.param(MATRICES_PER_K, marks=pytest.mark.slow), 2]
+
+
+@pytest.mark.parametrize("count", SWEEP)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("method", list(STATEFUL))
+def test_stateful_methods_equal_reference_along_sequences(method, dtype, count):
+    name = method.split("_every")[0].split("_alpha")[0]
+    options = STATEFUL[method]
+    for k in KS:
+        for seed in range(count):
+            seq = [g.astype(dtype).astype(np.float64) for g in _sequence(k, seed)]
+            tol = TOL[dtype]
+            if dtype == "float32" and name in ("nash_mtl", "fairgrad"):
+                # A float32 Gramian moves a solve's answer by up to cond(G)^2 x its rounding.
+                sv = np.linalg.svd(seq[0], compute_uv=False)
+                tol *= max(1.0, (sv[0] / sv[-1]) ** 2 / 300)
+            if name == "sdmgrad":
+                _check_sdmgrad_step_by_step(seq, dtype, k, seed)
+                continue
+            for step, (got, want) in enumerate(zip(_run_stateful(name, options, seq, dtype),
+                                                   _run_reference(name, options, seq))):
+                ok, err = _close(got, want, seq[step], tol)
+                assert ok, f"{method} {dtype} K={k} seed={seed} step={step}: {err:.2e} > {tol:.1e}"
+
+
+def _check_sdmgrad_step_by_step(seq, dtype, k, seed):
+    """SDMGrad's projected SGD (learning rate 5) amplifies rounding ~1e4-fold per call (a 1e-14
+    perturbation of G moves the third step's direction by 4e-4), so each step starts from the
+    reference's state; the state we return must be the reference's next state."""
+    fn, _ = _stateful_fn("sdmgrad", k, dtype, ())
+    w = np.full(k, 1.0 / k)
+    for step, g in enumerate(seq):
+        g32 = g.astype(dtype)
+        gram = tf.matmul(g32, g32, transpose_b=True)
+        result = fn(gram, {"w": tf.constant(w, dtype)})
+        tol = TOL[dtype]
+        # At float32 the reference gets the same float32 Gramian: a rounding of G G^T moves
+        # SDMGrad's answer by up to ~1e-2 (its projected steps jump between faces).
+        w = w.astype(dtype).astype(np.float64)     # the state as we hold it
+        want, w = ref_sdmgrad(g, w, gram=gram.numpy().astype(np.float64))
+        got = result.weights.numpy().astype(np.float64) @ g
+        ok, err = _close(got, want, g, tol)
+        assert ok, f"sdmgrad {dtype} K={k} seed={seed} step={step}: {err:.2e}"
+        np.testing.assert_allclose(result.state["w"].numpy(), w, atol=tol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["nash_mtl", "fairgrad", "gradvac", "sdmgrad"])
+def test_stateful_methods_on_degenerate_gradients(method):
+    unique = {"nash_mtl": ["zero_row", "duplicate", "all_zero"],
+              "fairgrad": ["zero_row", "duplicate", "all_zero"],
+              "gradvac": list(_degenerate(2)), "sdmgrad": list(_degenerate(2))}[method]
+    options = {"fairgrad": {"alpha": 1.0}}.get(method, {})
+    for dtype in ("float64", "float32"):
+        for k in KS:
+            for case, g in _degenerate(k).items():
+                got = _run_stateful(method, options, [g, g], dtype)   # asserts finite weights
+                if dtype == "float64" and case in unique:
+                    for d, want in zip(got, _run_reference(method, options, [g, g])):
+                        ok, err = _close(d, want, g, 10 * TOL[dtype])
+                        assert ok, f"{method} {case} K={k}: {err:.2e}"
+
+
+@pytest.mark.parametrize("count", SWEEP)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_random_graddrop_and_trimmed_mean_equal_reference(dtype, count):
+    cases = list(_degenerate(5).values())
+    for k in KS:
+        cases += [_random(k, seed) for seed in range(count)]
+    for i, g in enumerate(cases):
+        g = g.astype(dtype).astype(np.float64)
+        rng = np.random.default_rng(i)
+        z, u = rng.standard_normal(len(g)), rng.uniform(size=g.shape[1])
+        w = mh.aggregate(g, "random", dtype=dtype, noise=z).weights.numpy()
+        np.testing.assert_allclose(w, np.exp(z) / np.exp(z).sum(), rtol=TOL[dtype])
+        for leak in (0.0, 0.3):
+            got = mh.aggregate(g, "graddrop", dtype=dtype, noise=u, leak=leak).direction.numpy()
+            want = ref_graddrop(g, u.astype(dtype).astype(np.float64), leak)
+            np.testing.assert_allclose(got, want, rtol=TOL[dtype], atol=TOL[dtype] * np.abs(g).max())
+        t = (len(g) - 1) // 2
+        got = mh.aggregate(g, "trimmed_mean", dtype=dtype, trim_number=t).direction.numpy()
+        np.testing.assert_allclose(got, ref_trimmed_mean(g, t), rtol=TOL[dtype],
+                                   atol=TOL[dtype] * np.abs(g).max())
+
+
+def test_nash_mtl_weights_are_the_bargaining_solution_at_a_1e4_spread():
+    for k in (2, 3, 5, 8):
+        g = _random(k, 2) * np.logspace(0, 4, k)[:, None]
+        w = mh.aggregate(g, "nash_mtl", dtype="float64", max_norm=0.0).weights.numpy()
+        np.testing.assert_allclose(w * (g @ g.T @ w), 1.0, rtol=1e-8)   # alpha_i (G G^T alpha)_i = 1
+
+
+@pytest.mark.parametrize("method", ["nash_mtl", "fairgrad", "gradvac", "sdmgrad"])
+def test_stateful_methods_on_degenerate_gradients_fast(method):
+    """The degenerate set at K = 3 and 6 (all K in the slow test): finite, and the defined
+    answer where it is unique."""
+    unique = ["zero_row", "all_zero"] + (["duplicate"] if method in ("nash_mtl", "fairgrad")
+                                         else list(_degenerate(2)))
+    for k in (3, 6):
+        for case, g in _degenerate(k).items():
+            got = _run_stateful(method, {}, [g, g], "float64")
+            _run_stateful(method, {}, [g, g], "float32")
+            if case in unique:
+                for d, want in zip(got, _run_reference(method, {}, [g, g])):
+                    ok, err = _close(d, want, g, 10 * TOL["float64"])
+                    assert ok, f"{method} {case} K={k}: {err:.2e}"

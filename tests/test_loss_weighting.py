@@ -107,3 +107,91 @@ def test_state_is_in_checkpointed_variables(tmp_path):
     np.testing.assert_array_equal(fresh.weights(tf.ones(2)).numpy(),
                                   scheme.weights(tf.ones(2)).numpy())
     assert int(fresh.periods) == 3
+
+
+# -- GLS, STCH, IMTL-L, FAMO, RLW --------------------------------------------------------------
+
+
+def test_gls_weights_are_the_gradient_of_the_geometric_mean():
+    # L = (1, 4): GM = 2; d GM / d L_k = GM / (K L_k) = (2/2, 2/8) = (1, 0.25)
+    np.testing.assert_allclose(lw.gls_weights(tf.constant([1.0, 4.0])).numpy(), [1.0, 0.25],
+                               rtol=1e-6)
+
+
+def test_stch_warmup_then_smooth_tchebycheff_against_numpy():
+    scheme = lw.STCHWeighting(3, mu=0.5, warmup_steps=2)
+    rng = np.random.default_rng(1)
+    steps = rng.uniform(0.2, 3.0, (5, 3)).astype(np.float32)
+    for t, losses in enumerate(steps):
+        if t < 2:
+            expected = 1.0 / losses                       # d/dL sum log L
+        else:
+            nadir = steps[:2].mean(axis=0)
+            # d/dL of K mu log sum exp(log(L/n)/mu) = K softmax(log(L/n)/mu) / L
+            a = np.log(losses / nadir) / 0.5
+            expected = 3 * np.exp(a - a.max()) / np.exp(a - a.max()).sum() / losses
+        np.testing.assert_allclose(scheme.weights(tf.constant(losses)).numpy(), expected, rtol=1e-5)
+        scheme.update(tf.constant(losses), None)
+
+
+def test_imtl_l_weights_and_scale_gradient():
+    # objective sum exp(s) L - s: weights exp(s); d/ds = exp(s) L - 1.
+    scheme = lw.IMTLLWeighting(2)
+    scheme.loss_scale.assign([0.0, np.log(2.0)])
+    losses = tf.constant([3.0, 0.25])
+    np.testing.assert_allclose(scheme.weights(losses).numpy(), [1.0, 2.0], rtol=1e-6)
+    with tf.GradientTape() as tape:
+        objective = scheme.objective(losses)
+    np.testing.assert_allclose(tape.gradient(objective, scheme.loss_scale).numpy(), [2.0, -0.5],
+                               rtol=1e-6)
+
+
+def famo_reference(steps, w_lr=0.025, gamma=1e-5):
+    """Liu et al. 2023 / the authors' FAMO with torch's Adam, updated with the next step's
+    losses: weights z / (c D) with z = softmax(w), D = L + 1e-8, c = sum z / D."""
+    k = steps.shape[1]
+    w, m, v, t, prev, out = np.zeros(k), np.zeros(k), np.zeros(k), 0, None, []
+    for losses in steps.astype(np.float64):
+        z = np.exp(w - w.max()) / np.exp(w - w.max()).sum()
+        d = losses + 1e-8
+        out.append(z / ((z / d).sum() * d))
+        if prev is not None:
+            delta = np.log(prev + 1e-8) - np.log(losses + 1e-8)
+            jac = np.diag(z) - np.outer(z, z)               # softmax Jacobian
+            g = jac.T @ delta + gamma * w
+            t += 1
+            m = 0.9 * m + 0.1 * g
+            v = 0.999 * v + 0.001 * g**2
+            w = w - w_lr * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        prev = losses
+    return np.array(out)
+
+
+def test_famo_weights_over_steps_equal_the_authors_update():
+    rng = np.random.default_rng(2)
+    steps = rng.uniform(0.2, 3.0, (8, 3)).astype(np.float32)
+    steps[4:, 0] *= 0.1   # one task's loss drops fast: its weight must fall
+    scheme = lw.FAMOWeighting(3, w_lr=0.3, gamma=1e-3)
+    got = []
+    for losses in steps:
+        got.append(scheme.weights(tf.constant(losses)).numpy())
+        scheme.update(tf.constant(losses), None)
+    np.testing.assert_allclose(np.array(got), famo_reference(steps, 0.3, 1e-3), rtol=1e-4)
+
+
+def test_rlw_weights_are_a_softmax_of_normal_draws_from_its_own_generator():
+    scheme = lw.RLWWeighting(4, seed=7)
+    rng = tf.random.Generator.from_seed(7)
+    for _ in range(3):
+        z = rng.normal([4]).numpy()
+        np.testing.assert_allclose(scheme.weights(tf.ones([4])).numpy(),
+                                   np.exp(z) / np.exp(z).sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,options", [
+    ("stch", {"mu": 0.0}), ("stch", {"warmup_steps": 0}), ("famo", {"gamma": -1.0}),
+    ("famo", {"lr": 0.1}),
+])
+def test_bad_new_scheme_options_are_refused(name, options):
+    with pytest.raises(ValueError, match=f"loss weighting {name!r}"):
+        lw.check_loss_weighting_options(name, **options)

@@ -65,6 +65,7 @@ class Weighting(NamedTuple):
 
     weights: tf.Tensor
     projections: tf.Tensor
+    state: dict[str, tf.Tensor] | None = None
 
 
 class Aggregation(NamedTuple):
@@ -74,11 +75,14 @@ class Aggregation(NamedTuple):
         direction: `(D,)` the aggregated gradient `weights @ grads`.
         weights: `(K,)` per-head weights.
         projections: number of projections made (PCGrad), else 0.
+        state: a stateful aggregator's new state (pass it as `state=` to the
+            next call), else None.
     """
 
     direction: tf.Tensor
-    weights: tf.Tensor
+    weights: tf.Tensor | None
     projections: tf.Tensor
+    state: dict[str, tf.Tensor] | None = None
 
 
 def gramian(grads: tf.Tensor, dtype: tf.DType | str = tf.float32) -> tf.Tensor:
@@ -715,6 +719,310 @@ def krum_weighting(gram: tf.Tensor, n_byzantine: int = 0, n_selected: int = 1) -
     return Weighting(weights, _no_projection())
 
 
+# -- stateful and random aggregators ---------------------------------------------------------
+#
+# A stateful weighting takes its state as tensors (`state=`, a dict) and returns the new
+# state in `Weighting.state`; the module that owns the variables assigns it (TrunkUpdate).
+# Per-head entries of a state have the heads on their leading axes (`StateSpec.head_axes`),
+# so a step of a subset of the heads reads and writes that subset's entries only.
+
+
+class StateSpec(NamedTuple):
+    """One state entry of a stateful aggregator.
+
+    Attributes:
+        initial: `K -> ` the initial value as a numpy array, for K heads.
+        head_axes: how many leading axes index heads (0: shared, 1: per head,
+            2: per pair of heads).
+    """
+
+    initial: Callable[[int], np.ndarray]
+    head_axes: int
+
+
+def _pairwise_cosines(coeffs_i: tf.Tensor, gram: tf.Tensor, j: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """For rows `c_i @ G` and `g_{j_i}`: the inner products, `|c_i @ G|` and `|g_{j_i}|`."""
+    rows_j = tf.gather(gram, j)
+    dots = tf.reduce_sum(coeffs_i * rows_j, axis=1)
+    norm_i = tf.sqrt(tf.maximum(_quadratic_forms(coeffs_i, gram), 0.0))
+    norm_j = tf.sqrt(tf.maximum(tf.gather(tf.linalg.diag_part(gram), j), 0.0))
+    return dots, norm_i, norm_j
+
+
+def gradvac_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor], beta: float = 0.5,
+                      order: tf.Tensor | None = None) -> Weighting:
+    """GradVac (Wang et al., "Gradient Vaccine: Investigating and Improving Multi-task
+    Optimization in Massively Multilingual Models", ICLR 2021): adaptive similarity goals.
+
+    As PCGrad, each head's gradient `g_i'` is altered against every other head j in turn
+    (row i of `order`); where the cosine `rho_ij` of `g_i'` and `g_j` is below the goal
+    `rho_T[i, j]`, `g_i' += w g_j` with
+    `w = |g_i'| (rho_T sqrt(1 - rho^2) - rho sqrt(1 - rho_T^2)) / (|g_j| sqrt(1 - rho_T^2))`
+    (their eq. 4), which sets the cosine to the goal, and the goal, an EMA of the
+    observed cosines, moves: `rho_T <- (1 - beta) rho_T + beta rho_ij` (eq. 5). The
+    aggregate is `sum_i g_i'`. As LibMTL's `GradVac` (the paper's authors published
+    no code) with `group_type=0` (whole trunk): the goal moves only when the cosine
+    is below it, the norms in the cosine and in `w` get `+ 1e-8`, and `beta`
+    defaults to 0.5. State: `rho_T` (`K x K`, initially 0).
+
+    Args:
+        gram: `K x K` Gramian.
+        state: `{"rho_T": K x K}`.
+        beta: the EMA rate of the goals (LibMTL's `GradVac_beta`).
+        order: `K x K` int32 projection order, as `pcgrad_weighting` (random each step).
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    rho_t = tf.cast(state["rho_T"], dtype)
+    if order is None:
+        order = tf.tile(tf.range(k)[None, :], [k, 1])
+    order = tf.cast(order, tf.int32)
+    coeffs = tf.eye(k, dtype=dtype)
+    rows = tf.range(k)
+    for pos in range(k):
+        j = order[:, pos]
+        other = tf.not_equal(j, rows)
+        dots, norm_i, norm_j = _pairwise_cosines(coeffs, gram, j)
+        rho = dots / (norm_i * norm_j + 1e-8)
+        index = tf.stack([rows, j], axis=1)
+        goal = tf.gather_nd(rho_t, index)
+        root_goal = tf.sqrt(tf.maximum(1.0 - goal**2, 0.0))
+        root_rho = tf.sqrt(tf.maximum(1.0 - rho**2, 0.0))
+        below = other & (rho < goal)
+        w = norm_i * (goal * root_rho - rho * root_goal) / (norm_j * root_goal + 1e-8)
+        w = tf.where(below, w, 0.0)
+        coeffs += w[:, None] * tf.one_hot(j, k, dtype=dtype)
+        rho_t = tf.tensor_scatter_nd_update(
+            rho_t, index, tf.where(below, (1.0 - beta) * goal + beta * rho, goal))
+    return Weighting(tf.reduce_sum(coeffs, axis=0), _no_projection(),
+                     {"rho_T": tf.cast(rho_t, state["rho_T"].dtype)})
+
+
+def _bargaining(cos: tf.Tensor, coef: tf.Tensor, valid: tf.Tensor, alpha: float,
+                start: tf.Tensor, max_iter: int, tol: float) -> tf.Tensor:
+    """`b > 0` with `(cos b)_i = coef_i b_i^(-1/alpha)` on the valid rows, by damped Newton.
+
+    It is the minimiser of the strictly convex `0.5 b^T cos b - sum_i coef_i h(b_i)`
+    (`h' (b) = b^(-1/alpha)`: `log b` at `alpha = 1`). Newton steps are damped by
+    `1 / (1 + lambda)` (`lambda` the Newton decrement) until `lambda < 1/4`, and cut to
+    stay inside `b > 0`; the loop stops when `lambda^2 <= tol` or after `max_iter` steps.
+    Invalid rows (zero gradients) are held at 0.
+    """
+    k = _k(cos)
+    dtype = cos.dtype
+    mask = tf.cast(valid, dtype)
+    q = cos * mask[:, None] * mask[None, :] + tf.linalg.diag(1.0 - mask)
+    b0 = tf.where(valid, start, tf.ones_like(start))
+
+    def body(i, b, decrement):
+        power = b ** (-1.0 / alpha)
+        grad = (tf.linalg.matvec(q, b) - coef * power - (1.0 - mask) * (b - 1.0)) * mask
+        hess = q + tf.linalg.diag(mask * coef * power / (alpha * b))
+        # A rounding-level ridge: where no positive solution exists the iterates grow and
+        # the barrier term vanishes, leaving a singular cosine matrix.
+        hess += _ridge(dtype, k) * tf.reduce_max(tf.linalg.diag_part(hess)) * tf.eye(k, dtype=dtype)
+        step = -tf.linalg.solve(hess, grad[:, None])[:, 0]
+        lam2 = tf.maximum(-tf.tensordot(grad, step, 1), 0.0)
+        lam = tf.sqrt(lam2)
+        t = tf.where(lam < 0.25, tf.ones_like(lam), 1.0 / (1.0 + lam))
+        # Stay strictly positive: at most 99% of the way to the boundary b_i = 0.
+        ratio = tf.where(step < 0, -b / tf.where(step < 0, step, -tf.ones_like(step)),
+                         tf.constant(np.inf, dtype))
+        t = tf.minimum(t, 0.99 * tf.reduce_min(ratio))
+        return i + 1, b + t * step, lam2
+
+    _, b, _ = tf.while_loop(lambda i, b, d: (i < max_iter) & (d > tol), body,
+                            (tf.constant(0), b0, tf.constant(np.inf, dtype)))
+    return b * mask
+
+
+#: Newton on the bargaining problems stops at this squared decrement (float64): about
+#: the squared relative error of the solution, far below float32 rounding.
+_NEWTON_TOL = 1e-24
+
+
+def _bargaining_weights(gram: tf.Tensor, alpha: float, start: tf.Tensor | None,
+                        max_iter: int) -> tf.Tensor:
+    """`w >= 0` with `(gram w)_i = w_i^(-1/alpha)` for every nonzero gradient (0 for the
+    zero ones), solved in float64 on the cosine matrix (`w = s b`, `s = 1 / |g|`)."""
+    dtype = gram.dtype
+    g64 = tf.cast(gram, tf.float64)
+    cos, s, zero = _diagonal_scaling(g64)
+    valid = tf.logical_not(zero)
+    # (gram s b)_i = (cos b)_i / s_i = (s_i b_i)^(-1/alpha)  <=>  (cos b)_i = s_i^(1-1/alpha) b_i^(-1/alpha)
+    coef = tf.where(valid, tf.where(valid, s, tf.ones_like(s)) ** (1.0 - 1.0 / alpha),
+                    tf.zeros_like(s))
+    if start is None:   # the solution when the gradients are orthogonal
+        b0 = tf.where(valid, coef, tf.ones_like(coef)) ** (alpha / (1.0 + alpha))
+    else:
+        start = tf.cast(start, tf.float64)
+        b0 = tf.where(valid & (start > 0), start / tf.where(valid, s, tf.ones_like(s)),
+                      tf.ones_like(s))
+    b = _bargaining(cos, coef, valid, alpha, b0, max_iter, _NEWTON_TOL)
+    return tf.cast(b * s, dtype)
+
+
+def nash_mtl_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor],
+                       update_weights_every: int = 1, optim_niter: int = 20,
+                       max_norm: float = 1.0) -> Weighting:
+    """Nash-MTL (Navon et al., "Multi-Task Learning as a Bargaining Game", ICML 2022).
+
+    The weights are the Nash bargaining solution: `alpha > 0` with
+    `(G G^T alpha)_i = 1 / alpha_i` for every head (their eq. 3, Theorem 5.1). The
+    authors approach it by `optim_niter` (20) rounds of a convex-concave procedure,
+    each a cvxpy/ECOS solve of a linearised problem; here the same point is solved
+    to float64 precision by damped Newton on the strictly convex
+    `0.5 b^T C b - sum log b_i` (`C` the cosine matrix, `alpha = b / |g|`), at most
+    `optim_niter` Newton steps from `b = 1` (the solution for orthogonal gradients;
+    quadratic convergence, typically under 10 steps). The weights are recomputed every
+    `update_weights_every` steps and reused in between (the state keeps them and
+    the step count); the aggregate `alpha @ G` is clipped to norm `max_norm`
+    (0: no clipping) as in the authors' `clip_grad_norm_` on the shared
+    parameters, with torch's `1e-6`. A zero gradient gets weight 0 (no positive
+    solution exists with it); when no positive solution exists (two exactly
+    opposite gradients), the weights are wherever `optim_niter` steps left them.
+
+    Args:
+        gram: `K x K` Gramian.
+        state: `{"alpha": (K,), "step": ()}` (initially ones, as the authors, and 0).
+        update_weights_every: recompute the weights every this many steps.
+        optim_niter: Newton steps at most.
+        max_norm: clip the aggregate's norm to this (0: off).
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    previous = tf.cast(state["alpha"], dtype)
+    step = tf.cast(state["step"], tf.int64)
+    due = tf.equal(step % update_weights_every, 0)
+    # Started where the gradients' cosines are 0 (b = 1), not from the previous weights: a
+    # previous step's weights can be far off after the gradients' norms changed.
+    alpha = tf.cond(due, lambda: _bargaining_weights(gram, 1.0, None, optim_niter),
+                    lambda: previous)
+    weights = alpha
+    if max_norm > 0:
+        norm = tf.sqrt(tf.maximum(tf.tensordot(alpha, tf.linalg.matvec(gram, alpha), 1), 0.0))
+        clip = max_norm / (norm + 1e-6)
+        weights = tf.where(clip < 1.0, alpha * clip, alpha)
+    return Weighting(weights, _no_projection(),
+                     {"alpha": tf.cast(alpha, state["alpha"].dtype), "step": step + 1})
+
+
+def fairgrad_weighting(gram: tf.Tensor, alpha: float = 1.0) -> Weighting:
+    """FairGrad (Ban & Ji, "Fair Resource Allocation in Multi-Task Learning", ICML 2024).
+
+    The weights `w > 0` solve `(G G^T w)_i = w_i^(-1/alpha)` (their eq. 9, alpha-fair
+    utility; `alpha = 1` is proportional fairness, Nash-MTL's point, and larger alpha
+    moves toward max-min fairness). The authors solve it with SciPy's
+    `least_squares(G G^T w - w^(-1/alpha), bounds=(0, inf))` from `1/K`; here
+    by damped Newton on the equivalent strictly convex problem, to float64
+    precision. A zero gradient gets weight 0.
+
+    Args:
+        gram: `K x K` Gramian.
+        alpha: the fairness parameter (the authors' `--alpha`/LibMTL's `FairGrad_alpha`).
+    """
+    gram = _as_gram(gram)
+    return Weighting(_bargaining_weights(gram, float(alpha), None, 100), _no_projection())
+
+
+def sdmgrad_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor], lmbda: float = 0.3,
+                      niter: int = 20) -> Weighting:
+    """SDMGrad (Xiao et al., "Direction-oriented Multi-objective Learning: Simple and
+    Provable Stochastic Algorithms", NeurIPS 2023).
+
+    As LibMTL's `SDMGrad` (modified from the authors' code), with one batch for its
+    three gradient samples: with the Gramian divided by
+    `mean_k sqrt(max(gram_kk, 0))^2 + 1e-8`, the simplex weights `w` (the state,
+    initially `1/K`) take `niter` projected SGD steps (learning rate 5, momentum
+    0.5, the momentum restarting every call as LibMTL's optimizer built per call)
+    along `gram w + lmbda gram 1/K`, each followed by the Euclidean projection on the
+    simplex; the direction is `(w @ G + lmbda g0) / (1 + lmbda)`, `g0` the mean
+    gradient.
+
+    Args:
+        gram: `K x K` Gramian.
+        state: `{"w": (K,)}`.
+        lmbda: the regularisation towards the mean (LibMTL's `SDMGrad_lamda`,
+            default 0.3).
+        niter: projected SGD steps per call (LibMTL's `SDMGrad_niter`, default 20).
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    # The K x K iteration runs in float64: its learning rate 5 amplifies rounding ~1e4-fold.
+    g64 = tf.cast(gram, tf.float64)
+    scale = tf.reduce_mean(tf.sqrt(tf.maximum(tf.linalg.diag_part(g64), 0.0)))
+    gg = g64 / (scale**2 + 1e-8)
+    gg_mean = tf.reduce_mean(gg, axis=1)
+    w = tf.cast(state["w"], tf.float64)
+
+    def body(i: tf.Tensor, w: tf.Tensor, buf: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        grad = tf.linalg.matvec(gg, w) + lmbda * gg_mean
+        buf = tf.where(i == 0, grad, 0.5 * buf + grad)   # torch SGD momentum, restarted
+        return i + 1, _project_simplex(w - 5.0 * buf), buf
+
+    _, w, _ = tf.while_loop(lambda i, w, buf: i < niter, body,
+                            (tf.constant(0), w, tf.zeros_like(w)))
+    weights = tf.cast((w + lmbda / k) / (1.0 + lmbda), dtype)
+    return Weighting(weights, _no_projection(), {"w": tf.cast(w, state["w"].dtype)})
+
+
+def random_weighting(gram: tf.Tensor, noise: tf.Tensor) -> Weighting:
+    """Random weighting (Lin et al., "Reasonable Effectiveness of Random Weighting: A
+    Litmus Test for Multi-Task Learning", TMLR 2022): `w = softmax(z)`, `z ~ N(0, I)`
+    drawn afresh every step (LibMTL's `RLW` with its default normal distribution).
+
+    Args:
+        gram: `K x K` Gramian (only its size and dtype are read).
+        noise: `(K,)` standard normal draws.
+    """
+    gram = _as_gram(gram)
+    return Weighting(tf.nn.softmax(tf.cast(noise, gram.dtype)), _no_projection())
+
+
+# -- coordinate-wise aggregators (on the K x n gradient blocks, not the Gramian) -------------
+
+
+def graddrop_combine(grads: tf.Tensor, noise: tf.Tensor, leak: float = 0.0) -> tf.Tensor:
+    """GradDrop (Chen et al., "Just Pick a Sign: Optimizing Deep Multitask Models with
+    Gradient Sign Dropout", NeurIPS 2020), on a `K x n` block of the heads' gradients.
+
+    Per coordinate, the sign purity `P = (1 + sum_k g_k / (sum_k |g_k| + 1e-7)) / 2`
+    (LibMTL's 1e-7) and one uniform draw `U` keep the positive gradients where
+    `P > U` and the negative ones where `P < U` (mask `M_k`); the result is
+    `sum_k (leak + (1 - leak) M_k) g_k` (the paper's leak, default 0 as LibMTL).
+
+    Args:
+        grads: `K x n`.
+        noise: `(n,)` uniform draws in [0, 1).
+        leak: the fraction of every gradient kept whatever its sign.
+    """
+    purity = 0.5 * (1.0 + tf.reduce_sum(grads, 0) / (tf.reduce_sum(tf.abs(grads), 0) + 1e-7))
+    u = tf.cast(noise, grads.dtype)[None, :]
+    keep = ((purity[None, :] > u) & (grads > 0)) | ((purity[None, :] < u) & (grads < 0))
+    mask = leak + (1.0 - leak) * tf.cast(keep, grads.dtype)
+    return tf.reduce_sum(mask * grads, axis=0)
+
+
+def trimmed_mean_combine(grads: tf.Tensor, trim_number: int) -> tf.Tensor:
+    """Coordinate-wise trimmed mean (Yin et al., "Byzantine-Robust Distributed Learning:
+    Towards Optimal Statistical Rates", ICML 2018; torchjd's `TrimmedMean`): per
+    coordinate, the mean of the K values without the `trim_number` largest and
+    `trim_number` smallest (fewer when fewer heads take part in a step: at most
+    `(K - 1) // 2` from each end).
+
+    Args:
+        grads: `K x n`.
+        trim_number: values dropped at each end.
+    """
+    k = grads.shape[0]
+    t = min(trim_number, (k - 1) // 2)
+    ordered = tf.sort(grads, axis=0)
+    return tf.reduce_mean(ordered[t:k - t], axis=0)
+
+
 # -- registry --------------------------------------------------------------------------
 
 
@@ -724,44 +1032,86 @@ class Aggregator:
 
     Attributes:
         name: the config name (`"pcgrad"`).
-        weighting: `gram -> Weighting` (for PCGrad also accepts `order=`).
+        weighting: `gram -> Weighting` (for PCGrad also accepts `order=`); for a
+            coordinate-wise aggregator, `K x n block -> (n,)` combined block.
         rep_grad: whether combining gradients at the trunk output is valid
             (constant weights: identical; MGDA: the paper's MGDA-UB bound;
             IMTL-G: the paper computes it on the shared features).
-        random_order: the step passes a fresh random `order=` every step (PCGrad).
+        random_order: the step passes a fresh random `order=` every step (PCGrad, GradVac).
         citation: the paper.
+        noise: `"normal"`: the step passes `noise=` K standard normal draws
+            (Random); `"uniform"`: one uniform draw per coordinate of each block
+            (GradDrop); None.
+        coordinatewise: combines each `K x n` gradient block coordinate by coordinate
+            (GradDrop, TrimmedMean) instead of weighting rows through the Gramian.
+        state: the state entries of a stateful aggregator (`state=` in,
+            `Weighting.state` out); empty when stateless.
     """
 
     name: str
-    weighting: Callable[..., Weighting]
+    weighting: Callable[..., Any]
     rep_grad: bool
     random_order: bool
     citation: str
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    noise: str | None = None
+    coordinatewise: bool = False
+    state: dict[str, StateSpec] = dataclasses.field(default_factory=dict)
 
-    def __call__(self, gram: tf.Tensor, **kwargs: Any) -> Weighting:
+    def __call__(self, gram: tf.Tensor, **kwargs: Any) -> Any:
         return self.weighting(gram, **self.options, **kwargs)
 
+    def initial_state(self, k: int) -> dict[str, np.ndarray]:
+        """The state of a fresh run with `k` heads (empty when stateless)."""
+        return {key: spec.initial(k) for key, spec in self.state.items()}
 
-_SPECS: dict[str, tuple[Callable[..., Weighting], bool, bool, str]] = {
-    "sum": (sum_weighting, True, False, "sum of the heads' trunk gradients"),
-    "mean": (mean_weighting, True, False, "mean of the heads' trunk gradients"),
-    "weights": (fixed_weighting, True, False, "fixed weighted sum"),
-    "pcgrad": (pcgrad_weighting, False, True, "Yu et al., NeurIPS 2020"),
-    "mgda": (mgda_weighting, True, False, "Sener & Koltun, NeurIPS 2018"),
-    "cagrad": (cagrad_weighting, False, False, "Liu et al., NeurIPS 2021"),
-    "upgrad": (upgrad_weighting, False, False, "Quinton & Rey, arXiv:2406.16232"),
-    "dualproj": (dualproj_weighting, False, False, "Quinton & Rey, arXiv:2406.16232 (torchjd)"),
-    "imtl": (imtl_weighting, True, False, "Liu et al., ICLR 2021 (IMTL-G)"),
-    "aligned_mtl": (aligned_mtl_weighting, True, False, "Senushkin et al., CVPR 2023"),
-    "config": (config_weighting, False, False, "Liu et al., ICLR 2025"),
-    "krum": (krum_weighting, False, False, "Blanchard et al., NeurIPS 2017"),
+
+class _Spec(NamedTuple):
+    fn: Callable[..., Any]
+    rep_grad: bool
+    random_order: bool
+    citation: str
+    noise: str | None = None
+    coordinatewise: bool = False
+    state: dict[str, StateSpec] = {}
+
+
+_SPECS: dict[str, _Spec] = {
+    "sum": _Spec(sum_weighting, True, False, "sum of the heads' trunk gradients"),
+    "mean": _Spec(mean_weighting, True, False, "mean of the heads' trunk gradients"),
+    "weights": _Spec(fixed_weighting, True, False, "fixed weighted sum"),
+    "pcgrad": _Spec(pcgrad_weighting, False, True, "Yu et al., NeurIPS 2020"),
+    "mgda": _Spec(mgda_weighting, True, False, "Sener & Koltun, NeurIPS 2018"),
+    "cagrad": _Spec(cagrad_weighting, False, False, "Liu et al., NeurIPS 2021"),
+    "upgrad": _Spec(upgrad_weighting, False, False, "Quinton & Rey, arXiv:2406.16232"),
+    "dualproj": _Spec(dualproj_weighting, False, False,
+                      "Quinton & Rey, arXiv:2406.16232 (torchjd)"),
+    "imtl": _Spec(imtl_weighting, True, False, "Liu et al., ICLR 2021 (IMTL-G)"),
+    "aligned_mtl": _Spec(aligned_mtl_weighting, True, False, "Senushkin et al., CVPR 2023"),
+    "config": _Spec(config_weighting, False, False, "Liu et al., ICLR 2025"),
+    "krum": _Spec(krum_weighting, False, False, "Blanchard et al., NeurIPS 2017"),
+    "nash_mtl": _Spec(nash_mtl_weighting, False, False, "Navon et al., ICML 2022", state={
+        "alpha": StateSpec(lambda k: np.ones(k), 1),
+        "step": StateSpec(lambda k: np.zeros((), np.int64), 0)}),
+    "gradvac": _Spec(gradvac_weighting, False, True, "Wang et al., ICLR 2021", state={
+        "rho_T": StateSpec(lambda k: np.zeros((k, k)), 2)}),
+    "fairgrad": _Spec(fairgrad_weighting, False, False, "Ban & Ji, ICML 2024"),
+    "sdmgrad": _Spec(sdmgrad_weighting, False, False, "Xiao et al., NeurIPS 2023", state={
+        "w": StateSpec(lambda k: np.full(k, 1.0 / k), 1)}),
+    "random": _Spec(random_weighting, True, False, "Lin et al., TMLR 2022 (RLW)",
+                    noise="normal"),
+    "graddrop": _Spec(graddrop_combine, True, False, "Chen et al., NeurIPS 2020",
+                      noise="uniform", coordinatewise=True),
+    "trimmed_mean": _Spec(trimmed_mean_combine, False, False, "Yin et al., ICML 2018",
+                          coordinatewise=True),
 }
 
 #: Names accepted by `get_aggregator`.
 AGGREGATORS = tuple(_SPECS)
 #: Aggregators valid with `rep_grad` (combining at the trunk output).
-REP_GRAD_AGGREGATORS = tuple(n for n, spec in _SPECS.items() if spec[1])
+REP_GRAD_AGGREGATORS = tuple(n for n, spec in _SPECS.items() if spec.rep_grad)
+#: Aggregators that keep state from step to step (checkpointed with the trunk update).
+STATEFUL_AGGREGATORS = tuple(n for n, spec in _SPECS.items() if spec.state)
 
 _OPTIONS = {
     "sum": {}, "mean": {}, "weights": {"weights": None},
@@ -770,6 +1120,10 @@ _OPTIONS = {
     "upgrad": {"reg": 1e-4, "norm_eps": 1e-4}, "dualproj": {"reg": 1e-4, "norm_eps": 1e-4},
     "imtl": {}, "aligned_mtl": {"scale_mode": "min"}, "config": {},
     "krum": {"n_byzantine": None, "n_selected": 1},
+    "nash_mtl": {"update_weights_every": 1, "optim_niter": 20, "max_norm": 1.0},
+    "gradvac": {"beta": 0.5}, "fairgrad": {"alpha": 1.0},
+    "sdmgrad": {"lmbda": 0.3, "niter": 20}, "random": {}, "graddrop": {"leak": 0.0},
+    "trimmed_mean": {"trim_number": None},
 }
 
 
@@ -862,11 +1216,44 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
                              "gradient may be arbitrary (an integer >= 0)")
         _number(name, "n_byzantine", merged["n_byzantine"], 0, integer=True)
         _number(name, "n_selected", merged["n_selected"], 1, integer=True)
-    fn, rep_ok, random_order, citation = _SPECS[name]
-    return Aggregator(name, fn, rep_ok, random_order, citation, merged)
+    if name == "nash_mtl":
+        _number(name, "update_weights_every", merged["update_weights_every"], 1, integer=True)
+        _number(name, "optim_niter", merged["optim_niter"], 1, integer=True)
+        _number(name, "max_norm", merged["max_norm"], 0.0)
+    if name == "gradvac":
+        _number(name, "beta", merged["beta"], 0.0, 1.0)
+    if name == "fairgrad":
+        # alpha = 0 is utilitarian (the plain sum): w^(-1/alpha) is then undefined.
+        if not (isinstance(merged["alpha"], (int, float)) and not isinstance(merged["alpha"], bool)
+                and math.isfinite(merged["alpha"]) and merged["alpha"] > 0):
+            raise ValueError(f"aggregator 'fairgrad': alpha must be a number > 0 (alpha -> 0 is "
+                             f"the sum: use aggregator 'sum'), got {merged['alpha']!r}")
+    if name == "sdmgrad":
+        _number(name, "lmbda", merged["lmbda"], 0.0)
+        _number(name, "niter", merged["niter"], 1, integer=True)
+    if name == "graddrop":
+        _number(name, "leak", merged["leak"], 0.0, 1.0)
+    if name == "trimmed_mean":
+        if merged["trim_number"] is None:
+            raise ValueError("aggregator 'trimmed_mean' needs trim_number=t, the number of values "
+                             "dropped at each end of every coordinate (an integer >= 0)")
+        _number(name, "trim_number", merged["trim_number"], 0, integer=True)
+        if num_heads is not None and num_heads <= 2 * merged["trim_number"]:
+            raise ValueError(f"aggregator 'trimmed_mean': trim_number={merged['trim_number']} "
+                             f"drops every value of {num_heads} heads; it must be < K/2")
+    spec = _SPECS[name]
+    return Aggregator(name, spec.fn, spec.rep_grad, spec.random_order, spec.citation, merged,
+                      spec.noise, spec.coordinatewise, dict(spec.state))
+
+
+def _state_tensor(value: Any, dtype: tf.DType) -> tf.Tensor:
+    """A state entry as a tensor, floating entries at the computation's dtype."""
+    value = tf.convert_to_tensor(value)
+    return tf.cast(value, dtype) if value.dtype.is_floating else value
 
 
 def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
+              state: dict[str, Any] | None = None, seed: int = 0,
               **options: Any) -> Aggregation:
     """Aggregates the rows of a `K x D` gradient matrix with aggregator `name`.
 
@@ -878,22 +1265,44 @@ def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
         [0.5, 1.5]
         >>> mh.aggregate(g, "mgda", dtype="float64").weights.dtype   # for analysis
         tf.float64
+        >>> first = mh.aggregate(g, "gradvac")                 # stateful: carry the state
+        >>> second = mh.aggregate(g, "gradvac", state=first.state)
 
     Args:
         grads: `K x D` matrix, row k head k's (flattened) trunk gradient.
         name: one of `AGGREGATORS`.
         dtype: `"float32"` (the step's) or `"float64"`: the precision of the
             Gramian, the solve and the result.
-        **options: the aggregator's options, plus `order=` for PCGrad.
+        state: a stateful aggregator's state, as returned in `Aggregation.state`
+            by the previous call; None: its initial state.
+        seed: seed of the draws of a random aggregator (`random`, `graddrop`) when
+            `noise=` is not given.
+        **options: the aggregator's options, plus `order=` for PCGrad and GradVac
+            and `noise=` for Random (`(K,)` normal) and GradDrop (`(D,)` uniform).
     """
     dtype = tf.as_dtype(dtype)
     if dtype not in (tf.float32, tf.float64):
         raise ValueError(f"aggregate: dtype must be 'float32' or 'float64', got {dtype.name!r}")
     grads = tf.cast(tf.convert_to_tensor(grads), dtype)
-    call_opts = {k: v for k, v in options.items() if k != "order"}
-    agg = get_aggregator(name, num_heads=int(grads.shape[0]), **call_opts)
-    extra = {"order": tf.convert_to_tensor(options["order"], tf.int32)} if "order" in options else {}
+    k, d = int(grads.shape[0]), int(grads.shape[1])
+    call_opts = {key: v for key, v in options.items() if key not in ("order", "noise")}
+    agg = get_aggregator(name, num_heads=k, **call_opts)
+    extra: dict[str, Any] = {}
+    if "order" in options:
+        extra["order"] = tf.convert_to_tensor(options["order"], tf.int32)
+    if agg.noise is not None:
+        noise = options.get("noise")
+        if noise is None:
+            rng = tf.random.Generator.from_seed(seed)
+            noise = rng.normal([k]) if agg.noise == "normal" else rng.uniform([d])
+        extra["noise"] = tf.cast(tf.convert_to_tensor(noise), dtype)
+    if agg.coordinatewise:
+        direction = tf.function(lambda g: agg(g, **extra))(grads)
+        return Aggregation(direction, None, _no_projection())
+    if agg.state:
+        current = agg.initial_state(k) if state is None else state
+        extra["state"] = {key: _state_tensor(v, dtype) for key, v in current.items()}
     # Traced once per call: the solvers' while loops are slow op by op in eager mode.
     result = tf.function(lambda gram: agg(gram, **extra))(gramian(grads, dtype))
     return Aggregation(tf.linalg.matvec(grads, result.weights, transpose_a=True),
-                       result.weights, result.projections)
+                       result.weights, result.projections, result.state)

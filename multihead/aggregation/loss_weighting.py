@@ -15,6 +15,20 @@ capture it and a restored run continues exactly:
   Adaptive Loss Balancing in Deep Multitask Networks", ICML 2018.
 * `DWAWeighting`: Liu, Johns & Davison, "End-to-End Multi-Task Learning with
   Attention" (Dynamic Weight Average), CVPR 2019.
+* `GLSWeighting`: Chennupati et al., "MultiNet++: Multi-Stream Feature Aggregation
+  and Geometric Loss Strategy for Multi-Task Learning", CVPR Workshops 2019.
+* `STCHWeighting`: Lin et al., "Smooth Tchebycheff Scalarization for
+  Multi-Objective Optimization", ICML 2024.
+* `IMTLLWeighting`: Liu et al., "Towards Impartial Multi-task Learning" (IMTL-L),
+  ICLR 2021.
+* `FAMOWeighting`: Liu et al., "FAMO: Fast Adaptive Multitask Optimization",
+  NeurIPS 2023.
+* `RLWWeighting`: Lin et al., "Reasonable Effectiveness of Random Weighting: A
+  Litmus Test for Multi-Task Learning", TMLR 2022.
+
+The weights are the gradient of each method's scalarised loss with respect to the
+task losses, with the losses held constant (`stop_gradient`): the trunk and the
+heads then get exactly the gradient of that scalarised loss.
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from typing import Any
 import tensorflow as tf
 
 #: Names accepted by `make_loss_weighting`.
-LOSS_WEIGHTINGS = ("uncertainty", "gradnorm", "dwa")
+LOSS_WEIGHTINGS = ("uncertainty", "gradnorm", "dwa", "gls", "stch", "imtl_l", "famo", "rlw")
 
 
 # -- pure math -------------------------------------------------------------------------
@@ -69,6 +83,58 @@ def gradnorm_update(weights: tf.Tensor, grad_norms: tf.Tensor, losses: tf.Tensor
     target = tf.reduce_mean(g) * rel**alpha
     new = tf.maximum(weights - learning_rate * tf.sign(g - target) * grad_norms, 0.0)
     return k * tf.math.divide_no_nan(new, tf.reduce_sum(new))
+
+
+def gls_weights(losses: tf.Tensor) -> tf.Tensor:
+    """Geometric loss strategy: the gradient of `(prod_k L_k)^(1/K)` in `L_k`,
+    `(prod L)^(1/K) / (K L_k)` (losses must be positive)."""
+    k = tf.cast(tf.shape(losses)[0], losses.dtype)
+    geometric = tf.exp(tf.reduce_mean(tf.math.log(losses)))
+    return geometric / (k * losses)
+
+
+def stch_weights(losses: tf.Tensor, nadir: tf.Tensor, mu: float) -> tf.Tensor:
+    """Smooth Tchebycheff (LibMTL's form): the gradient of
+    `K mu log sum_k exp(log(L_k / n_k + 1e-20) / mu)` in `L_k`:
+    `K softmax_k(log(L / n + 1e-20) / mu) / (L_k + 1e-20 n_k)`."""
+    k = tf.cast(tf.shape(losses)[0], losses.dtype)
+    logs = tf.math.log(losses / nadir + 1e-20)
+    return k * tf.nn.softmax(logs / mu) / (losses + 1e-20 * nadir)
+
+
+def famo_weights(logits: tf.Tensor, losses: tf.Tensor, min_losses: tf.Tensor) -> tf.Tensor:
+    """FAMO (Liu et al. 2023): the gradient in `L_k` of `sum_k z_k log D_k / c`, with
+    `z = softmax(logits)`, `D = L - min_losses + 1e-8` and `c = sum_k z_k / D_k` held
+    constant: `z_k / (c D_k)`."""
+    z = tf.nn.softmax(logits)
+    d = losses - min_losses + 1e-8
+    c = tf.reduce_sum(z / d)
+    return z / (c * d)
+
+
+def famo_logit_gradient(logits: tf.Tensor, previous: tf.Tensor, current: tf.Tensor,
+                        min_losses: tf.Tensor) -> tf.Tensor:
+    """FAMO's update direction of the logits: `J_softmax^T delta`, `delta_k` the decrease
+    of `log(L_k - min_k + 1e-8)` from the previous step to this one."""
+    delta = (tf.math.log(previous - min_losses + 1e-8)
+             - tf.math.log(current - min_losses + 1e-8))
+    z = tf.nn.softmax(logits)
+    return z * (delta - tf.reduce_sum(z * delta))
+
+
+def adam_update(param: tf.Tensor, grad: tf.Tensor, m: tf.Tensor, v: tf.Tensor, t: tf.Tensor,
+                learning_rate: float, weight_decay: float, beta_1: float = 0.9,
+                beta_2: float = 0.999, epsilon: float = 1e-8
+                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """One step of `torch.optim.Adam` (L2 `weight_decay` added to the gradient; `t` the
+    1-based step): returns the new parameter and moments."""
+    grad = grad + weight_decay * param
+    m = beta_1 * m + (1.0 - beta_1) * grad
+    v = beta_2 * v + (1.0 - beta_2) * grad**2
+    t = tf.cast(t, param.dtype)
+    m_hat = m / (1.0 - beta_1**t)
+    v_hat = v / (1.0 - beta_2**t)
+    return param - learning_rate * m_hat / (tf.sqrt(v_hat) + epsilon), m, v
 
 
 # -- stateful schemes ------------------------------------------------------------------
@@ -206,6 +272,144 @@ class GradNormWeighting(LossWeighting):
             self.loss_weights, grad_norms, losses, initial, self.alpha, self.learning_rate))
 
 
+class GLSWeighting(LossWeighting):
+    """Geometric loss strategy (Chennupati et al., CVPR-W 2019; LibMTL's `GLS`): descends
+    the geometric mean of the task losses, `(prod_k L_k)^(1/K)`. Stateless; the losses
+    must be positive."""
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__(num_heads, name="gls")
+
+    def weights(self, losses: tf.Tensor) -> tf.Tensor:
+        return gls_weights(tf.stop_gradient(losses))
+
+
+class STCHWeighting(LossWeighting):
+    """Smooth Tchebycheff scalarisation (Lin et al., ICML 2024), as LibMTL's `STCH`.
+
+    For the first `warmup_steps` steps the objective is `sum_k log L_k` and the losses
+    are averaged into the nadir point `n`; after, `K mu log sum_k exp(log(L_k / n_k) / mu)`.
+    LibMTL counts the warmup in epochs (`STCH_warmup_epoch`) and averages the nadir over
+    the last warmup epoch; here steps, averaged over the whole warmup. The losses must
+    be positive.
+
+    Args:
+        num_heads: K.
+        mu: the smoothing parameter (LibMTL's `STCH_mu`, default 1.0).
+        warmup_steps: steps of the `sum log L` warmup that estimates the nadir point.
+    """
+
+    def __init__(self, num_heads: int, mu: float = 1.0, warmup_steps: int = 100) -> None:
+        super().__init__(num_heads, name="stch")
+        self.mu = float(mu)
+        self.warmup_steps = int(warmup_steps)
+        self.loss_sum = tf.Variable(tf.zeros([num_heads]), trainable=False, name="loss_sum")
+        self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="count")
+
+    def weights(self, losses: tf.Tensor) -> tf.Tensor:
+        losses = tf.stop_gradient(losses)
+        warm = self.count < self.warmup_steps
+        nadir = self.loss_sum / tf.cast(tf.maximum(self.count, 1), losses.dtype)
+        return tf.where(warm, 1.0 / (losses + 1e-20),
+                        stch_weights(losses, tf.where(warm, tf.ones_like(nadir), nadir), self.mu))
+
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
+        del grad_norms
+        warm = self.count < self.warmup_steps
+        self.loss_sum.assign(tf.where(warm, self.loss_sum + tf.stop_gradient(losses),
+                                      self.loss_sum))
+        self.count.assign(tf.where(warm, self.count + 1, self.count))
+
+
+class IMTLLWeighting(LossWeighting):
+    """IMTL-L (Liu et al., ICLR 2021, the loss balance of IMTL; LibMTL's `IMTL` loss part).
+
+    Learns one scale `s_k` per head (trainable, updated by the trunk optimizer with the
+    trunk) and descends `sum_k exp(s_k) L_k - s_k`: task loss k is weighted `exp(s_k)`,
+    and the `-s_k` term drives `exp(s_k) L_k` toward 1 (equal scaled losses).
+
+    Args:
+        num_heads: K.
+    """
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__(num_heads, name="imtl_l")
+        self.loss_scale = tf.Variable(tf.zeros([num_heads]), name="loss_scale")
+
+    def weights(self, losses: tf.Tensor) -> tf.Tensor:
+        del losses
+        return tf.exp(tf.identity(self.loss_scale))
+
+    def objective(self, losses: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.exp(self.loss_scale) * tf.stop_gradient(losses) - self.loss_scale)
+
+
+class FAMOWeighting(LossWeighting):
+    """FAMO (Liu et al., NeurIPS 2023): task weights that equalise the losses' rates of decrease.
+
+    The weights are `z_k / (c D_k)` (`famo_weights`); after the step the logits take one
+    Adam step (torch's, with L2 `gamma`) along `J^T delta`, `delta` the decrease of the
+    log losses. The authors compute the decrease with an extra forward pass on the same
+    batch after the update; here, as without that pass, from this step's losses to the
+    next step's (on the next batch), so the logits move one step later. `min_losses`
+    is 0, the authors' default.
+
+    Args:
+        num_heads: K.
+        w_lr: Adam's learning rate on the logits (the authors' default 0.025).
+        gamma: Adam's weight decay on the logits (the authors' default 1e-5).
+    """
+
+    def __init__(self, num_heads: int, w_lr: float = 0.025, gamma: float = 1e-5) -> None:
+        super().__init__(num_heads, name="famo")
+        self.w_lr = float(w_lr)
+        self.gamma = float(gamma)
+        zeros = tf.zeros([num_heads])
+        self.logits = tf.Variable(zeros, trainable=False, name="logits")
+        self.m = tf.Variable(zeros, trainable=False, name="m")
+        self.v = tf.Variable(zeros, trainable=False, name="v")
+        self.adam_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="adam_steps")
+        self.previous = tf.Variable(zeros, trainable=False, name="previous")
+        self.has_previous = tf.Variable(False, trainable=False, name="has_previous")
+
+    def weights(self, losses: tf.Tensor) -> tf.Tensor:
+        return famo_weights(tf.identity(self.logits), tf.stop_gradient(losses),
+                            tf.zeros([self.num_heads]))
+
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
+        del grad_norms
+        losses = tf.stop_gradient(losses)
+        grad = famo_logit_gradient(self.logits, self.previous, losses, tf.zeros_like(losses))
+        t = self.adam_steps + 1
+        logits, m, v = adam_update(self.logits, grad, self.m, self.v, t, self.w_lr, self.gamma)
+        ready = self.has_previous
+        self.logits.assign(tf.where(ready, logits, self.logits))
+        self.m.assign(tf.where(ready, m, self.m))
+        self.v.assign(tf.where(ready, v, self.v))
+        self.adam_steps.assign(tf.where(ready, t, self.adam_steps))
+        self.previous.assign(losses)
+        self.has_previous.assign(True)
+
+
+class RLWWeighting(LossWeighting):
+    """Random loss weighting (Lin et al., TMLR 2022; LibMTL's `RLW`): every step the
+    weights are `softmax(z)`, `z ~ N(0, I)`, from a generator owned by the scheme (so a
+    checkpoint holds its state and a resumed run draws the same weights).
+
+    Args:
+        num_heads: K.
+        seed: the generator's seed (the trunk policy's `seed`).
+    """
+
+    def __init__(self, num_heads: int, seed: int = 0) -> None:
+        super().__init__(num_heads, name="rlw")
+        self.rng = tf.random.Generator.from_seed(seed)
+
+    def weights(self, losses: tf.Tensor) -> tf.Tensor:
+        del losses
+        return tf.nn.softmax(self.rng.normal([self.num_heads]))
+
+
 def _positive(name: str, key: str, value: Any, integer: bool = False) -> None:
     kind = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
@@ -219,6 +423,8 @@ _OPTIONS = {
     "uncertainty": {"initial_log_var": 0.0},
     "gradnorm": {"alpha": 1.5, "learning_rate": 0.025},
     "dwa": {"temperature": 2.0, "period": 1},
+    "gls": {}, "stch": {"mu": 1.0, "warmup_steps": 100}, "imtl_l": {},
+    "famo": {"w_lr": 0.025, "gamma": 1e-5}, "rlw": {},
 }
 
 
@@ -238,22 +444,38 @@ def check_loss_weighting_options(name: str, **options: Any) -> dict[str, Any]:
     elif name == "gradnorm":
         _positive(name, "alpha", merged["alpha"])
         _positive(name, "learning_rate", merged["learning_rate"])
-    else:
+    elif name == "dwa":
         _positive(name, "temperature", merged["temperature"])
         _positive(name, "period", merged["period"], integer=True)
+    elif name == "stch":
+        _positive(name, "mu", merged["mu"])
+        # 0 would leave the nadir point undefined (no losses averaged).
+        _positive(name, "warmup_steps", merged["warmup_steps"], integer=True)
+    elif name == "famo":
+        _positive(name, "w_lr", merged["w_lr"])
+        gamma = merged["gamma"]
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not (
+                math.isfinite(gamma) and gamma >= 0):
+            raise ValueError(f"loss weighting 'famo': gamma must be a number >= 0, got {gamma!r}")
     return merged
 
 
-def make_loss_weighting(name: str, num_heads: int, **options: Any) -> LossWeighting:
+def make_loss_weighting(name: str, num_heads: int, seed: int = 0,
+                        **options: Any) -> LossWeighting:
     """A fresh loss-weighting scheme `name` for `num_heads` heads.
 
     Args:
         name: one of `LOSS_WEIGHTINGS`.
         num_heads: the number of heads it weights.
+        seed: the seed of `rlw`'s generator.
         **options: `initial_log_var` (uncertainty); `alpha`, `learning_rate`
-            (gradnorm); `temperature`, `period` (dwa).
+            (gradnorm); `temperature`, `period` (dwa); `mu`, `warmup_steps` (stch);
+            `w_lr`, `gamma` (famo).
     """
     merged = check_loss_weighting_options(name, **options)
+    if name == "rlw":
+        return RLWWeighting(num_heads, seed=seed)
     cls = {"uncertainty": UncertaintyWeighting, "gradnorm": GradNormWeighting,
-           "dwa": DWAWeighting}[name]
+           "dwa": DWAWeighting, "gls": GLSWeighting, "stch": STCHWeighting,
+           "imtl_l": IMTLLWeighting, "famo": FAMOWeighting}[name]
     return cls(num_heads, **merged)

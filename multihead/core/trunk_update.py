@@ -86,13 +86,19 @@ class TrunkPolicy:
         aggregator: a gradient aggregator (`sum`, `mean`, `weights`, `pcgrad`,
             `mgda`, `cagrad`, `upgrad`, `imtl`, `dualproj`, `aligned_mtl`, `config`,
             `krum`; see `multihead.aggregation.aggregators`) or a loss weighting
-            (`uncertainty`, `gradnorm`, `dwa`, whose trunk aggregate is the sum
-            of the weighted heads' gradients).
+            (`uncertainty`, `gradnorm`, `dwa`, `gls`, `stch`, `imtl_l`, `famo`,
+            `rlw`, whose trunk aggregate is the sum of the weighted heads'
+            gradients). Also `nash_mtl`, `gradvac`, `fairgrad`, `sdmgrad`,
+            `random`, `graddrop`, `trimmed_mean`.
         options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,
             `{"alpha": 1.5}`, ...).
         rep_grad: combine the heads' gradients at the trunk output (MGDA-UB).
-        seed: seed of the PCGrad projection order (a generator owned by this
-            trainer; no global random state).
+        seed: seed of the random draws of `pcgrad`, `gradvac`, `random`,
+            `graddrop` and `rlw` (a generator owned by this trainer, checkpointed
+            with it; no global random state).
+        dtype: precision of the Gramian, the weights' solve and the aggregator's
+            state: `"float32"` (default) or `"float64"`, for analysis (the
+            combined gradient keeps the variables' dtype).
     """
 
     optimizer: OptimizerSpec = "adam"
@@ -100,9 +106,11 @@ class TrunkPolicy:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     rep_grad: bool = False
     seed: int = 0
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         check_choice(self.aggregator, "TrunkPolicy.aggregator", TRUNK_AGGREGATORS)
+        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"))
         if not isinstance(self.options, Mapping):
             raise TypeError(f"TrunkPolicy.options: expected a mapping, got {describe(self.options)}")
         check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False))
@@ -120,7 +128,7 @@ class TrunkPolicy:
 
     @property
     def is_loss_weighting(self) -> bool:
-        """True for `uncertainty`, `gradnorm`, `dwa`."""
+        """True for the loss weightings (`LOSS_WEIGHTINGS`)."""
         return self.aggregator in LOSS_WEIGHTINGS
 
 
@@ -285,7 +293,7 @@ class _Aggregated:
                          factors: tf.Tensor | None, gram: tf.Tensor | None,
                          stacked: Sequence[tf.Tensor], projections: tf.Tensor,
                          trunk_grads: Sequence[tf.Tensor]) -> None:
-        random_order = self.aggregator.random_order
+        random_order = self.aggregator.name == "pcgrad"  # the only one counting projections
 
         def log() -> None:
             # Constant weights need no Gramian to step: compute it on logging steps only.
@@ -293,7 +301,8 @@ class _Aggregated:
             n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
             cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
             for i, head in enumerate(names):
-                write_scalar(tags.agg_weight(head), weights[i])
+                if weights is not None:  # coordinate-wise aggregators have no row weights
+                    write_scalar(tags.agg_weight(head), weights[i])
                 if factors is not None:
                     write_scalar(tags.agg_loss_weight(head), factors[i])
                 write_scalar(tags.agg_trunk_grad_norm(head), n[i])
@@ -318,18 +327,34 @@ class _Aggregated:
         # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
         pairwise = k <= _PAIRWISE_MAX_HEADS
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
-        constant = aggregator.name in ("sum", "mean", "weights")
+        dtype = tf.as_dtype(self.policy.dtype)
+        if aggregator.coordinatewise:  # GradDrop, TrimmedMean: coordinate by coordinate
+            combined = []
+            for block, t in zip(stacked, sources):
+                extra = {"noise": self.rng.uniform(block.shape[1:])} if aggregator.noise else {}
+                combined.append(tf.reshape(tf.cast(aggregator(tf.cast(block, dtype), **extra),
+                                                   block.dtype), tf.shape(t)))
+            return combined, (None, tf.constant(0, tf.int32), None), stacked
+        constant = aggregator.name in ("sum", "mean", "weights", "random")
         needs_gram = not constant or (self.weighting is not None and self.weighting.needs_grad_norms)
         gram = None
+        extra = {}
+        if aggregator.random_order:
+            extra["order"] = tf.argsort(self.rng.uniform([k, k]), axis=1)
+        if aggregator.noise == "normal":
+            extra["noise"] = self.rng.normal([k])
+        if aggregator.state:
+            extra["state"] = self.aggregator_state.read(self._indices(names))
         if needs_gram:
-            gram = _pairwise_gramian(per_head) if pairwise else _gramian(stacked)
-            extra = {}
-            if aggregator.random_order:
-                extra["order"] = tf.argsort(self.rng.uniform([k, k]), axis=1)
+            gram = (_pairwise_gramian(per_head, dtype) if pairwise else _gramian(stacked, dtype))
             result = aggregator(gram, **extra)
         else:
-            result = aggregator(tf.zeros([k, k]))
+            result = aggregator(tf.zeros([k, k], dtype), **extra)
+        if aggregator.state:
+            self.aggregator_state.write(self._indices(names), result.state)
         weights = result.weights
+        if weights.dtype != tf.float32:  # float64 analysis: combine in the variables' dtype
+            weights = tf.cast(weights, stacked[0].dtype if stacked else tf.float32)
         static = tf.get_static_value(weights)
         if static is not None or pairwise:  # then `stacked` is only read on logging steps
             terms = static.tolist() if static is not None else tf.unstack(weights)
@@ -341,6 +366,47 @@ class _Aggregated:
         return combined, (weights, result.projections, gram), stacked
 
 
+class AggregatorState(tf.Module):
+    """A stateful aggregator's state, as variables (checkpointed as `trunk_update/aggregator_state`).
+
+    Per-head entries have the heads on their leading axes, in the trunk update's head
+    order; a step of a subset of the heads (a head dropped as non-finite) reads and
+    writes that subset's entries only, so each head keeps its own history.
+    Shared entries (a step counter) advance on every step.
+    """
+
+    def __init__(self, aggregator: Aggregator, num_heads: int, dtype: str) -> None:
+        super().__init__(name="aggregator_state")
+        self._head_axes = self._no_dependency(
+            {key: spec.head_axes for key, spec in aggregator.state.items()})
+        for key, value in aggregator.initial_state(num_heads).items():
+            value = value.astype(dtype) if value.dtype.kind == "f" else value
+            setattr(self, key, tf.Variable(value, trainable=False, name=key))
+
+    def read(self, indices: Sequence[int]) -> dict[str, tf.Tensor]:
+        """The state of the heads `indices` (positions in the trunk update's heads)."""
+        out = {}
+        for key, axes in self._head_axes.items():
+            value = tf.convert_to_tensor(getattr(self, key))
+            for axis in range(axes):
+                value = tf.gather(value, indices, axis=axis)
+            out[key] = value
+        return out
+
+    def write(self, indices: Sequence[int], new: Mapping[str, tf.Tensor]) -> None:
+        """Assigns the new state of the heads `indices`."""
+        for key, axes in self._head_axes.items():
+            var = getattr(self, key)
+            value = tf.cast(new[key], var.dtype)
+            if axes == 0 or list(indices) == list(range(var.shape[0])):
+                var.assign(value)
+            elif axes == 1:
+                var.scatter_nd_update(tf.constant([[i] for i in indices]), value)
+            else:
+                grid = [[[i, j] for j in indices] for i in indices]
+                var.scatter_nd_update(tf.constant(grid), value)
+
+
 class TrunkUpdate(_Aggregated, tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
@@ -348,7 +414,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
     or the `trunk_update` part of `multihead.io.checkpoints`) saves the trunk
     optimizer (its slots, its iteration count and, as every Keras optimizer
     tracks them, the variables it was built on), the loss weighting's variables
-    (e.g. the uncertainty log-variances) and PCGrad's generator state.
+    (e.g. the uncertainty log-variances), a stateful aggregator's state
+    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ...) and the
+    generator of the random methods.
 
     Attributes:
         policy: the `TrunkPolicy`.
@@ -372,11 +440,13 @@ class TrunkUpdate(_Aggregated, tf.Module):
         if policy.is_loss_weighting:
             self.aggregator: Aggregator = get_aggregator("sum", num_heads=k)
             self.weighting: LossWeighting | None = make_loss_weighting(
-                policy.aggregator, k, **policy.options)
+                policy.aggregator, k, seed=policy.seed, **policy.options)
         else:
             self.aggregator = get_aggregator(policy.aggregator, num_heads=k, **policy.options)
             self.weighting = None
         self.rng = tf.random.Generator.from_seed(policy.seed)
+        if self.aggregator.state:  # only then: stateless runs keep their checkpoint keys
+            self.aggregator_state = AggregatorState(self.aggregator, k, policy.dtype)
         # Not a dependency of this module itself (the optimizer already tracks its variables).
         self.var_list: tuple[keras.Variable, ...] = self._no_dependency(())
         # Aggregated head names -> the aggregator of that subset (partial steps, a head
@@ -384,6 +454,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
         self._subsets: dict[tuple[str, ...], Aggregator] = self._no_dependency({})
 
     per_head = False
+
+    def _indices(self, names: tuple[str, ...]) -> list[int]:
+        return [self.heads.index(h) for h in names]
 
     def aggregator_for(self, names: tuple[str, ...]) -> Aggregator:
         """The aggregator of the subset `names` of the aggregated heads (the policy's
@@ -398,7 +471,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
             options = dict(self.policy.options)
             if "weights" in options:
                 options["weights"] = [options["weights"][self.heads.index(h)] for h in names]
-            self._subsets[names] = get_aggregator(self.policy.aggregator, num_heads=len(names),
+            # TrimmedMean's limit is checked on all heads; a step with fewer trims fewer.
+            count = None if self.policy.aggregator == "trimmed_mean" else len(names)
+            self._subsets[names] = get_aggregator(self.policy.aggregator, num_heads=count,
                                                   **options)
         return self._subsets[names]
 
@@ -465,22 +540,27 @@ def _weighted_sum(grads: Sequence[tf.Tensor | None], weights: Sequence[float | t
     return tf.add_n(terms) if terms else tf.zeros_like(like)
 
 
-def _pairwise_gramian(per_head: Sequence[Sequence[tf.Tensor | None]]) -> tf.Tensor:
+def _pairwise_gramian(per_head: Sequence[Sequence[tf.Tensor | None]],
+                      dtype: tf.DType = tf.float32) -> tf.Tensor:
     """`G G^T` from the K(K+1)/2 inner products of the heads' gradients (no stacking)."""
     k = len(per_head)
 
+    def cast(x: tf.Tensor) -> tf.Tensor:
+        return x if x.dtype == dtype else tf.cast(x, dtype)
+
     def dot(a: int, b: int) -> tf.Tensor:
-        terms = [tf.reduce_sum(x * y) for x, y in zip(per_head[a], per_head[b])
+        terms = [tf.reduce_sum(cast(x) * cast(y)) for x, y in zip(per_head[a], per_head[b])
                  if x is not None and y is not None]
-        return tf.add_n(terms) if terms else tf.constant(0.0)
+        return tf.add_n(terms) if terms else tf.constant(0.0, dtype)
 
     upper = {(a, b): dot(a, b) for a in range(k) for b in range(a, k)}
     return tf.stack([tf.stack([upper[min(a, b), max(a, b)] for b in range(k)]) for a in range(k)])
 
 
-def _gramian(stacked: Sequence[tf.Tensor]) -> tf.Tensor:
+def _gramian(stacked: Sequence[tf.Tensor], dtype: tf.DType = tf.float32) -> tf.Tensor:
     """`G G^T` summed over the per-variable `K x n` blocks of G (no concatenation)."""
-    return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in stacked])
+    blocks = [s if s.dtype == dtype else tf.cast(s, dtype) for s in stacked]
+    return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in blocks])
 
 
 

@@ -154,11 +154,14 @@ class TrunkConfig:
 
     optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
     aggregator: str = _field("sum", doc="sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl, "
-                                        "dualproj, aligned_mtl, config, krum, "
-                                        "uncertainty, gradnorm or dwa")
+                                        "dualproj, aligned_mtl, config, krum, nash_mtl, "
+                                        "gradvac, fairgrad, sdmgrad, random, graddrop, "
+                                        "trimmed_mean, uncertainty, gradnorm, dwa, gls, "
+                                        "stch, imtl_l, famo or rlw")
     options: dict[str, Any] = _field({}, doc="the aggregator's options, e.g. {c: 0.4} for cagrad")
     rep_grad: bool = _field(False, doc="combine at the trunk output (MGDA-UB style)")
     seed: Union[int, None] = _field(None, doc="PCGrad order seed; default: the top-level seed")
+    dtype: str = _field("float32", doc="float32, or float64 for analysis (Gramian, solve, state)")
 
 
 @dataclasses.dataclass
@@ -738,9 +741,10 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
     check_choice(trunk.aggregator, "train.trunk.aggregator", TRUNK_AGGREGATORS, error=ConfigError)
     try:
         TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
-                    options=trunk.options, rep_grad=trunk.rep_grad)
+                    options=trunk.options, rep_grad=trunk.rep_grad, dtype=trunk.dtype)
     except (ValueError, TypeError) as err:
-        key = "rep_grad" if "rep_grad" in str(err) else "options"
+        key = ("rep_grad" if "rep_grad" in str(err) else
+               "dtype" if "TrunkPolicy.dtype" in str(err) else "options")
         raise ConfigError(f"train.trunk.{key}: {err}") from None
     if config.train.schedule != "simultaneous":
         raise ConfigError(f"train.schedule: trunk aggregation needs simultaneous, got "
