@@ -98,7 +98,7 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
             requeue.append(entry)  # failed, or running when the sweep was killed: run again
     os.makedirs(os.path.join(sweep.sweep_dir, "logs"), exist_ok=True)
     running: list[tuple[dict[str, Any], Any, Any]] = []
-    sweep._report()
+    sweep.report_progress()
     try:
         while requeue or running or len(index["trials"]) < index["n_trials"]:
             while len(running) < jobs and (requeue or len(index["trials"]) < index["n_trials"]):
@@ -114,9 +114,9 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
                              "metrics": None, "objective": None}
                     index["trials"].append(entry)
                 entry["intermediate"] = {}
-                running.append((entry, trial, sweep._launch(backend, entry)))
+                running.append((entry, trial, sweep.launch(backend, entry)))
                 sweep.save()
-                sweep._report()
+                sweep.report_progress()
             time.sleep(poll_s)
             for item in list(running):
                 entry, trial, handle = item
@@ -131,7 +131,7 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
                             entry.update(status="pruned", error=f"pruned at step {step}")
                             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                             sweep.save()
-                            sweep._report()
+                            sweep.report_progress()
                             break
                 else:
                     code = backend.poll(handle)
@@ -145,7 +145,7 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
                     else:
                         study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     sweep.save()
-                    sweep._report()
+                    sweep.report_progress()
     finally:
         for entry, _, handle in running:
             backend.stop(handle)

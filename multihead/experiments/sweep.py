@@ -505,7 +505,8 @@ class Sweep:
                  else f"; best {self.objective.name} -")
         return line
 
-    def _report(self) -> None:
+    def report_progress(self) -> None:
+        """Prints the progress line (done/running/failed, best so far) to the stream."""
         if self.stream is not None:
             print(self.progress(), file=self.stream, flush=True)
 
@@ -514,7 +515,8 @@ class Sweep:
         return [t for t in self.index["trials"] if t["status"] != "done"
                 or not os.path.isfile(os.path.join(self.run_dir(t), "metrics.json"))]
 
-    def _launch(self, backend: Any, trial: dict[str, Any]) -> Any:
+    def launch(self, backend: Any, trial: dict[str, Any]) -> Any:
+        """Starts `trial` on `backend` (resuming its run directory if it was interrupted)."""
         run_dir = self.run_dir(trial)
         resume = resumable(run_dir)
         if os.path.exists(run_dir) and not resume:
@@ -527,14 +529,14 @@ class Sweep:
         os.makedirs(os.path.join(self.sweep_dir, LOGS), exist_ok=True)
         todo = self._todo()
         running: list[tuple[dict[str, Any], Any]] = []
-        self._report()
+        self.report_progress()
         try:
             while todo or running:
                 while todo and len(running) < jobs:
                     trial = todo.pop(0)
-                    running.append((trial, self._launch(backend, trial)))
+                    running.append((trial, self.launch(backend, trial)))
                     self.save()
-                    self._report()
+                    self.report_progress()
                 time.sleep(poll_s)
                 for trial, handle in list(running):
                     code = backend.poll(handle)
@@ -545,7 +547,7 @@ class Sweep:
                         text = fh.read()
                     trial.update(trial_outcome(self.run_dir(trial), code, text, self.objective))
                     self.save()
-                    self._report()
+                    self.report_progress()
         finally:
             for trial, handle in running:  # interrupted (Ctrl-C): stop the trials, resumable
                 backend.stop(handle)
