@@ -66,15 +66,17 @@ def count(model: mh.MultiHeadModel) -> int:
 
 
 def matched_width(name: str, target: int) -> int:
-    """The width whose model has the parameter count closest to `target`."""
-    best, best_gap = 1, None
-    for width in range(1, WIDTH + 1):
-        gap = abs(count(build(name, width)) - target)
-        if best_gap is None or gap < best_gap:
-            best, best_gap = width, gap
-        elif gap > best_gap:  # the count grows with the width
-            break
-    return best
+    """The width whose model has the parameter count closest to `target` (the count grows
+    with the width: bisection)."""
+    low, high = 1, WIDTH
+    while low < high:
+        mid = (low + high) // 2
+        if count(build(name, mid)) < target:
+            low = mid + 1
+        else:
+            high = mid
+    candidates = [w for w in (low - 1, low) if w >= 1]
+    return min(candidates, key=lambda w: abs(count(build(name, w)) - target))
 
 
 def compiled_step(model: mh.MultiHeadModel):
@@ -85,14 +87,22 @@ def compiled_step(model: mh.MultiHeadModel):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 repeats of 20 steps")
+    parser.add_argument("--width", type=int, default=WIDTH, help="shared-bottom width (512)")
+    parser.add_argument("--batch", type=int, default=BATCH, help="batch size (256)")
+    parser.add_argument("--in-dim", type=int, default=IN_DIM, help="input features (100)")
+    parser.add_argument("--only", help="comma-separated architectures besides shared_bottom")
     args = parser.parse_args()
+    global WIDTH, BATCH, IN_DIM  # noqa: PLW0603 - a script's settings, read by build()
+    WIDTH, BATCH, IN_DIM = args.width, args.batch, args.in_dim
+    names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom"
+                                 and (not args.only or n in args.only.split(","))]
     calls, repeats = (20, 5) if args.quick else (50, 15)
     rng = np.random.default_rng(1)
     x = tf.constant(rng.standard_normal((BATCH, IN_DIM)), tf.float32)
     y = {h: tf.constant(rng.standard_normal((BATCH, 1)), tf.float32) for h in HEADS}
     target = count(build("shared_bottom", WIDTH))
     widths, params, steps = {}, {}, {}
-    for name in TRUNKS:
+    for name in names:
         widths[name] = WIDTH if name == "shared_bottom" else matched_width(name, target)
         model = build(name, widths[name])
         params[name] = count(model)
@@ -102,10 +112,11 @@ def main() -> None:
     medians = interleaved_medians(steps, calls, repeats)
     base = medians["shared_bottom"]
     rows = [["architecture", "width", "parameters", "ms / step", "ratio"]]
-    for name in TRUNKS:
+    for name in names:
         rows.append([name, str(widths[name]), str(params[name]), f"{medians[name] * 1e3:.2f}",
                      f"{medians[name] / base:.2f}x"])
-    print(f"step time at matched parameters, batch {BATCH}, median of {repeats} x {calls} steps")
+    print(f"step time at matched parameters, {IN_DIM} inputs, batch {BATCH}, median of "
+          f"{repeats} x {calls} steps")
     print(table(rows))
 
 

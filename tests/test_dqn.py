@@ -152,7 +152,7 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
     ("dqn.head=value", "dqn.head: the model has no head 'value'"),
     ("model.heads.q.layers={class_name: Dense, config: {units: 3}}",
      "model.heads.q.layers: the Q head must output 2 values per example, it outputs shape (3,)"),
-    ("env.id=NoSuchEnv-v0", "env.id: cannot make 'NoSuchEnv-v0'"),
+    ("env.id=NoSuchEnv-v0", "env.id: 'NoSuchEnv-v0' is not a registered gymnasium environment"),
     ("model.heads.q.loss=msee", "model.heads.q.loss"),
     ("model.heads.q.metrics=[mae]", "model.heads.q.metrics: not used by task dqn"),
 ])

@@ -191,7 +191,7 @@ def test_a_per_head_config_trains_and_reports_each_heads_own_eval_loss(tmp_path)
     (lambda c: c.replace("    b: {kind", "    c: {kind"), "data.per_head.c"),
     (lambda c: c.replace("  sampling: all", "  kind: npz\n  sampling: all"), "data.kind: not used"),
     (lambda c: c.replace("seed: 2}", "seed: 2, sampling: uniform}"), "data.per_head.b.sampling"),
-    (lambda c: c.replace("seed: 2}", "seed: 2, kind: npz}"), "data.per_head.b"),
+    (lambda c: c.replace("seed: 2}", "seed: 2, train: b.npz}"), "data.per_head.b.train"),
     (lambda c: c.replace("  per_head:", "  temperature: 0\n  per_head:"), "data.temperature"),
     (lambda c: c.replace("  sampling: all\n  per_head:\n", "  sampling: uniform\n  unused:\n"),
      "data"),
