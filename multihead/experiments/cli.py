@@ -68,7 +68,9 @@ def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
 
     try:
         runner = tasks.prepare(config)
-        if config.task == "supervised":  # validate runs what train would run first
+        # validate runs what train would run first; not under a strategy: eager work on
+        # distributed variables outside the step can wait on the other workers' collectives
+        if config.task == "supervised" and getattr(runner, "strategy", None) is None:
             from multihead.experiments.dry_run import dry_run
 
             dry_run(runner)
