@@ -167,11 +167,9 @@ def _tensors(prefix):
             if not key.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "run/"))}
 
 
-@pytest.mark.parametrize("text", [CONFIG, PER_HEAD_CONFIG], ids=["one_dataset", "per_head"])
-def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path, text):
-    config = tmp_path / "exp.yaml"
-    config.write_text(text)
-    stopped, full = tmp_path / "stopped", tmp_path / "full"
+def _killed_after_a_checkpoint(config, stopped):
+    """Starts `multihead train config` in `stopped`, SIGKILLs it once it has written a
+    checkpoint; returns the step of its newest checkpoint."""
     state_file = stopped / "checkpoints" / "checkpoint"
     proc = subprocess.Popen([sys.executable, "-m", "multihead", "train", str(config),
                              "--run-dir", str(stopped), "--quiet"], env=_env(),
@@ -190,7 +188,15 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
             proc.wait(timeout=30)
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
-    killed_at = CheckpointManager.step_of(tf.train.latest_checkpoint(str(stopped / "checkpoints")))
+    return CheckpointManager.step_of(tf.train.latest_checkpoint(str(stopped / "checkpoints")))
+
+
+@pytest.mark.parametrize("text", [CONFIG, PER_HEAD_CONFIG], ids=["one_dataset", "per_head"])
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path, text):
+    config = tmp_path / "exp.yaml"
+    config.write_text(text)
+    stopped, full = tmp_path / "stopped", tmp_path / "full"
+    killed_at = _killed_after_a_checkpoint(config, stopped)
     total = (killed_at // 25 + 3) * 25  # at least 2 more checkpoints and evaluations
 
     _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
@@ -272,25 +278,7 @@ def test_stateful_aggregator_sigkill_then_resume_equals_the_uninterrupted_run(
     config = tmp_path / "exp.yaml"
     config.write_text(AGG_CONFIG.replace("AGGREGATOR", aggregator))
     stopped, full = tmp_path / "stopped", tmp_path / "full"
-    state_file = stopped / "checkpoints" / "checkpoint"
-    proc = subprocess.Popen([sys.executable, "-m", "multihead", "train", str(config),
-                             "--run-dir", str(stopped), "--quiet"], env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 180
-        while not state_file.exists():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no checkpoint within 180 s"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    killed_at = CheckpointManager.step_of(tf.train.latest_checkpoint(str(stopped / "checkpoints")))
+    killed_at = _killed_after_a_checkpoint(config, stopped)
     total = (killed_at // 25 + 2) * 25
 
     _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")

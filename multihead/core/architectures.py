@@ -198,8 +198,11 @@ class MMoE(_Gated):
         self.expert_units = _check_units(expert_units, f"{type(self).__name__}.expert_units")
         self.expert_activation = expert_activation
         self.experts = Experts(self.num_experts, self.expert_units, expert_activation)
-        self.gates = [keras.layers.Dense(self.num_experts, activation="softmax", use_bias=False)
-                      for _ in self._gate_names()]
+        self.gates = [self._gate() for _ in self._gate_names()]
+
+    def _gate(self) -> keras.layers.Layer:
+        """A new gate: `(batch, in) -> (batch, experts)` mixture weights."""
+        return keras.layers.Dense(self.num_experts, activation="softmax", use_bias=False)
 
     def _gate_names(self) -> tuple[str, ...]:
         return self.head_names
@@ -368,7 +371,7 @@ class DSelectGate(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="multihead")
-class DSelectK(_Gated):
+class DSelectK(MMoE):
     """Mixture of shared experts with one DSelect-k gate per head (Hazimeh et al., 2021).
 
     Args:
@@ -382,27 +385,15 @@ class DSelectK(_Gated):
 
     def __init__(self, heads: Sequence[str], experts: int, k: int, expert_units: Sequence[int],
                  gamma: float = 1.0, expert_activation: Any = "relu", **kwargs: Any) -> None:
-        super().__init__(heads, **kwargs)
-        self.num_experts = _check_positive(experts, "DSelectK.experts")
-        self.k = _check_positive(k, "DSelectK.k")
-        self.expert_units = _check_units(expert_units, "DSelectK.expert_units")
+        self.k = _check_positive(k, "DSelectK.k")  # read by `_gate` during MMoE's __init__
         self.gamma = float(gamma)
-        self.expert_activation = expert_activation
-        self.experts = Experts(self.num_experts, self.expert_units, expert_activation)
-        self.gates = [DSelectGate(self.num_experts, self.k, self.gamma) for _ in self.head_names]
+        super().__init__(heads, experts, expert_units, expert_activation, **kwargs)
 
-    def forward(self, inputs: Any, training: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        expert_out = self.experts(inputs)
-        gates = {h: gate(inputs) for h, gate in zip(self.head_names, self.gates)}
-        return {h: _mix(g, expert_out) for h, g in gates.items()}, gates
-
-    def head_owned_layers(self) -> dict[str, list[keras.layers.Layer]]:
-        return {h: [gate] for h, gate in zip(self.head_names, self.gates)}
+    def _gate(self) -> keras.layers.Layer:
+        return DSelectGate(self.num_experts, self.k, self.gamma)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "experts": self.num_experts, "k": self.k,
-                "expert_units": self.expert_units, "gamma": self.gamma,
-                "expert_activation": self.expert_activation}
+        return {**super().get_config(), "k": self.k, "gamma": self.gamma}
 
 
 @keras.saving.register_keras_serializable(package="multihead")

@@ -212,17 +212,20 @@ class DataPosition(tf.Module):
             ValueError: the restored position is past the end of an epoch of `dataset`
                 (it is not the data the checkpoint was trained on).
         """
-        epoch, skip = int(self.epoch.numpy()), int(self.batch.numpy())
-        if not self._resume:
-            epoch, skip = 0, 0
-            self.epoch.assign(0)
-            self.batch.assign(0)
-        self._resume = False
+        epoch, skip = self._start()
         if skip > per_epoch:
             raise ValueError(self._cannot_resume(epoch, skip, per_epoch))
         self._per_epoch = per_epoch
         # Prefetched across epochs: a prefetch inside the repetition restarts cold each epoch.
         return iter(dataset.repeat().skip(epoch * per_epoch + skip).prefetch(tf.data.AUTOTUNE))
+
+    def _start(self) -> tuple[int, int]:
+        """The position a new stream starts from: the restored one, else (0, 0)."""
+        if not self._resume:
+            self.epoch.assign(0)
+            self.batch.assign(0)
+        self._resume = False
+        return int(self.epoch.numpy()), int(self.batch.numpy())
 
     @staticmethod
     def _cannot_resume(epoch: int, skip: int, batches: int) -> str:
@@ -238,12 +241,7 @@ class DataPosition(tf.Module):
             ValueError: an epoch yields no batch, or fewer than the restored
                 position needs (it is not the data the checkpoint was trained on).
         """
-        epoch, skip = int(self.epoch.numpy()), int(self.batch.numpy())
-        if not self._resume:
-            epoch, skip = 0, 0
-            self.epoch.assign(0)
-            self.batch.assign(0)
-        self._resume = False
+        epoch, skip = self._start()
         self._per_epoch = None
         for _ in range(epoch):
             iter(dataset)  # draws this epoch's reshuffle seed, as the original run did

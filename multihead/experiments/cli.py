@@ -42,10 +42,11 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def _default_run_dir(config_path: str) -> str:
+def default_run_dir(config_path: str, prefix: str = "") -> str:
+    """A new directory name under `runs/`: `<prefix><config stem>-<date>-<time>[-n]`."""
     stem = os.path.splitext(os.path.basename(config_path))[0]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = os.path.join("runs", f"{stem}-{stamp}")
+    base = os.path.join("runs", f"{prefix}{stem}-{stamp}")
     candidate, n = base, 1
     while os.path.exists(candidate):
         n += 1
@@ -382,7 +383,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     runner = _prepare(args, config)
     if args.resume:
         return _train_resume(args, config, runner)
-    run_dir = args.run_dir or _default_run_dir(args.config)
+    run_dir = args.run_dir or default_run_dir(args.config)
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
     from multihead.experiments.run_guard import LOCK_FILE

@@ -635,23 +635,26 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
         if not isinstance(data.targets, Mapping):
             raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
                               f"{describe(data.targets)}")
-        for head in data.targets:
-            if head not in heads:
-                raise ConfigError(f"data.targets.{head}: the model has no head {head!r}"
-                                  f"{suggest(str(head), heads)}; its heads are {heads}")
+        _check_head_keys(data.targets, "data.targets", heads)
         for head in heads:
             if head not in data.targets:
                 raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
                                   f"add data.targets.{head}")
 
 
+def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:
+    """Every key of the mapping at `where` names a head of the model."""
+    for head in keys:
+        if head not in heads:
+            raise ConfigError(f"{where}.{head}: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
+
+
 def _check_sampling(data: DataConfig, heads: list[str]) -> None:
     """`data.per_head` (one source per head) and how its heads are drawn."""
     check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
+    _check_head_keys(data.sampling_weights, "data.sampling_weights", heads)
     for head, weight in data.sampling_weights.items():
-        if head not in heads:
-            raise ConfigError(f"data.sampling_weights.{head}: the model has no head {head!r}"
-                              f"{suggest(str(head), heads)}; its heads are {heads}")
         check_bounds(weight, f"data.sampling_weights.{head}", minimum=0, min_open=True,
                      error=ConfigError)
     if not data.per_head:
@@ -665,10 +668,7 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
                               f"source is data.per_head.<head>.{field.name}); move or remove it")
-    for head in data.per_head:
-        if head not in heads:
-            raise ConfigError(f"data.per_head.{head}: the model has no head {head!r}"
-                              f"{suggest(str(head), heads)}; its heads are {heads}")
+    _check_head_keys(data.per_head, "data.per_head", heads)
     sections = {}
     for head in heads:
         where = f"data.per_head.{head}"

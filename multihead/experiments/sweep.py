@@ -627,15 +627,9 @@ def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], Sw
 
 
 def _default_sweep_dir(config_path: str) -> str:
-    import datetime
+    from multihead.experiments.cli import default_run_dir
 
-    stem = os.path.splitext(os.path.basename(config_path))[0]
-    base = os.path.join("runs", f"sweep-{stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    candidate, n = base, 1
-    while os.path.exists(candidate):
-        n += 1
-        candidate = f"{base}-{n}"
-    return candidate
+    return default_run_dir(config_path, prefix="sweep-")
 
 
 def resolve_threads(text: str, jobs: int) -> int | None:
