@@ -85,6 +85,7 @@ def compiled_step(model: mh.MultiHeadModel):
 
 
 def main() -> None:
+    global WIDTH, BATCH, IN_DIM  # noqa: PLW0603 - a script's settings, read by build()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 repeats of 20 steps")
     parser.add_argument("--width", type=int, default=WIDTH, help="shared-bottom width (512)")
@@ -92,7 +93,6 @@ def main() -> None:
     parser.add_argument("--in-dim", type=int, default=IN_DIM, help="input features (100)")
     parser.add_argument("--only", help="comma-separated architectures besides shared_bottom")
     args = parser.parse_args()
-    global WIDTH, BATCH, IN_DIM  # noqa: PLW0603 - a script's settings, read by build()
     WIDTH, BATCH, IN_DIM = args.width, args.batch, args.in_dim
     names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom"
                                  and (not args.only or n in args.only.split(","))]
