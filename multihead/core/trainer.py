@@ -73,6 +73,15 @@ def _zeros_for_spec(spec: tf.TensorSpec) -> tf.Tensor:
     return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
 
 
+def _is_empty(dataset: tf.data.Dataset) -> bool:
+    """Whether `dataset` yields nothing: from its cardinality when TF knows it (no pipeline
+    start), else by taking one element."""
+    known = int(dataset.cardinality())
+    if known != int(tf.data.UNKNOWN_CARDINALITY):
+        return known == 0
+    return next(iter(dataset.take(1)), None) is None
+
+
 def _split_batch(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
@@ -765,7 +774,7 @@ class Trainer:
         for i, head in enumerate(self.model.head_names):
             head_seed = None if seed is None else seed + i
             datasets[head] = self._head_dataset(head, data[head], batch_size, True, head_seed)
-            if next(iter(datasets[head].take(1)), None) is None:
+            if _is_empty(datasets[head]):
                 raise ValueError(f"data[{head!r}] yields no batch; give that head some examples")
             leaves = [] if isinstance(data[head], tf.data.Dataset) else tf.nest.flatten(data[head])
             sizes[head] = len(leaves[0]) if leaves else None
