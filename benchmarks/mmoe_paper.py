@@ -3,10 +3,14 @@ at task correlations 0.5, 0.9 and 1.0, over seeds.
 
 Each run is `multihead train experiments/mmoe_paper/<model>.yaml --set data.correlation=<c>
 --set seed=<s>` (in this process, TensorBoard off); the seed draws both the data (new task
-weight vectors and examples) and the initial weights. The table shows the final eval MSE,
-mean of the two tasks, as mean +- standard deviation over seeds (the spread is mostly the
-data's: each seed draws new tasks), and MMoE's margin over each of the others, paired by
-seed (same data): the mean over seeds of `loss_mmoe / loss_other - 1`.
+weight vectors, sinusoids and examples) and the initial weights. Two tables: the final MSE on
+the training set (the paper's Figure 4 plots training loss) and on the eval set, mean of the
+two tasks. Each cell is mean +- standard deviation over seeds of the MSE relative to the
+constant predictor's on the same data (`metrics.json`'s `baseline`: 1 is no better than
+predicting the training mean, 0 is perfect), which takes out most of the spread that comes
+from each seed drawing tasks of different difficulty; the margins are MMoE's against each of
+the others, paired by seed (same data): the mean over seeds of `loss_mmoe / loss_other - 1`.
+`--json PATH` also writes every run's raw losses.
 
     python benchmarks/mmoe_paper.py              # 3 seeds, the configs' 3000 steps
     python benchmarks/mmoe_paper.py --seeds 5 --steps 20000
@@ -36,10 +40,12 @@ from _timing import table  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("shared_bottom", "omoe", "mmoe")
 CORRELATIONS = (0.5, 0.9, 1.0)
+HEADS = ("y1", "y2")
 
 
-def run(model: str, correlation: float, seed: int, steps: int | None, workdir: str) -> float:
-    """Final eval MSE, mean over the two tasks, of one run."""
+def run(model: str, correlation: float, seed: int, steps: int | None, workdir: str) -> dict:
+    """One run's final MSE on the training and eval sets and the constant predictor's, each
+    the mean over the two tasks."""
     from multihead.experiments.cli import main
 
     run_dir = os.path.join(workdir, f"{model}-{correlation}-{seed}")
@@ -53,13 +59,20 @@ def run(model: str, correlation: float, seed: int, steps: int | None, workdir: s
     if code != 0:
         raise SystemExit(f"run failed: {' '.join(args)}")
     with open(os.path.join(run_dir, "metrics.json")) as f:
-        evals = json.load(f)["eval"]
-    return statistics.fmean(evals[h]["loss"] for h in ("y1", "y2"))
+        metrics = json.load(f)
+    return {split: statistics.fmean(metrics[split][h]["loss"] for h in HEADS)
+            for split in ("train", "eval", "baseline")}
 
 
-def paired_margin(losses: dict, model: str, other: str, correlation: float) -> str:
-    """Mean over seeds of MMoE's loss relative to `other`'s on the same seed (same data)."""
-    ratios = [a / b - 1 for a, b in zip(losses[(model, correlation)], losses[(other, correlation)])]
+def relative(result: dict, split: str) -> float:
+    """MSE on `split` relative to the constant predictor's (the training mean) on the eval set."""
+    return result[split] / result["baseline"]
+
+
+def paired_margin(runs: dict, split: str, model: str, other: str, correlation: float) -> str:
+    """Mean over seeds of `model`'s loss relative to `other`'s on the same seed (same data)."""
+    ratios = [a[split] / b[split] - 1
+              for a, b in zip(runs[(model, correlation)], runs[(other, correlation)])]
     return f"{statistics.fmean(ratios):+.1%}"
 
 
@@ -69,31 +82,39 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 3)")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per run (default: the configs' 3000; --quick: 300)")
+    parser.add_argument("--json", default=None, help="also write every run's losses here")
     args = parser.parse_args()
     seeds = args.seeds or (2 if args.quick else 3)
     steps = args.steps or (300 if args.quick else None)
-    losses: dict[tuple[str, float], list[float]] = {}
+    runs: dict[tuple[str, float], list[dict]] = {}
     with tempfile.TemporaryDirectory() as workdir:
-        for correlation in CORRELATIONS:
-            for model in MODELS:
-                for seed in range(seeds):
-                    loss = run(model, correlation, seed, steps, workdir)
-                    losses.setdefault((model, correlation), []).append(loss)
-                    print(f"  {model:13s} correlation {correlation}  seed {seed}: {loss:.4f}",
+        for seed in range(seeds):  # seeds outermost: an interrupted run still covers every cell
+            for correlation in CORRELATIONS:
+                for model in MODELS:
+                    result = run(model, correlation, seed, steps, workdir)
+                    runs.setdefault((model, correlation), []).append(result)
+                    print(f"  {model:13s} correlation {correlation}  seed {seed}: "
+                          + "  ".join(f"{k} {v:.4f}" for k, v in result.items()),
                           file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"model": m, "correlation": c, "seed": s, **r}
+                       for (m, c), rs in runs.items() for s, r in enumerate(rs)], f, indent=1)
 
-    def cell(values: list[float]) -> str:
+    def cell(results: list[dict], split: str) -> str:
+        values = [relative(r, split) for r in results]
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{statistics.fmean(values):.4f} +- {spread:.4f}"
 
-    rows = [["correlation"] + list(MODELS) + ["MMoE vs shared-bottom", "MMoE vs OMoE"]]
-    for c in CORRELATIONS:
-        rows.append([str(c)] + [cell(losses[(m, c)]) for m in MODELS]
-                    + [paired_margin(losses, "mmoe", "shared_bottom", c),
-                       paired_margin(losses, "mmoe", "omoe", c)])
-    print(f"final eval MSE (mean of the two tasks), {seeds} seeds, "
-          f"{steps or 'the configs'} steps")
-    print(table(rows))
+    for split, what in (("train", "training set"), ("eval", "eval set")):
+        rows = [["correlation"] + list(MODELS) + ["MMoE vs shared-bottom", "MMoE vs OMoE"]]
+        for c in CORRELATIONS:
+            rows.append([str(c)] + [cell(runs[(m, c)], split) for m in MODELS]
+                        + [paired_margin(runs, split, "mmoe", "shared_bottom", c),
+                           paired_margin(runs, split, "mmoe", "omoe", c)])
+        print(f"\nfinal MSE on the {what} / the constant predictor's (mean of the two tasks), "
+              f"{seeds} seeds, {steps or 'the configs'} steps")
+        print(table(rows))
 
 
 if __name__ == "__main__":
