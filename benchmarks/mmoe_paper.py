@@ -15,6 +15,7 @@ the others, paired by seed (same data): the mean over seeds of `loss_mmoe / loss
     python benchmarks/mmoe_paper.py              # 3 seeds, the configs' 3000 steps
     python benchmarks/mmoe_paper.py --seeds 5 --steps 20000
     python benchmarks/mmoe_paper.py --quick      # 2 seeds, 300 steps: a smoke run
+    python benchmarks/mmoe_paper.py --set data.train_size=200000   # any config override
 
 The paper's findings (its Figure 4, training loss over 200 runs per setting): shared-bottom
 degrades as the correlation falls; MMoE is better than both the others, and its margin over
@@ -43,7 +44,8 @@ CORRELATIONS = (0.5, 0.9, 1.0)
 HEADS = ("y1", "y2")
 
 
-def run(model: str, correlation: float, seed: int, steps: int | None, workdir: str) -> dict:
+def run(model: str, correlation: float, seed: int, steps: int | None, workdir: str,
+        overrides: list[str] = ()) -> dict:
     """One run's final MSE on the training and eval sets and the constant predictor's, each
     the mean over the two tasks."""
     from multihead.experiments.cli import main
@@ -54,6 +56,8 @@ def run(model: str, correlation: float, seed: int, steps: int | None, workdir: s
             "--set", f"seed={seed}", "--set", "log.tensorboard=false"]
     if steps is not None:
         args += ["--set", f"train.steps={steps}", "--set", f"train.eval_every={steps}"]
+    for override in overrides:
+        args += ["--set", override]
     with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
         code = main(args)
     if code != 0:
@@ -83,6 +87,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per run (default: the configs' 3000; --quick: 300)")
     parser.add_argument("--json", default=None, help="also write every run's losses here")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run (e.g. data.train_size=200000)")
     args = parser.parse_args()
     seeds = args.seeds or (2 if args.quick else 3)
     steps = args.steps or (300 if args.quick else None)
@@ -91,7 +97,7 @@ def main() -> None:
         for seed in range(seeds):  # seeds outermost: an interrupted run still covers every cell
             for correlation in CORRELATIONS:
                 for model in MODELS:
-                    result = run(model, correlation, seed, steps, workdir)
+                    result = run(model, correlation, seed, steps, workdir, args.set)
                     runs.setdefault((model, correlation), []).append(result)
                     print(f"  {model:13s} correlation {correlation}  seed {seed}: "
                           + "  ".join(f"{k} {v:.4f}" for k, v in result.items()),
@@ -113,7 +119,8 @@ def main() -> None:
                         + [paired_margin(runs, split, "mmoe", "shared_bottom", c),
                            paired_margin(runs, split, "mmoe", "omoe", c)])
         print(f"\nfinal MSE on the {what} / the constant predictor's (mean of the two tasks), "
-              f"{seeds} seeds, {steps or 'the configs'} steps")
+              f"{seeds} seeds, {steps or 'the configs'} steps"
+              + "".join(f", {override}" for override in args.set))
         print(table(rows))
 
 
