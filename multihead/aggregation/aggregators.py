@@ -1379,7 +1379,9 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
         **options: the aggregator's keyword options (`weights=[...]` for
             `weights`; `c`, `rescale` for `cagrad`; `max_iter`, `tol` for `mgda`;
             `reg`, `norm_eps` for `upgrad` and `dualproj`; `scale_mode` for
-            `aligned_mtl`; `n_byzantine`, `n_selected` for `krum`).
+            `aligned_mtl`; `n_byzantine`, `n_selected` for `krum`; `beta`,
+            `beta_sigma`, `gamma`, `gamma_sigma`, `rho` for `moco`; `beta`,
+            `beta_sigma` for `db_mtl`; `robust_step_size` for `excess_mtl`).
 
     Raises:
         ValueError: unknown name or option, or a bad option value.

@@ -90,7 +90,9 @@ class TrunkPolicy:
             (`uncertainty`, `gradnorm`, `dwa`, `gls`, `stch`, `imtl_l`, `famo`,
             `rlw`, whose trunk aggregate is the sum of the weighted heads'
             gradients). Also `nash_mtl`, `gradvac`, `fairgrad`, `sdmgrad`,
-            `random`, `graddrop`, `trimmed_mean`.
+            `random`, `graddrop`, `trimmed_mean`, and `moco`, `db_mtl`, `excess_mtl`,
+            which keep a running copy of the heads' trunk gradients (K x the trunk's
+            parameters, in `aggregator_state`).
         options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,
             `{"alpha": 1.5}`, ...).
         rep_grad: combine the heads' gradients at the trunk output (MGDA-UB).
@@ -495,8 +497,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
     optimizer (its slots, its iteration count and, as every Keras optimizer
     tracks them, the variables it was built on), the loss weighting's variables
     (e.g. the uncertainty log-variances), a stateful aggregator's state
-    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ...) and the
-    generator of the random methods.
+    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ..., and the `K x D`
+    buffers of MoCo, DB-MTL and ExcessMTL, one variable per trunk variable, keyed
+    `<buffer>/<index in model.trunk_variables>`) and the generator of the random methods.
 
     Attributes:
         policy: the `TrunkPolicy`.
