@@ -1047,7 +1047,8 @@ def moco_update(grads: Sequence[tf.Tensor], buffers: Mapping[str, Sequence[tf.Te
     A tracking variable `y` (`K x D`, the buffer, initially 0) follows the heads'
     gradients, each normalised and scaled by its loss, `g_k / (|g_k| + 1e-8) L_k`:
     `y <- y - beta_t (y - G)`; the weights `lambd` (initially `1/K`) take one step of
-    the min-norm problem on `y`, kept on the simplex by a softmax (LibMTL's form):
+    the min-norm problem on `y`, kept on the simplex by a softmax (LibMTL's form; the
+    paper projects onto the simplex):
     `lambd <- softmax(lambd - gamma_t (y y^T + rho I) lambd)`; the direction is
     `lambd @ y`. Step sizes decay with the 1-based step `t`: `beta_t = beta / t^beta_sigma`,
     `gamma_t = gamma / t^gamma_sigma`. A zero gradient gives a zero row of `G`.

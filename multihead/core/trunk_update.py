@@ -386,7 +386,6 @@ class _Aggregated:
                         for s, t in zip(stacked, sources)]
         return combined, (weights, result.projections, gram), stacked
 
-
     def _combine_buffered(self, aggregator: Aggregator, names: tuple[str, ...],
                           stacked: list[tf.Tensor], sources: Sequence[Any],
                           losses: tf.Tensor | None, dtype: tf.DType,
