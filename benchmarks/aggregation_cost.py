@@ -21,6 +21,7 @@ shared: read the ratios, not the milliseconds.
     python benchmarks/aggregation_cost.py            # K = 2, 4, 8, 16; 25 repeats of 20 steps
     python benchmarks/aggregation_cost.py --ks 2,4,8,16 --repeats 5 --calls 5   # reduced
     python benchmarks/aggregation_cost.py --quick    # K = 2, 8; 9 repeats of 10 steps
+    python benchmarks/aggregation_cost.py --methods moco,db_mtl   # these (+ the baselines) only
 
 `--results` instead trains every `experiments/aggregation_*.yaml` (MMoE synthetic
 data at task correlation 0.1; only the trunk update differs) for seeds 0, 1, 2
@@ -116,14 +117,14 @@ def time_per_call(fn, args, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def run(k: int, calls: int, repeats: int) -> dict[str, float]:
+def run(k: int, calls: int, repeats: int, methods: list[str] | None = None) -> dict[str, float]:
     variants = {"summed": summed_step(k), "per_head": trainer_step(k, "per_head")}
-    for name in PARAM_SPACE:
+    for name in PARAM_SPACE if methods is None else methods:
         options = options_for(name, k)
         if options is not None:
             variants[name] = trainer_step(
                 k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name, options))
-    for name in REP_GRAD:
+    for name in REP_GRAD if methods is None else []:
         variants[f"{name}+rep"] = trainer_step(
             k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name, rep_grad=True))
     x, y = make_batch(k)
@@ -177,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ks", help="comma-separated numbers of heads (default 2,4,8,16)")
     parser.add_argument("--calls", type=int, help="steps per timing")
     parser.add_argument("--repeats", type=int, help="repeats (median)")
+    parser.add_argument("--methods", help="comma-separated methods to time (default: all); "
+                        "the summed and per-head baselines always run")
     args = parser.parse_args(argv)
+    methods = None
+    if args.methods:
+        methods = args.methods.split(",")
+        unknown = [m for m in methods if m not in PARAM_SPACE]
+        if unknown:
+            parser.error(f"--methods: unknown {unknown}; choose from {PARAM_SPACE}")
     if args.results:
         train_results(args.quick)
         return 0
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     calls, repeats = args.calls or calls, args.repeats or repeats
     results = {}
     for k in ks:
-        results[k] = run(k, calls, repeats)
+        results[k] = run(k, calls, repeats, methods)
         print(f"K={k} done", file=sys.stderr, flush=True)
     names = list(dict.fromkeys(n for k in ks for n in results[k]))
     header = ["variant"] + [f"K={k} ms" for k in ks] + [f"K={k} /summed" for k in ks] + \
@@ -206,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
     k = ks[-1]
-    rep, rep_name = max((results[k][f"{n}+rep"] / results[k]["summed"], n) for n in REP_GRAD)
-    print(f"\nK={k}: slowest rep_grad aggregator ({rep_name}) {rep:.2f}x the summed-loss step")
+    if methods is None:
+        rep, rep_name = max((results[k][f"{n}+rep"] / results[k]["summed"], n) for n in REP_GRAD)
+        print(f"\nK={k}: slowest rep_grad aggregator ({rep_name}) {rep:.2f}x the summed-loss step")
     goals = {"nash_mtl": 1.5, **{n: 1.05 for n in LOSS_WEIGHTINGS}}
     for kk in ks:
         missed = [f"{n} {results[kk][n] / results[kk]['per_head']:.2f}x"

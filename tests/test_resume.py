@@ -272,6 +272,9 @@ checkpoint: {every: 25, keep: 2}
     pytest.param("gradvac", "trunk_update/aggregator_state/rho_T", marks=pytest.mark.slow),
     pytest.param("nash_mtl", "trunk_update/aggregator_state/alpha", marks=pytest.mark.slow),
     pytest.param("famo", "trunk_update/weighting/logits", marks=pytest.mark.slow),
+    pytest.param("moco", "trunk_update/aggregator_state/y/", marks=pytest.mark.slow),
+    pytest.param("db_mtl", "trunk_update/aggregator_state/grad_buffer/", marks=pytest.mark.slow),
+    pytest.param("excess_mtl", "trunk_update/aggregator_state/grad_sum/", marks=pytest.mark.slow),
 ])
 def test_stateful_aggregator_sigkill_then_resume_equals_the_uninterrupted_run(
         tmp_path, aggregator, state_key):
@@ -306,6 +309,8 @@ def _agg_trainer(aggregator, seed):
     "gradvac", "famo",   # aggregator state + generator; a loss weighting's state
     pytest.param("nash_mtl", marks=pytest.mark.slow), pytest.param("rlw", marks=pytest.mark.slow),
     pytest.param("graddrop", marks=pytest.mark.slow),
+    "moco",   # K x D buffers, one variable per trunk variable
+    pytest.param("db_mtl", marks=pytest.mark.slow), pytest.param("excess_mtl", marks=pytest.mark.slow),
 ])
 def test_stateful_and_random_aggregators_resume_bitwise(tmp_path, aggregator):
     """In-process stop at 17 (checkpoint at 10), restore into fresh objects, train on to 25:

@@ -463,6 +463,7 @@ NEW_METHODS = [
     ("random", {}), ("graddrop", {}), ("trimmed_mean", {"trim_number": 1}),
     ("gls", {}), ("stch", {"warmup_steps": 2}), ("imtl_l", {}), ("famo", {}), ("rlw", {}),
     ("nash_mtl", {"dtype": "float64"}),
+    ("moco", {}), ("db_mtl", {}), ("excess_mtl", {}),
 ]
 
 

@@ -29,6 +29,11 @@ Weightings (`<name>_weighting(gram, ...) -> Weighting`):
 * `krum_weighting`: Blanchard et al., "Machine Learning with Adversaries:
   Byzantine Tolerant Gradient Descent", NeurIPS 2017.
 
+Three methods keep a running `K x D` copy of the gradients (a *buffer*) besides a
+small state, and work on the gradients themselves, split in column blocks (one
+per trunk variable in the step): `moco_update` (Fernando et al., ICLR 2023),
+`db_mtl_update` (Lin et al., 2023) and `excess_mtl_update` (He et al., ICML 2024).
+
 The weights have the Gramian's dtype: float32 in the step, float64 when the
 Gramian is float64 (`aggregate(..., dtype="float64")`, for analysis).
 
@@ -43,7 +48,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -982,6 +987,192 @@ def random_weighting(gram: tf.Tensor, noise: tf.Tensor) -> Weighting:
     return Weighting(tf.nn.softmax(tf.cast(noise, gram.dtype)), _no_projection())
 
 
+
+# -- buffered aggregators: a running K x D copy of the gradients -------------------------------
+#
+# MoCo, DB-MTL and ExcessMTL keep, besides a small state, a buffer the size of the heads'
+# gradients (K x D). They work on the gradients themselves, split in column blocks: one block
+# per trunk variable in the step (so the K x D matrix is never concatenated), one block for
+# `aggregate`'s explicit matrix. What needs all of D (norms, Gramians) is summed over blocks.
+# The buffers have the heads on their first axis, so a step of a subset of the heads reads and
+# writes those heads' rows only.
+
+
+class Buffered(NamedTuple):
+    """Result of a buffered aggregator's step.
+
+    Attributes:
+        directions: per block, `(n_i,)`: the aggregate's part in that block.
+        weights: `(K,)`: the weights of the rows combined, the buffer's rows (MoCo's
+            `lambd`, DB-MTL's `alpha`) or the gradients' (ExcessMTL's loss weights).
+        buffers: buffer name -> the new `K x n_i` blocks.
+        state: the new small state.
+        projections: int32 0 (no projections; for the step's logging).
+    """
+
+    directions: list[tf.Tensor]
+    weights: tf.Tensor
+    buffers: dict[str, list[tf.Tensor]]
+    state: dict[str, tf.Tensor]
+    projections: tf.Tensor | None = None
+
+
+def _buffered(directions: list[tf.Tensor], weights: tf.Tensor, buffers: dict[str, list[tf.Tensor]],
+              state: dict[str, tf.Tensor]) -> Buffered:
+    return Buffered(directions, weights, buffers, state, _no_projection())
+
+
+def _row_squares(blocks: Sequence[tf.Tensor]) -> tf.Tensor:
+    """`(K,)` squared norms of the rows of the matrix whose column blocks are `blocks`."""
+    return tf.add_n([tf.reduce_sum(tf.square(b), axis=1) for b in blocks])
+
+
+def _combine_rows(blocks: Sequence[tf.Tensor], weights: tf.Tensor) -> list[tf.Tensor]:
+    """`weights @ block` for every column block."""
+    return [tf.linalg.matvec(b, weights, transpose_a=True) for b in blocks]
+
+
+def _decayed(rate: float, sigma: float, t: tf.Tensor) -> tf.Tensor:
+    """`rate / t^sigma` (LibMTL's step-size decay; `t` the 1-based step)."""
+    return rate / t**sigma
+
+
+def moco_update(grads: Sequence[tf.Tensor], buffers: Mapping[str, Sequence[tf.Tensor]],
+                losses: tf.Tensor, state: Mapping[str, tf.Tensor], beta: float = 0.5,
+                beta_sigma: float = 0.5, gamma: float = 0.1, gamma_sigma: float = 0.5,
+                rho: float = 0.0) -> Buffered:
+    """MoCo (Fernando et al., "Mitigating Gradient Bias in Multi-objective Learning: A
+    Provably Convergent Approach", ICLR 2023), as LibMTL's `MoCo` (from the authors' code).
+
+    A tracking variable `y` (`K x D`, the buffer, initially 0) follows the heads'
+    gradients, each normalised and scaled by its loss, `g_k / (|g_k| + 1e-8) L_k`:
+    `y <- y - beta_t (y - G)`; the weights `lambd` (initially `1/K`) take one step of
+    the min-norm problem on `y`, kept on the simplex by a softmax (LibMTL's form; the
+    paper projects onto the simplex):
+    `lambd <- softmax(lambd - gamma_t (y y^T + rho I) lambd)`; the direction is
+    `lambd @ y`. Step sizes decay with the 1-based step `t`: `beta_t = beta / t^beta_sigma`,
+    `gamma_t = gamma / t^gamma_sigma`. A zero gradient gives a zero row of `G`.
+
+    Args:
+        grads: the `K x D` gradients as column blocks `K x n_i`.
+        buffers: `{"y": [K x n_i blocks]}`.
+        losses: `(K,)` each head's loss (the loss whose gradient is `g_k`).
+        state: `{"lambd": (K,), "step": ()}`.
+        beta, beta_sigma: `y`'s step size and its decay (LibMTL's `MoCo_beta`, 0.5,
+            and `MoCo_beta_sigma`, 0.5).
+        gamma, gamma_sigma: `lambd`'s step size and its decay (`MoCo_gamma`, 0.1, and
+            `MoCo_gamma_sigma`, 0.5).
+        rho: the l2 regularisation of `lambd`'s update (`MoCo_rho`, 0).
+    """
+    dtype = grads[0].dtype
+    k = _k_rows(grads)
+    t = tf.cast(state["step"], tf.int64) + 1
+    tt = tf.cast(t, dtype)
+    scale = tf.cast(losses, dtype) / (tf.sqrt(_row_squares(grads)) + 1e-8)
+    beta_t = _decayed(beta, beta_sigma, tt)
+    y = [tf.cast(b, dtype) - beta_t * (tf.cast(b, dtype) - scale[:, None] * g)
+         for b, g in zip(buffers["y"], grads)]
+    yy = tf.add_n([tf.matmul(b, b, transpose_b=True) for b in y])
+    lambd = tf.cast(state["lambd"], dtype)
+    lambd = tf.nn.softmax(lambd - _decayed(gamma, gamma_sigma, tt) * tf.linalg.matvec(
+        yy + rho * tf.eye(k, dtype=dtype), lambd))
+    return _buffered(_combine_rows(y, lambd), lambd, {"y": y}, {"lambd": lambd, "step": t})
+
+
+def db_mtl_update(grads: Sequence[tf.Tensor], buffers: Mapping[str, Sequence[tf.Tensor]],
+                  losses: tf.Tensor | None, state: Mapping[str, tf.Tensor], beta: float = 0.9,
+                  beta_sigma: float = 0.0) -> Buffered:
+    """DB-MTL (Lin et al., "Dual-Balancing for Multi-Task Learning", arXiv:2308.12029,
+    2023), as LibMTL's `DB_MTL` (the authors' library).
+
+    Loss-scale balancing: each head descends `log(L_k + 1e-8)`, whose gradient is
+    `g_k / (L_k + 1e-8)`. Gradient-magnitude balancing: an EMA of those gradients
+    (`K x D`, the buffer, initially 0), `buf <- G + beta_t (buf - G)` with
+    `beta_t = beta / t^beta_sigma` (`t` the 1-based step), is combined with weights
+    `alpha_k = max_j |buf_j| / (|buf_k| + 1e-8)`: every head's row scaled to the
+    largest row's norm. An all-zero buffer gives a zero direction.
+
+    Args:
+        grads: the `K x D` gradients as column blocks `K x n_i`: of the losses
+            (`losses` given) or already of the log losses (`losses=None`, as the train
+            step, which takes the gradients of `log(L_k + 1e-8)` directly).
+        buffers: `{"grad_buffer": [K x n_i blocks]}`.
+        losses: `(K,)` each head's loss, or None (see `grads`).
+        state: `{"step": ()}`.
+        beta: the EMA's weight of the past (LibMTL's `DB_beta`, 0.9).
+        beta_sigma: its decay with the step (`DB_beta_sigma`, 0: a constant EMA).
+    """
+    dtype = grads[0].dtype
+    t = tf.cast(state["step"], tf.int64) + 1
+    if losses is not None:
+        inverse = 1.0 / (tf.cast(losses, dtype) + 1e-8)
+        grads = [inverse[:, None] * g for g in grads]
+    beta_t = _decayed(beta, beta_sigma, tf.cast(t, dtype))
+    buf = [g + beta_t * (tf.cast(b, dtype) - g) for b, g in zip(buffers["grad_buffer"], grads)]
+    norms = tf.sqrt(_row_squares(buf))
+    alpha = tf.reduce_max(norms) / (norms + 1e-8)
+    return _buffered(_combine_rows(buf, alpha), alpha, {"grad_buffer": buf}, {"step": t})
+
+
+def db_mtl_loss_factor(loss: tf.Tensor) -> tf.Tensor:
+    """The factor, held constant, that turns a loss's gradient into that of
+    `log(L + 1e-8)`: `1 / (L + 1e-8)` (DB-MTL's loss-scale balancing)."""
+    return tf.stop_gradient(1.0 / (loss + 1e-8))
+
+
+def excess_mtl_update(grads: Sequence[tf.Tensor], buffers: Mapping[str, Sequence[tf.Tensor]],
+                      losses: tf.Tensor | None, state: Mapping[str, tf.Tensor],
+                      robust_step_size: float = 1e-2) -> Buffered:
+    """ExcessMTL (He et al., "Robust Multi-Task Learning with Excess Risks", ICML 2024),
+    as LibMTL's `ExcessMTL` (modified from the authors' code).
+
+    Each head's excess risk is estimated from its gradient with a diagonal (AdaGrad)
+    approximation: the buffer `S` (`K x D`, initially 0) sums the squared gradients,
+    `S += G * G`, and `w_k = sum_j g_kj^2 / sqrt(S_kj + 1e-7)`. The first step that a
+    head's `w_k` is positive records it as `initial_w_k` (LibMTL: the first step); after
+    that, `w_k / initial_w_k` raises the head's loss weight multiplicatively:
+    `loss_weight_k *= exp(robust_step_size w_k / initial_w_k)`, renormalised to sum to K
+    (computed as `K softmax(log loss_weight + robust_step_size w / initial_w)`, which
+    cannot overflow). The direction is `loss_weight @ G`.
+
+    LibMTL backpropagates the weighted loss `sum_k loss_weight_k L_k` through the whole
+    network, so its task-specific layers get `loss_weight_k` times their gradient. Here
+    each head has its own optimizer on its own loss: the weights act on the trunk update
+    only, as every gradient aggregator's (head k's variables affect loss k only, so the
+    factor would only rescale that head's step size from step to step).
+
+    Args:
+        grads: the `K x D` gradients as column blocks `K x n_i`.
+        buffers: `{"grad_sum": [K x n_i blocks]}`.
+        losses: unused (the signature of the buffered aggregators).
+        state: `{"loss_weight": (K,), "initial_w": (K,)}` (initially 1 and 0).
+        robust_step_size: the step size of the weights (LibMTL's `robust_step_size`, 1e-2).
+    """
+    del losses
+    dtype = grads[0].dtype
+    k = _k_rows(grads)
+    grad_sum = [tf.cast(s, dtype) + tf.square(g) for s, g in zip(buffers["grad_sum"], grads)]
+    w = tf.add_n([tf.reduce_sum(tf.square(g) / tf.sqrt(s + 1e-7), axis=1)
+                  for g, s in zip(grads, grad_sum)])
+    initial = tf.cast(state["initial_w"], dtype)
+    ready = initial > 0
+    ratio = tf.where(ready, w / tf.where(ready, initial, tf.ones_like(initial)), tf.zeros_like(w))
+    logits = tf.math.log(tf.cast(state["loss_weight"], dtype)) + robust_step_size * ratio
+    # Finite logits: an infinite ratio (a first gradient at the underflow limit) would make
+    # softmax inf - inf.
+    finite = float(np.finfo(dtype.as_numpy_dtype).max)
+    loss_weight = k * tf.nn.softmax(tf.clip_by_value(logits, -finite, finite))
+    return _buffered(_combine_rows(grads, loss_weight), loss_weight, {"grad_sum": grad_sum},
+                     {"loss_weight": loss_weight, "initial_w": tf.where(ready, initial, w)})
+
+
+def _k_rows(blocks: Sequence[tf.Tensor]) -> int:
+    k = blocks[0].shape[0]
+    if k is None:
+        raise ValueError("the gradients need a static number of heads (rows)")
+    return int(k)
+
+
 # -- coordinate-wise aggregators (on the K x n gradient blocks, not the Gramian) -------------
 
 
@@ -1046,6 +1237,13 @@ class Aggregator:
             (GradDrop, TrimmedMean) instead of weighting rows through the Gramian.
         state: the state entries of a stateful aggregator (`state=` in,
             `Weighting.state` out); empty when stateless.
+        buffers: names of a buffered aggregator's `K x D` buffers (MoCo's `y`,
+            DB-MTL's `grad_buffer`, ExcessMTL's `grad_sum`, initially 0); such an
+            aggregator is called as `agg(blocks, buffers=, losses=, state=)` and
+            returns `Buffered`.
+        needs_losses: `aggregate` needs `losses=` (each head's loss).
+        log_losses: the heads descend `log(L_k + 1e-8)` (DB-MTL): the step scales each
+            aggregated head's objective by `db_mtl_loss_factor(L_k)`.
     """
 
     name: str
@@ -1057,6 +1255,9 @@ class Aggregator:
     noise: str | None = None
     coordinatewise: bool = False
     state: dict[str, StateSpec] = dataclasses.field(default_factory=dict)
+    buffers: tuple[str, ...] = ()
+    needs_losses: bool = False
+    log_losses: bool = False
 
     def __call__(self, gram: tf.Tensor, **kwargs: Any) -> Any:
         return self.weighting(gram, **self.options, **kwargs)
@@ -1074,6 +1275,9 @@ class _Spec(NamedTuple):
     noise: str | None = None
     coordinatewise: bool = False
     state: dict[str, StateSpec] = {}
+    buffers: tuple[str, ...] = ()
+    needs_losses: bool = False
+    log_losses: bool = False
 
 
 _SPECS: dict[str, _Spec] = {
@@ -1098,6 +1302,16 @@ _SPECS: dict[str, _Spec] = {
     "fairgrad": _Spec(fairgrad_weighting, False, False, "Ban & Ji, ICML 2024"),
     "sdmgrad": _Spec(sdmgrad_weighting, False, False, "Xiao et al., NeurIPS 2023", state={
         "w": StateSpec(lambda k: np.full(k, 1.0 / k), 1)}),
+    "moco": _Spec(moco_update, False, False, "Fernando et al., ICLR 2023", state={
+        "lambd": StateSpec(lambda k: np.full(k, 1.0 / k), 1),
+        "step": StateSpec(lambda k: np.zeros((), np.int64), 0)},
+        buffers=("y",), needs_losses=True),
+    "db_mtl": _Spec(db_mtl_update, False, False, "Lin et al., arXiv:2308.12029 (DB-MTL)", state={
+        "step": StateSpec(lambda k: np.zeros((), np.int64), 0)},
+        buffers=("grad_buffer",), needs_losses=True, log_losses=True),
+    "excess_mtl": _Spec(excess_mtl_update, False, False, "He et al., ICML 2024", state={
+        "loss_weight": StateSpec(lambda k: np.ones(k), 1),
+        "initial_w": StateSpec(lambda k: np.zeros(k), 1)}, buffers=("grad_sum",)),
     "random": _Spec(random_weighting, True, False, "Lin et al., TMLR 2022 (RLW)",
                     noise="normal"),
     "graddrop": _Spec(graddrop_combine, True, False, "Chen et al., NeurIPS 2020",
@@ -1122,6 +1336,8 @@ _OPTIONS = {
     "krum": {"n_byzantine": None, "n_selected": 1},
     "nash_mtl": {"update_weights_every": 1, "optim_niter": 20, "max_norm": 1.0},
     "gradvac": {"beta": 0.5}, "fairgrad": {"alpha": 1.0},
+    "moco": {"beta": 0.5, "beta_sigma": 0.5, "gamma": 0.1, "gamma_sigma": 0.5, "rho": 0.0},
+    "db_mtl": {"beta": 0.9, "beta_sigma": 0.0}, "excess_mtl": {"robust_step_size": 1e-2},
     "sdmgrad": {"lmbda": 0.3, "niter": 20}, "random": {}, "graddrop": {"leak": 0.0},
     "trimmed_mean": {"trim_number": None},
 }
@@ -1137,6 +1353,23 @@ def _number(name: str, key: str, value: Any, low: float, high: float = math.inf,
         raise ValueError(f"aggregator {name!r}: {key} must be {kind} in {bound}, got {value!r}")
 
 
+def _check_buffered_options(name: str, merged: dict[str, Any]) -> None:
+    """The options of MoCo, DB-MTL and ExcessMTL."""
+    if name == "moco":
+        # beta = 0 never moves y from 0 (a zero direction for ever); beta > 1 overshoots G.
+        _number(name, "beta", merged["beta"], 0.0, 1.0)
+        if merged["beta"] == 0:
+            raise ValueError("aggregator 'moco': beta must be in (0, 1], got 0 (y would stay 0)")
+        for key in ("beta_sigma", "gamma", "gamma_sigma", "rho"):
+            _number(name, key, merged[key], 0.0)
+    if name == "db_mtl":
+        # beta = 1 with beta_sigma = 0 keeps the buffer at 0 for ever.
+        _number(name, "beta", merged["beta"], 0.0, 1.0, closed_high=False)
+        _number(name, "beta_sigma", merged["beta_sigma"], 0.0)
+    if name == "excess_mtl":
+        _number(name, "robust_step_size", merged["robust_step_size"], 0.0)
+
+
 def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> Aggregator:
     """Validates an aggregator name and its options, once, outside any traced code.
 
@@ -1147,7 +1380,9 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
         **options: the aggregator's keyword options (`weights=[...]` for
             `weights`; `c`, `rescale` for `cagrad`; `max_iter`, `tol` for `mgda`;
             `reg`, `norm_eps` for `upgrad` and `dualproj`; `scale_mode` for
-            `aligned_mtl`; `n_byzantine`, `n_selected` for `krum`).
+            `aligned_mtl`; `n_byzantine`, `n_selected` for `krum`; `beta`,
+            `beta_sigma`, `gamma`, `gamma_sigma`, `rho` for `moco`; `beta`,
+            `beta_sigma` for `db_mtl`; `robust_step_size` for `excess_mtl`).
 
     Raises:
         ValueError: unknown name or option, or a bad option value.
@@ -1165,6 +1400,7 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
                 f"aggregator {name!r} has no option {key!r}; its options are {sorted(known) or 'none'}"
             )
     merged = {**known, **options}
+    _check_buffered_options(name, merged)
     if name == "weights":
         weights = merged["weights"]
         if (not isinstance(weights, (list, tuple)) or not weights
@@ -1243,7 +1479,8 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
                              f"drops every value of {num_heads} heads; it must be < K/2")
     spec = _SPECS[name]
     return Aggregator(name, spec.fn, spec.rep_grad, spec.random_order, spec.citation, merged,
-                      spec.noise, spec.coordinatewise, dict(spec.state))
+                      spec.noise, spec.coordinatewise, dict(spec.state), spec.buffers,
+                      spec.needs_losses, spec.log_losses)
 
 
 def _state_tensor(value: Any, dtype: tf.DType) -> tf.Tensor:
@@ -1253,7 +1490,7 @@ def _state_tensor(value: Any, dtype: tf.DType) -> tf.Tensor:
 
 
 def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
-              state: dict[str, Any] | None = None, seed: int = 0,
+              state: dict[str, Any] | None = None, seed: int = 0, losses: Any = None,
               **options: Any) -> Aggregation:
     """Aggregates the rows of a `K x D` gradient matrix with aggregator `name`.
 
@@ -1267,6 +1504,7 @@ def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
         tf.float64
         >>> first = mh.aggregate(g, "gradvac")                 # stateful: carry the state
         >>> second = mh.aggregate(g, "gradvac", state=first.state)
+        >>> moco = mh.aggregate(g, "moco", losses=[0.5, 2.0])   # MoCo, DB-MTL: the losses too
 
     Args:
         grads: `K x D` matrix, row k head k's (flattened) trunk gradient.
@@ -1277,6 +1515,8 @@ def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
             by the previous call; None: its initial state.
         seed: seed of the draws of a random aggregator (`random`, `graddrop`) when
             `noise=` is not given.
+        losses: `(K,)` each head's loss, the one whose gradient is row k: needed by
+            `moco` and `db_mtl`, ignored by the others.
         **options: the aggregator's options, plus `order=` for PCGrad and GradVac
             and `noise=` for Random (`(K,)` normal) and GradDrop (`(D,)` uniform).
     """
@@ -1296,6 +1536,8 @@ def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
             rng = tf.random.Generator.from_seed(seed)
             noise = rng.normal([k]) if agg.noise == "normal" else rng.uniform([d])
         extra["noise"] = tf.cast(tf.convert_to_tensor(noise), dtype)
+    if agg.buffers:
+        return _aggregate_buffered(agg, grads, dtype, state, losses)
     if agg.coordinatewise:
         direction = tf.function(lambda g: agg(g, **extra))(grads)
         return Aggregation(direction, None, _no_projection())
@@ -1306,3 +1548,32 @@ def aggregate(grads: tf.Tensor, name: str, dtype: tf.DType | str = "float32",
     result = tf.function(lambda gram: agg(gram, **extra))(gramian(grads, dtype))
     return Aggregation(tf.linalg.matvec(grads, result.weights, transpose_a=True),
                        result.weights, result.projections, result.state)
+
+
+def _aggregate_buffered(agg: Aggregator, grads: tf.Tensor, dtype: tf.DType,
+                        state: dict[str, Any] | None, losses: Any) -> Aggregation:
+    """`aggregate` for MoCo, DB-MTL and ExcessMTL: the explicit matrix as one block; the
+    state carried between calls holds the `K x D` buffers too."""
+    k, d = int(grads.shape[0]), int(grads.shape[1])
+    if losses is None:
+        if agg.needs_losses:
+            raise ValueError(f"aggregate: aggregator {agg.name!r} needs losses=[L_1, ..., L_K], "
+                             "each head's loss (the one whose gradient is row k)")
+        losses = np.zeros(k)
+    losses = tf.cast(tf.convert_to_tensor(losses), dtype)
+    if losses.shape != (k,):
+        raise ValueError(f"aggregate: losses must have one entry per row of grads ({k}), "
+                         f"got shape {tuple(losses.shape)}")
+    if state is None:
+        state = {**agg.initial_state(k), **{key: np.zeros((k, d)) for key in agg.buffers}}
+    expected = set(agg.state) | set(agg.buffers)
+    if set(state) != expected:
+        raise ValueError(f"aggregate: the state of {agg.name!r} has the entries "
+                         f"{sorted(expected)} (pass the previous call's Aggregation.state), "
+                         f"got {sorted(state)}")
+    small = {key: _state_tensor(state[key], dtype) for key in agg.state}
+    buffers = {key: [tf.cast(tf.convert_to_tensor(state[key]), dtype)] for key in agg.buffers}
+    # Eager: a few elementwise ops and one K x K product, no solver loop to compile.
+    result = agg([grads], buffers=buffers, losses=losses, state=small)
+    new_state = {**result.state, **{key: blocks[0] for key, blocks in result.buffers.items()}}
+    return Aggregation(result.directions[0], result.weights, result.projections, new_state)

@@ -47,6 +47,7 @@ from multihead.aggregation.aggregators import (
     AGGREGATORS,
     REP_GRAD_AGGREGATORS,
     Aggregator,
+    db_mtl_loss_factor,
     get_aggregator,
 )
 from multihead.aggregation.loss_weighting import (
@@ -89,7 +90,9 @@ class TrunkPolicy:
             (`uncertainty`, `gradnorm`, `dwa`, `gls`, `stch`, `imtl_l`, `famo`,
             `rlw`, whose trunk aggregate is the sum of the weighted heads'
             gradients). Also `nash_mtl`, `gradvac`, `fairgrad`, `sdmgrad`,
-            `random`, `graddrop`, `trimmed_mean`.
+            `random`, `graddrop`, `trimmed_mean`, and `moco`, `db_mtl`, `excess_mtl`,
+            which keep a running copy of the heads' trunk gradients (K x the trunk's
+            parameters, in `aggregator_state`).
         options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,
             `{"alpha": 1.5}`, ...).
         rep_grad: combine the heads' gradients at the trunk output (MGDA-UB).
@@ -118,6 +121,11 @@ class TrunkPolicy:
             check_loss_weighting_options(self.aggregator, **self.options)
         else:
             agg = get_aggregator(self.aggregator, **self.options)
+            if self.rep_grad and agg.buffers:
+                raise ValueError(
+                    f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it keeps a "
+                    "running copy of the heads' gradients of the trunk's variables (as LibMTL, "
+                    "which refuses it too); set rep_grad: false")
             if self.rep_grad and not agg.rep_grad:
                 raise ValueError(
                     f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it needs the "
@@ -171,6 +179,8 @@ class _Aggregated:
         """Under a loss weighting: each aggregated head's factor, and (the stacked weighted
         losses, the factors, the weighting's own objective) for `apply`."""
         if self.weighting is None:
+            if self.aggregator.log_losses:  # DB-MTL: every aggregated head descends log(L + 1e-8)
+                return {h: db_mtl_loss_factor(weighted[h]) for h in self.heads if h in weighted}, None
             return {}, None
         names = tuple(h for h in self.heads if h in weighted)
         if names != self.heads:
@@ -217,9 +227,15 @@ class _Aggregated:
         if reg_grads is None and tape is not None and not isinstance(fwd.trunk_reg, float):
             reg_grads = tape.gradient(fwd.trunk_reg, trunk_vars)
 
+        losses = None
+        if self.aggregator.needs_losses and not self.aggregator.log_losses:  # MoCo
+            # The loss whose gradient each head's trunk gradient is: weight x loss.
+            losses = [h.weight(step) * fwd.losses[h.name] for h in agg]
+
         def trunk_step(members: Sequence[int]) -> tf.Tensor:
             self._apply_trunk(engine, [agg[i] for i in members], [per_head[i] for i in members],
-                              sources, fwd, tape, trunk_vars, reg_grads, rep_grad)
+                              sources, fwd, tape, trunk_vars, reg_grads, rep_grad,
+                              None if losses is None else tf.stack([losses[i] for i in members]))
             return tf.constant(True)
 
         guarded = [i for i, h in enumerate(agg) if h.guarded]
@@ -261,9 +277,11 @@ class _Aggregated:
     def _apply_trunk(self, engine: TrainStep, agg: Sequence[HeadUpdate],
                      per_head: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
                      fwd: Forward, tape: tf.GradientTape | None, trunk_vars: list[keras.Variable],
-                     reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool) -> None:
+                     reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
+                     losses: tf.Tensor | None = None) -> None:
         names = tuple(h.name for h in agg)
-        combined, (weights, projections, gram), stacked = self._combine(names, per_head, sources)
+        combined, (weights, projections, gram), stacked = self._combine(names, per_head, sources,
+                                                                        losses)
         if rep_grad:
             trunk_grads = tape.gradient(tf.nest.flatten(fwd.features), trunk_vars,
                                         output_gradients=combined)
@@ -317,17 +335,20 @@ class _Aggregated:
         engine.monitor.when_scalars(log)  # nothing at all in the step variant that does not log
 
     def _combine(self, names: tuple[str, ...], per_head: Sequence[Sequence[tf.Tensor | None]],
-                 sources: Sequence[Any],
+                 sources: Sequence[Any], losses: tf.Tensor | None = None,
                  ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
                             list[tf.Tensor]]:
         """The heads' gradients of `sources` combined by the aggregator's weights;
-        (weights, projections, Gramian or None); the per-source `K x n` gradients."""
+        (weights, projections, Gramian or None); the per-source `K x n` gradients.
+        `losses`: the heads' losses, for an aggregator that reads them (MoCo)."""
         aggregator = self.aggregator_for(names)
         k = len(names)
         # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
         pairwise = k <= _PAIRWISE_MAX_HEADS
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
         dtype = tf.as_dtype(self.policy.dtype)
+        if aggregator.buffers:  # MoCo, DB-MTL, ExcessMTL: on the K x n blocks and their buffers
+            return self._combine_buffered(aggregator, names, stacked, sources, losses, dtype)
         if aggregator.coordinatewise:  # GradDrop, TrimmedMean: coordinate by coordinate
             combined = []
             for block, t in zip(stacked, sources):
@@ -365,6 +386,25 @@ class _Aggregated:
                         for s, t in zip(stacked, sources)]
         return combined, (weights, result.projections, gram), stacked
 
+    def _combine_buffered(self, aggregator: Aggregator, names: tuple[str, ...],
+                          stacked: list[tf.Tensor], sources: Sequence[Any],
+                          losses: tf.Tensor | None, dtype: tf.DType,
+                          ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, None],
+                                     list[tf.Tensor]]:
+        """A buffered aggregator's step on the per-variable `K x n` blocks: reads and
+        writes the rows of `names` in the state and the buffers."""
+        indices = self._indices(names)
+        state = self.aggregator_state
+        blocks = [s if s.dtype == dtype else tf.cast(s, dtype) for s in stacked]
+        result = aggregator(blocks, buffers=state.read_buffers(indices),
+                            losses=None if losses is None else tf.cast(losses, dtype),
+                            state=state.read(indices))
+        state.write(indices, result.state)
+        state.write_buffers(indices, result.buffers)
+        combined = [tf.reshape(tf.cast(d, s.dtype), tf.shape(t))
+                    for d, s, t in zip(result.directions, stacked, sources)]
+        return combined, (tf.cast(result.weights, tf.float32), result.projections, None), stacked
+
 
 class AggregatorState(tf.Module):
     """A stateful aggregator's state, as variables (checkpointed as `trunk_update/aggregator_state`).
@@ -382,6 +422,47 @@ class AggregatorState(tf.Module):
         for key, value in aggregator.initial_state(num_heads).items():
             value = value.astype(dtype) if value.dtype.kind == "f" else value
             setattr(self, key, tf.Variable(value, trainable=False, name=key))
+        self._num_heads = num_heads
+        self._dtype = dtype
+        self._buffers = self._no_dependency(tuple(aggregator.buffers))
+
+    def build_buffers(self, trunk_variables: Sequence[Any]) -> None:
+        """Creates a buffered aggregator's `K x D` buffers (MoCo's `y`, ...), zero: for each
+        buffer a list with one `(K,) + shape` variable per trunk variable, in the order of
+        `trunk_variables` (checkpointed as `<buffer>/<index of the trunk variable>`)."""
+        for key in self._buffers:
+            shapes = [(self._num_heads,) + tuple(v.shape) for v in trunk_variables]
+            if hasattr(self, key):  # built already: the same trunk
+                if [tuple(b.shape) for b in getattr(self, key)] != shapes:
+                    raise ValueError(f"aggregator buffer {key!r} was built for other trunk variables")
+                continue
+            setattr(self, key, [tf.Variable(tf.zeros(shape, self._dtype), trainable=False,
+                                            name=f"{key}_{i}") for i, shape in enumerate(shapes)])
+
+    def read_buffers(self, indices: Sequence[int]) -> dict[str, list[tf.Tensor]]:
+        """The buffers' rows of the heads `indices`, as `K' x n` blocks per trunk variable."""
+        out = {}
+        for key in self._buffers:
+            blocks = []
+            for var in getattr(self, key):
+                value = tf.convert_to_tensor(var)
+                if list(indices) != list(range(self._num_heads)):
+                    value = tf.gather(value, indices)
+                blocks.append(tf.reshape(value, [len(indices), -1]))
+            out[key] = blocks
+        return out
+
+    def write_buffers(self, indices: Sequence[int], new: Mapping[str, Sequence[tf.Tensor]]) -> None:
+        """Assigns the buffers' rows of the heads `indices` (`K' x n` blocks)."""
+        every = list(indices) == list(range(self._num_heads))
+        rows = tf.constant([[i] for i in indices])
+        for key in self._buffers:
+            for var, block in zip(getattr(self, key), new[key]):
+                value = tf.reshape(tf.cast(block, var.dtype), [len(indices)] + list(var.shape[1:]))
+                if every:
+                    var.assign(value)
+                else:
+                    var.scatter_nd_update(rows, value)
 
     def read(self, indices: Sequence[int]) -> dict[str, tf.Tensor]:
         """The state of the heads `indices` (positions in the trunk update's heads)."""
@@ -415,8 +496,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
     optimizer (its slots, its iteration count and, as every Keras optimizer
     tracks them, the variables it was built on), the loss weighting's variables
     (e.g. the uncertainty log-variances), a stateful aggregator's state
-    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ...) and the
-    generator of the random methods.
+    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ..., and the `K x D`
+    buffers of MoCo, DB-MTL and ExcessMTL, one variable per trunk variable, keyed
+    `<buffer>/<index in model.trunk_variables>`) and the generator of the random methods.
 
     Attributes:
         policy: the `TrunkPolicy`.
@@ -520,6 +602,8 @@ class TrunkUpdate(_Aggregated, tf.Module):
         else:
             self.optimizer.build(var_list)
         self.var_list = self._no_dependency(tuple(var_list))
+        if self.aggregator.buffers:
+            self.aggregator_state.build_buffers(list(trunk_variables))
 
 
 def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
