@@ -1,0 +1,303 @@
+"""Every trunk-aggregation method against single-task training: per-head eval metrics and Δm%.
+
+For each dataset, trains over seeds 0..S-1:
+- the single-task baselines: `multihead train CONFIG --only-head HEAD`, one per head;
+- `per_head` (no aggregation: each head's optimizer updates trunk + its own head);
+- every method of `multihead.core.trunk_update.TRUNK_AGGREGATORS` (the gradient aggregators of
+  `multihead.aggregation.aggregators.AGGREGATORS` and the loss weightings of
+  `multihead.aggregation.loss_weighting.LOSS_WEIGHTINGS`, read at run time, so methods added
+  to the registries are included), as `--set train.trunk={optimizer: Adam(1e-3), aggregator:
+  NAME, options: ...}`.
+
+Every run is `multihead train CONFIG --set seed=S --set train.steps=N ...`, run in this
+process (one TensorFlow import). The seed draws the data, the initial weights and the batch
+order; for a given seed the data are the same for every method and baseline, so Δm% is
+paired. The table is built by `multihead.experiments.compare`: per head the mean ± std (ddof
+0) over seeds of the final eval metric, and
+
+    Δm% = 100 / N · Σ_i s_i · (M_i − B_i) / B_i
+
+(`compare.delta_m`, Maninis et al. 2019) over the heads' primary metric (synthetic: MSE, the
+loss; MultiDigits: accuracy), M_i the method's mean over seeds and B_i the single-task mean
+(the same as `multihead compare` restricted to that metric). The ± after Δm% is the std over
+seeds of each seed's Δm% against that seed's own baselines.
+
+    python benchmarks/aggregation_results.py --out /tmp/agg-results              # both, 3 seeds
+    python benchmarks/aggregation_results.py --dataset synthetic --methods sum,pcgrad --out DIR
+    python benchmarks/aggregation_results.py --quick --out DIR                    # smoke run
+
+Runs already finished in `--out` (a `metrics.json` there) are not trained again, so a stopped
+run resumes, and two invocations with different `--dataset` can share one `--out`. Results
+go to `OUT/results.json` (or `OUT/results-<dataset>.json`), the markdown table to stdout,
+progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """One benchmark problem: a two-head config and the metric its table shows."""
+
+    config: str    # relative to the repository root
+    metric: str    # the primary eval metric per head (Δm% is over these)
+    label: str     # its name in the table
+    steps: int     # default training steps
+
+
+DATASETS = {
+    # The MMoE synthetic tasks at task correlation 0.1 (low: conflicting tasks). The config
+    # is per_head; the methods replace train.trunk.
+    "synthetic": Dataset("experiments/aggregation_per_head.yaml", "loss", "MSE", 1000),
+    "multidigits": Dataset("experiments/multidigits.yaml", "accuracy", "accuracy", 500),
+}
+#: Options a method cannot run without, for K heads. `weights` with equal weights is `sum`;
+#: `krum` with f = 0 and `trimmed_mean` with t = 0 are what K = 2 allows.
+REQUIRED_OPTIONS = {
+    "weights": lambda k: {"weights": [1.0] * k},
+    "krum": lambda k: {"n_byzantine": 0},
+    "trimmed_mean": lambda k: {"trim_number": 0},
+}
+TRUNK_OPTIMIZER = "{class_name: Adam, config: {learning_rate: 1.0e-3}}"
+
+
+def all_methods() -> list[str]:
+    """`per_head`, then every trunk aggregator and loss weighting the registries hold now."""
+    from multihead.core.trunk_update import TRUNK_AGGREGATORS
+
+    return ["per_head"] + list(TRUNK_AGGREGATORS)
+
+
+def method_overrides(method: str, num_heads: int) -> list[str]:
+    """The `--set` overrides that select `method` on a config."""
+    if method == "per_head":
+        return ["train.trunk=per_head"]
+    options = REQUIRED_OPTIONS.get(method, lambda k: {})(num_heads)
+    trunk = {"optimizer": "@OPT@", "aggregator": method}
+    if options:
+        trunk["options"] = options
+    value = json.dumps(trunk).replace('"@OPT@"', TRUNK_OPTIMIZER)
+    return [f"train.trunk={value}", "train.schedule=simultaneous"]
+
+
+def _train(args: list[str]) -> str | None:
+    """Runs `multihead train ARGS` in this process; None, or the error it reported."""
+    from multihead.experiments.cli import main
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(args)
+    except Exception as exc:  # a crash is a result of the benchmark: recorded, the rest run on
+        return f"{type(exc).__name__}: {exc}"
+    if code != 0:
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        return lines[-1] if lines else f"exit code {code}"
+    return None
+
+
+def _finished(run_dir: str) -> str | None:
+    """None when `run_dir` holds a finished run with finite final metrics, else why not."""
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        return "no metrics.json"
+    with open(path, encoding="utf-8") as fh:
+        final = json.load(fh).get("eval") or {}
+    values = [v for head in final.values() if isinstance(head, dict) for v in head.values()]
+    if not values:
+        return "no final evaluation"
+    if not all(math.isfinite(float(v)) for v in values):
+        return f"non-finite final eval metrics {final}"
+    return None
+
+
+def run_one(config: str, run_dir: str, overrides: list[str], only_head: str | None = None) -> str | None:
+    """Trains one run unless `run_dir` already holds it; None or the error."""
+    if _finished(run_dir) is None:
+        return None
+    if os.path.exists(run_dir):  # a run stopped half-way: start it again
+        import shutil
+
+        shutil.rmtree(run_dir)
+    args = ["train", config, "--run-dir", run_dir, "--quiet"]
+    for item in overrides:
+        args += ["--set", item]
+    if only_head:
+        args += ["--only-head", only_head]
+    return _train(args) or _finished(run_dir)
+
+
+def _primary(tree: dict[str, dict[str, float]], metric: str) -> dict[str, dict[str, float]]:
+    return {head: {metric: values[metric]} for head, values in tree.items() if metric in values}
+
+
+def summarise(out: str, name: str, dataset: Dataset, heads: list[str], methods: list[str],
+              seeds: list[int], errors: dict[str, dict[int, str]]) -> dict[str, Any]:
+    """Per method: mean ± std per head and Δm% (multihead's compare), from the run dirs."""
+    from multihead.experiments.compare import compare, delta_m
+
+    root = os.path.join(out, name)
+    base_dirs = {s: [os.path.join(root, f"single-{h}", f"seed{s}") for h in heads] for s in seeds}
+    base_ok = {s: [d for d in dirs if _finished(d) is None] for s, dirs in base_dirs.items()}
+    summary: dict[str, Any] = {"config": dataset.config, "metric": dataset.metric, "heads": heads,
+                               "seeds": seeds, "methods": {}}
+    every_base = [d for s in seeds for d in base_ok[s]]
+    if not every_base:
+        summary["baseline"] = None
+        return summary
+    # Baselines: each head's own single-task runs, grouped by compare like any other runs.
+    base = {}
+    for head in heads:
+        dirs = [d for s in seeds for d in base_ok[s]
+                if os.path.basename(os.path.dirname(d)) == f"single-{head}"]
+        if dirs:
+            (group,) = compare(dirs).groups
+            base[head] = {"mean": group.mean[head][dataset.metric], "std": group.std[head][dataset.metric],
+                          "n": len(group.runs)}
+    summary["baseline"] = base
+    for method in methods:
+        dirs = {s: os.path.join(root, method, f"seed{s}") for s in seeds}
+        ok = {s: d for s, d in dirs.items() if s not in errors.get(method, {}) and _finished(d) is None}
+        entry: dict[str, Any] = {"errors": {str(s): e for s, e in errors.get(method, {}).items()},
+                                 "runs": list(ok.values())}
+        if ok:
+            result = compare(list(ok.values()), baseline=every_base)
+            (group,) = result.groups
+            mean, std = _primary(group.mean, dataset.metric), _primary(group.std, dataset.metric)
+            entry["mean"] = {h: mean[h][dataset.metric] for h in heads}
+            entry["std"] = {h: std[h][dataset.metric] for h in heads}
+            entry["delta_m"] = delta_m(mean, _primary(result.baseline, dataset.metric))[0]
+            per_seed = {}
+            for s, d in ok.items():
+                if len(base_ok[s]) == len(heads):  # paired: this seed's baselines of every head
+                    seeded = compare([d], baseline=base_ok[s])
+                    per_seed[str(s)] = delta_m(_primary(seeded.groups[0].mean, dataset.metric),
+                                               _primary(seeded.baseline, dataset.metric))[0]
+            entry["delta_m_per_seed"] = per_seed
+            entry["delta_m_std"] = float(np.std(list(per_seed.values()))) if per_seed else None
+        summary["methods"][method] = entry
+    return summary
+
+
+def _fmt(value: float, spread: float | None, metric: str) -> str:
+    digits = 4 if metric != "accuracy" else 4
+    cell = f"{value:.{digits}f}"
+    return cell + (f" ± {spread:.{digits}f}" if spread is not None else "")
+
+
+def markdown(summary: dict[str, Any], name: str, steps: int) -> str:
+    """The results table of one dataset, as markdown."""
+    heads, metric = summary["heads"], summary["metric"]
+    label = DATASETS[name].label if name in DATASETS else metric
+    lines = [f"{name} ({summary['config']}, {steps} steps, seeds {summary['seeds']}): "
+             f"final eval {label} per head, mean ± std over seeds; Δm% over the heads' {label} "
+             f"(± std of the per-seed Δm%)", "",
+             "| method | " + " | ".join(f"{h} {label}" for h in heads) + " | Δm% |",
+             "|---|" + "---|" * (len(heads) + 1)]
+    base = summary.get("baseline") or {}
+    lines.append("| single-task | " + " | ".join(
+        _fmt(base[h]["mean"], base[h]["std"], metric) if h in base else "failed" for h in heads) + " | 0 |")
+    for method, entry in summary["methods"].items():
+        if "mean" not in entry:
+            error = next(iter(entry["errors"].values()), "not run").replace("|", "\\|")
+            lines.append(f"| {method} | " + " | ".join("-" for _ in heads) + f" | failed: {error} |")
+            continue
+        dm = entry["delta_m"]
+        dm_cell = "-" if dm is None else f"{dm:+.2f}" + (
+            f" ± {entry['delta_m_std']:.2f}" if entry.get("delta_m_std") is not None else "")
+        failed = f" ({len(entry['errors'])} seed(s) failed: {next(iter(entry['errors'].values()))})" \
+            if entry["errors"] else ""
+        lines.append(f"| {method} | " + " | ".join(_fmt(entry["mean"][h], entry["std"][h], metric)
+                                                   for h in heads) + f" | {dm_cell}{failed} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=("synthetic", "multidigits", "both"), default="both")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: synthetic "
+                        f"{DATASETS['synthetic'].steps}, multidigits {DATASETS['multidigits'].steps})")
+    parser.add_argument("--methods", help="comma-separated methods (default: per_head and every "
+                        "registered aggregator and loss weighting)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every run (e.g. data.train_size=512)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 100 steps, 4 methods: a smoke run")
+    parser.add_argument("--out", required=True, help="directory for the runs and results JSON")
+    args = parser.parse_args(argv)
+
+    from multihead.experiments.config import load_config
+
+    names = ["synthetic", "multidigits"] if args.dataset == "both" else [args.dataset]
+    known = all_methods()
+    methods = args.methods.split(",") if args.methods else (
+        ["per_head", "sum", "pcgrad", "famo"] if args.quick else known)
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; choose from {known}")
+    seeds = list(range(1 if args.quick and args.seeds == 3 else args.seeds))
+    os.makedirs(args.out, exist_ok=True)
+    results, tables = {}, []
+    for name in names:
+        dataset = DATASETS[name]
+        steps = args.steps or (100 if args.quick else dataset.steps)
+        config = os.path.join(ROOT, dataset.config)
+        heads = list(load_config(config, args.set).model.heads)
+        common = [f"train.steps={steps}", f"train.eval_every={steps}", "log.tensorboard=false",
+                  "checkpoint.every=0"] + args.set
+        settings_path = os.path.join(args.out, name, "settings.json")
+        settings = {"config": dataset.config, "steps": steps, "set": args.set}
+        if os.path.isfile(settings_path):
+            with open(settings_path, encoding="utf-8") as fh:
+                previous = json.load(fh)
+            if previous != settings:
+                parser.error(f"--out {args.out}: {name} holds runs made with {previous}, not "
+                             f"{settings}; use another --out")
+        os.makedirs(os.path.join(args.out, name), exist_ok=True)
+        with open(settings_path, "w", encoding="utf-8") as fh:
+            json.dump(settings, fh)
+        errors: dict[str, dict[int, str]] = {}
+        jobs = [(f"single-{h}", h, s) for s in seeds for h in heads] + \
+               [(m, None, s) for s in seeds for m in methods]
+        for i, (label, head, seed) in enumerate(jobs):
+            run_dir = os.path.join(args.out, name, label, f"seed{seed}")
+            overrides = common + [f"seed={seed}"] + (
+                [] if head else method_overrides(label, len(heads)))
+            start = time.perf_counter()
+            error = run_one(config, run_dir, overrides, only_head=head)
+            if error:
+                errors.setdefault(label, {})[seed] = error
+            print(f"[{time.strftime('%H:%M:%S')}] {name} {i + 1}/{len(jobs)} {label} seed {seed}: "
+                  f"{'FAILED ' + error if error else 'ok'} ({time.perf_counter() - start:.1f} s)",
+                  file=sys.stderr, flush=True)
+        summary = summarise(args.out, name, dataset, heads, methods, seeds, errors)
+        summary["steps"] = steps
+        summary["command_overrides"] = common
+        results[name] = summary
+        tables.append(markdown(summary, name, steps))
+    suffix = "" if args.dataset == "both" else f"-{args.dataset}"
+    with open(os.path.join(args.out, f"results{suffix}.json"), "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1)
+    print("\n\n".join(tables))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
