@@ -196,10 +196,8 @@ def summarise(out: str, name: str, dataset: Dataset, heads: list[str], methods: 
     return summary
 
 
-def _fmt(value: float, spread: float | None, metric: str) -> str:
-    digits = 4 if metric != "accuracy" else 4
-    cell = f"{value:.{digits}f}"
-    return cell + (f" ± {spread:.{digits}f}" if spread is not None else "")
+def _fmt(value: float, spread: float | None) -> str:
+    return f"{value:.4f}" + (f" ± {spread:.4f}" if spread is not None else "")
 
 
 def markdown(summary: dict[str, Any], name: str, steps: int) -> str:
@@ -213,7 +211,7 @@ def markdown(summary: dict[str, Any], name: str, steps: int) -> str:
              "|---|" + "---|" * (len(heads) + 1)]
     base = summary.get("baseline") or {}
     lines.append("| single-task | " + " | ".join(
-        _fmt(base[h]["mean"], base[h]["std"], metric) if h in base else "failed" for h in heads) + " | 0 |")
+        _fmt(base[h]["mean"], base[h]["std"]) if h in base else "failed" for h in heads) + " | 0 |")
     for method, entry in summary["methods"].items():
         if "mean" not in entry:
             error = next(iter(entry["errors"].values()), "not run").replace("|", "\\|")
@@ -224,7 +222,7 @@ def markdown(summary: dict[str, Any], name: str, steps: int) -> str:
             f" ± {entry['delta_m_std']:.2f}" if entry.get("delta_m_std") is not None else "")
         failed = f" ({len(entry['errors'])} seed(s) failed: {next(iter(entry['errors'].values()))})" \
             if entry["errors"] else ""
-        lines.append(f"| {method} | " + " | ".join(_fmt(entry["mean"][h], entry["std"][h], metric)
+        lines.append(f"| {method} | " + " | ".join(_fmt(entry["mean"][h], entry["std"][h])
                                                    for h in heads) + f" | {dm_cell}{failed} |")
     return "\n".join(lines)
 
