@@ -19,14 +19,16 @@ paired. The table is built by `multihead.experiments.compare`: per head the mean
 
 (`compare.delta_m`, Maninis et al. 2019) over the heads' primary metric (synthetic: MSE, the
 loss; MultiDigits: accuracy), M_i the method's mean over seeds and B_i the single-task mean
-(the same as `multihead compare` restricted to that metric). The ± after Δm% is the std over
-seeds of each seed's Δm% against that seed's own baselines. The last column is the method's
+(the same as `multihead compare` restricted to that metric). "per-seed Δm%" is each seed's
+Δm% against that seed's own baselines, mean ± std over seeds (the seeds' data differ in how
+hard they are, and the Δm% of the means weighs the hard seed most). The last column is the method's
 Δm% minus `per_head`'s on the same seed, mean ± std over seeds (paired: the seed-to-seed
 spread of the data cancels).
 
     python benchmarks/aggregation_results.py --out /tmp/agg-results              # both, 3 seeds
     python benchmarks/aggregation_results.py --dataset synthetic --methods sum,pcgrad --out DIR
     python benchmarks/aggregation_results.py --quick --out DIR                    # smoke run
+    python benchmarks/aggregation_results.py --report-only --out DIR   # the table of what finished
 
 Runs already finished in `--out` (a `metrics.json` there) are not trained again, so a stopped
 run resumes, and two invocations with different `--dataset` can share one `--out`. Results
@@ -77,6 +79,7 @@ REQUIRED_OPTIONS = {
     "krum": lambda k: {"n_byzantine": 0},
     "trimmed_mean": lambda k: {"trim_number": 0},
 }
+ERROR_FILE = "error.txt"
 TRUNK_OPTIMIZER = "{class_name: Adam, config: {learning_rate: 1.0e-3}}"
 
 
@@ -131,10 +134,11 @@ def _finished(run_dir: str) -> str | None:
 
 
 def run_one(config: str, run_dir: str, overrides: list[str], only_head: str | None = None) -> str | None:
-    """Trains one run unless `run_dir` already holds it; None or the error."""
+    """Trains one run unless `run_dir` already holds it; None, or the error (also written to
+    `run_dir/error.txt`, where `--report-only` finds it)."""
     if _finished(run_dir) is None:
         return None
-    if os.path.exists(run_dir):  # a run stopped half-way: start it again
+    if os.path.exists(run_dir):  # a run stopped half-way or failed before: start it again
         import shutil
 
         shutil.rmtree(run_dir)
@@ -143,7 +147,21 @@ def run_one(config: str, run_dir: str, overrides: list[str], only_head: str | No
         args += ["--set", item]
     if only_head:
         args += ["--only-head", only_head]
-    return _train(args) or _finished(run_dir)
+    error = _train(args) or _finished(run_dir)
+    if error:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ERROR_FILE), "w", encoding="utf-8") as fh:
+            fh.write(error + "\n")
+    return error
+
+
+def _error(run_dir: str) -> str:
+    """Why `run_dir` holds no finished run: its recorded error, or `not run`."""
+    path = os.path.join(run_dir, ERROR_FILE)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip()
+    return "not run"
 
 
 def _primary(tree: dict[str, dict[str, float]], metric: str) -> dict[str, dict[str, float]]:
@@ -151,8 +169,9 @@ def _primary(tree: dict[str, dict[str, float]], metric: str) -> dict[str, dict[s
 
 
 def summarise(out: str, name: str, dataset: Dataset, heads: list[str], methods: list[str],
-              seeds: list[int], errors: dict[str, dict[int, str]]) -> dict[str, Any]:
-    """Per method: mean ± std per head and Δm% (multihead's compare), from the run dirs."""
+              seeds: list[int]) -> dict[str, Any]:
+    """Per method: mean ± std per head and Δm% (multihead's compare), from the run dirs
+    (a seed without a finished run is listed in `errors` with why)."""
     from multihead.experiments.compare import compare, delta_m
 
     root = os.path.join(out, name)
@@ -176,11 +195,12 @@ def summarise(out: str, name: str, dataset: Dataset, heads: list[str], methods: 
     summary["baseline"] = base
     for method in methods:
         dirs = {s: os.path.join(root, method, f"seed{s}") for s in seeds}
-        ok = {s: d for s, d in dirs.items() if s not in errors.get(method, {}) and _finished(d) is None}
-        entry: dict[str, Any] = {"errors": {str(s): e for s, e in errors.get(method, {}).items()},
+        ok = {s: d for s, d in dirs.items() if _finished(d) is None}
+        entry: dict[str, Any] = {"errors": {str(s): _error(d) for s, d in dirs.items() if s not in ok},
                                  "runs": list(ok.values())}
         if ok:
-            result = compare(list(ok.values()), baseline=every_base)
+            # The baselines of the seeds this method finished: the same data as its runs.
+            result = compare(list(ok.values()), baseline=[d for t in ok for d in base_ok[t]])
             (group,) = result.groups
             mean, std = _primary(group.mean, dataset.metric), _primary(group.std, dataset.metric)
             entry["mean"] = {h: mean[h][dataset.metric] for h in heads}
@@ -193,7 +213,9 @@ def summarise(out: str, name: str, dataset: Dataset, heads: list[str], methods: 
                     per_seed[str(s)] = delta_m(_primary(seeded.groups[0].mean, dataset.metric),
                                                _primary(seeded.baseline, dataset.metric))[0]
             entry["delta_m_per_seed"] = per_seed
-            entry["delta_m_std"] = float(np.std(list(per_seed.values()))) if per_seed else None
+            values = list(per_seed.values())
+            entry["delta_m_seed_mean"] = float(np.mean(values)) if values else None
+            entry["delta_m_seed_std"] = float(np.std(values)) if values else None
         summary["methods"][method] = entry
     # Against per_head, paired by seed: a method's Δm% minus per_head's on the same seed
     # (same data, same initial weights), so the spread between seeds' data cancels.
@@ -216,27 +238,31 @@ def markdown(summary: dict[str, Any], name: str, steps: int) -> str:
     heads, metric = summary["heads"], summary["metric"]
     label = DATASETS[name].label if name in DATASETS else metric
     lines = [(f"{name} ({summary['config']}, {steps} steps, seeds {summary['seeds']}): "
-              f"final eval {label} per head, mean ± std over seeds; Δm% over the heads' {label} "
-              f"(± std of the per-seed Δm%)"), "",
-             "| method | " + " | ".join(f"{h} {label}" for h in heads) + " | Δm% | Δm% − per_head's |",
-             "|---|" + "---|" * (len(heads) + 2)]
+              f"final eval {label} per head, mean ± std over seeds; Δm% over the heads' {label}: "
+              f"of the means over seeds (multihead compare), and each seed's against that seed's "
+              f"baselines (mean ± std)"), "",
+             "| method | " + " | ".join(f"{h} {label}" for h in heads)
+             + " | Δm% | per-seed Δm% | Δm% − per_head's |",
+             "|---|" + "---|" * (len(heads) + 3)]
     base = summary.get("baseline") or {}
     lines.append("| single-task | " + " | ".join(
-        _fmt(base[h]["mean"], base[h]["std"]) if h in base else "failed" for h in heads) + " | 0 | |")
+        _fmt(base[h]["mean"], base[h]["std"]) if h in base else "failed" for h in heads) + " | 0 | | |")
     for method, entry in summary["methods"].items():
         if "mean" not in entry:
             error = next(iter(entry["errors"].values()), "not run").replace("|", "\\|")
-            lines.append(f"| {method} | " + " | ".join("-" for _ in heads) + f" | failed: {error} | |")
+            error = error if error == "not run" else f"failed: {error}"
+            lines.append(f"| {method} | " + " | ".join("-" for _ in heads) + f" | {error} | | |")
             continue
-        dm = entry["delta_m"]
-        dm_cell = "-" if dm is None else f"{dm:+.2f}" + (
-            f" ± {entry['delta_m_std']:.2f}" if entry.get("delta_m_std") is not None else "")
-        failed = f" ({len(entry['errors'])} seed(s) failed: {next(iter(entry['errors'].values()))})" \
-            if entry["errors"] else ""
+        dm, seed_mean = entry["delta_m"], entry["delta_m_seed_mean"]
+        dm_cell = "-" if dm is None else f"{dm:+.2f}"
+        seed_cell = "-" if seed_mean is None else f"{seed_mean:+.2f} ± {entry['delta_m_seed_std']:.2f}"
+        failed = (f" (seeds {', '.join(entry['errors'])}: {next(iter(entry['errors'].values()))})"
+                  if entry["errors"] else "")
         paired = entry.get("vs_per_head")
         paired_cell = f"{paired['mean']:+.2f} ± {paired['std']:.2f}" if paired else ""
         cells = [_fmt(entry["mean"][h], entry["std"][h]) for h in heads]
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {dm_cell}{failed} | {paired_cell} |")
+        cells += [dm_cell + failed, seed_cell, paired_cell]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -251,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every run (e.g. data.train_size=512)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 100 steps, 4 methods: a smoke run")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: the table of the runs already finished in --out")
     parser.add_argument("--out", required=True, help="directory for the runs and results JSON")
     args = parser.parse_args(argv)
 
@@ -284,21 +312,20 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.join(args.out, name), exist_ok=True)
         with open(settings_path, "w", encoding="utf-8") as fh:
             json.dump(settings, fh)
-        errors: dict[str, dict[int, str]] = {}
         jobs = [(f"single-{h}", h, s) for s in seeds for h in heads] + \
                [(m, None, s) for s in seeds for m in methods]
         for i, (label, head, seed) in enumerate(jobs):
             run_dir = os.path.join(args.out, name, label, f"seed{seed}")
             overrides = common + [f"seed={seed}"] + (
                 [] if head else method_overrides(label, len(heads)))
+            if args.report_only:
+                continue
             start = time.perf_counter()
             error = run_one(config, run_dir, overrides, only_head=head)
-            if error:
-                errors.setdefault(label, {})[seed] = error
             print(f"[{time.strftime('%H:%M:%S')}] {name} {i + 1}/{len(jobs)} {label} seed {seed}: "
                   f"{'FAILED ' + error if error else 'ok'} ({time.perf_counter() - start:.1f} s)",
                   file=sys.stderr, flush=True)
-        summary = summarise(args.out, name, dataset, heads, methods, seeds, errors)
+        summary = summarise(args.out, name, dataset, heads, methods, seeds)
         summary["steps"] = steps
         summary["command_overrides"] = common
         results[name] = summary
