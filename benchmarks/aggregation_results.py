@@ -31,7 +31,8 @@ spread of the data cancels).
     python benchmarks/aggregation_results.py --report-only --out DIR   # the table of what finished
 
 Runs already finished in `--out` (a `metrics.json` there) are not trained again, so a stopped
-run resumes, and two invocations with different `--dataset` can share one `--out`. Results
+run resumes; several invocations can work through one `--out` at once (each run is claimed by
+a `<run dir>.lock` file; `--report-only` at the end tabulates everything). Results
 go to `OUT/results.json` (or `OUT/results-<dataset>.json`), the markdown table to stdout,
 progress to stderr.
 """
@@ -133,26 +134,64 @@ def _finished(run_dir: str) -> str | None:
     return None
 
 
+#: What `run_one` returns for a run another process is training now.
+BUSY = "busy"
+
+
+def _lock(run_dir: str) -> bool:
+    """Claims `run_dir` for this process (a `<run_dir>.lock` file holding the pid); False when
+    a live process holds it. A lock left by a dead process is taken over."""
+    path = run_dir + ".lock"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    pid = int(fh.read().strip() or 0)
+                os.kill(pid, 0)
+                return False  # alive: its run
+            except (ProcessLookupError, ValueError, FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+                continue
+            except PermissionError:  # alive, another user's
+                return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    return False
+
+
 def run_one(config: str, run_dir: str, overrides: list[str], only_head: str | None = None) -> str | None:
-    """Trains one run unless `run_dir` already holds it; None, or the error (also written to
-    `run_dir/error.txt`, where `--report-only` finds it)."""
+    """Trains one run unless `run_dir` already holds it; None, `BUSY` (another process is
+    training it), or the error (also written to `run_dir/error.txt`, where `--report-only`
+    finds it). Several processes can work through one `--out` at once."""
     if _finished(run_dir) is None:
         return None
-    if os.path.exists(run_dir):  # a run stopped half-way or failed before: start it again
-        import shutil
+    if not _lock(run_dir):
+        return BUSY
+    try:
+        if _finished(run_dir) is None:  # finished by another process since the first look
+            return None
+        if os.path.exists(run_dir):  # a run stopped half-way or failed before: start it again
+            import shutil
 
-        shutil.rmtree(run_dir)
-    args = ["train", config, "--run-dir", run_dir, "--quiet"]
-    for item in overrides:
-        args += ["--set", item]
-    if only_head:
-        args += ["--only-head", only_head]
-    error = _train(args) or _finished(run_dir)
-    if error:
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, ERROR_FILE), "w", encoding="utf-8") as fh:
-            fh.write(error + "\n")
-    return error
+            shutil.rmtree(run_dir)
+        args = ["train", config, "--run-dir", run_dir, "--quiet"]
+        for item in overrides:
+            args += ["--set", item]
+        if only_head:
+            args += ["--only-head", only_head]
+        error = _train(args) or _finished(run_dir)
+        if error:
+            os.makedirs(run_dir, exist_ok=True)
+            with open(os.path.join(run_dir, ERROR_FILE), "w", encoding="utf-8") as fh:
+                fh.write(error + "\n")
+        return error
+    finally:
+        os.remove(run_dir + ".lock")
 
 
 def _error(run_dir: str) -> str:
@@ -322,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             start = time.perf_counter()
             error = run_one(config, run_dir, overrides, only_head=head)
+            status = "ok" if not error else "skipped: another process is training it" \
+                if error == BUSY else f"FAILED {error}"
             print(f"[{time.strftime('%H:%M:%S')}] {name} {i + 1}/{len(jobs)} {label} seed {seed}: "
-                  f"{'FAILED ' + error if error else 'ok'} ({time.perf_counter() - start:.1f} s)",
+                  f"{status} ({time.perf_counter() - start:.1f} s)",
                   file=sys.stderr, flush=True)
         summary = summarise(args.out, name, dataset, heads, methods, seeds)
         summary["steps"] = steps

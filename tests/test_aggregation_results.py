@@ -103,3 +103,22 @@ def test_a_failed_method_is_a_row_that_says_why(results_script):
     table = results_script.markdown(summary, "synthetic", 20)
     (row,) = [line for line in table.splitlines() if line.startswith("| pcgrad ")]
     assert row == f"| pcgrad | - | - | failed: {error} | | |"
+
+
+def test_a_run_claimed_by_a_live_process_is_left_to_it(results_script, tmp_path):
+    """Two invocations on one --out never train the same run; a dead process's claim is taken over."""
+    import subprocess
+
+    run_dir = str(tmp_path / "synthetic" / "sum" / "seed0")
+    os.makedirs(os.path.dirname(run_dir))
+    with open(run_dir + ".lock", "w") as fh:
+        fh.write(str(os.getppid()))  # a live process other than this one
+    assert results_script.run_one("unused.yaml", run_dir, []) == results_script.BUSY
+    assert not os.path.exists(run_dir)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(run_dir + ".lock", "w") as fh:
+        fh.write(dead)
+    assert results_script._lock(run_dir)
+    with open(run_dir + ".lock") as fh:
+        assert fh.read() == str(os.getpid())
