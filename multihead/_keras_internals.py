@@ -82,6 +82,17 @@ def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return list(getattr(layer, "_layers", []))
 
 
+def all_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """`layer` and every layer under it, each once (`Layer._flatten_layers`)."""
+    return list(layer._flatten_layers(include_self=True, recursive=True))  # noqa: SLF001
+
+
+def own_losses(layer: keras.layers.Layer) -> list[Any]:
+    """The losses `layer` itself added with `add_loss` in its last call, not its sublayers'
+    nor weight regularizers' (`Layer._get_own_losses`)."""
+    return list(layer._get_own_losses())  # noqa: SLF001
+
+
 def own_variables(layer: keras.layers.Layer) -> list[Any]:
     """The variables a layer created itself, not through sublayers
     (`Layer._trainable_variables` + `Layer._non_trainable_variables`)."""
