@@ -13,6 +13,9 @@ its total parameter count closest to that:
   ple             the same over 2 levels
   dselect_k       8 experts, k = 2
   cross_stitch    a column of 2 Dense layers per head, stitch units after each
+  mmoe_3d_bias    (with --before) MMoE as it was before its expert bias moved onto the
+                  flat outputs: the bias added to (batch, experts, units), whose gradient
+                  is a reduction over the batch axis of a 3-d tensor
 
 Each is timed through the Trainer's compiled step (the `tf.function` `Trainer.step`
 calls); medians over repeats, the variants timed round-robin within each repeat so
@@ -22,6 +25,7 @@ here.)
 
     python benchmarks/architectures.py            # 15 repeats of 50 steps
     python benchmarks/architectures.py --quick    # 5 repeats of 20 steps
+    python benchmarks/architectures.py --only mmoe --before   # MMoE now and before, side by side
 """
 
 from __future__ import annotations
@@ -38,10 +42,27 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
+from multihead.core.architectures import StackedDense  # noqa: E402
 from _timing import interleaved_medians, table  # noqa: E402
 
 IN_DIM, BATCH, WIDTH = 100, 256, 512
 HEADS = ["a", "b"]
+
+
+class _StackedDense3dBias(StackedDense):
+    """The expert layer as it was: the bias added to the 3-d (batch, experts, units) output."""
+
+    def call(self, inputs):
+        flat = tf.matmul(inputs, tf.reshape(self.kernel, [-1, self.n * self.units]))
+        return self.activation(tf.reshape(flat, [-1, self.n, self.units]) + self.bias)
+
+
+def _mmoe_3d_bias(units: int) -> mh.MMoE:
+    trunk = mh.MMoE(HEADS, experts=8, expert_units=[units])
+    for layer in trunk.experts.stack:  # same variables, the former computation
+        layer.__class__ = _StackedDense3dBias
+    return trunk
+
 
 TRUNKS = {
     "shared_bottom": lambda u: keras.Sequential([keras.layers.Dense(u, activation="relu")]),
@@ -51,7 +72,9 @@ TRUNKS = {
     "ple": lambda u: mh.PLE(HEADS, shared_experts=4, task_experts=2, expert_units=[u], levels=2),
     "dselect_k": lambda u: mh.DSelectK(HEADS, experts=8, k=2, expert_units=[u]),
     "cross_stitch": lambda u: mh.CrossStitch(HEADS, units=[u, u]),
+    "mmoe_3d_bias": _mmoe_3d_bias,
 }
+_OPTIONAL = ("mmoe_3d_bias",)  # run with --before only
 
 
 def build(name: str, width: int, seed: int = 0) -> mh.MultiHeadModel:
@@ -92,10 +115,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH, help="batch size (256)")
     parser.add_argument("--in-dim", type=int, default=IN_DIM, help="input features (100)")
     parser.add_argument("--only", help="comma-separated architectures besides shared_bottom")
+    parser.add_argument("--before", action="store_true",
+                        help="also MMoE with the former 3-d expert bias (mmoe_3d_bias)")
     args = parser.parse_args()
     WIDTH, BATCH, IN_DIM = args.width, args.batch, args.in_dim
-    names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom"
+    names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom" and n not in _OPTIONAL
                                  and (not args.only or n in args.only.split(","))]
+    if args.before:
+        names.append("mmoe_3d_bias")
     calls, repeats = (20, 5) if args.quick else (50, 15)
     rng = np.random.default_rng(1)
     x = tf.constant(rng.standard_normal((BATCH, IN_DIM)), tf.float32)
