@@ -13,9 +13,10 @@ its total parameter count closest to that:
   ple             the same over 2 levels
   dselect_k       8 experts, k = 2
   cross_stitch    a column of 2 Dense layers per head, stitch units after each
-  mmoe_3d_bias    (with --before) MMoE as it was before its expert bias moved onto the
-                  flat outputs: the bias added to (batch, experts, units), whose gradient
-                  is a reduction over the batch axis of a 3-d tensor
+  mmoe_before     (with --before) MMoE as it was: the expert bias added to the 3-d
+                  (batch, experts, units) output (its gradient a reduction over the batch
+                  axis) and each head's mixture a broadcast product and sum, where the layer
+                  now adds the bias to the flat output and mixes with a batched matmul
 
 Each is timed through the Trainer's compiled step (the `tf.function` `Trainer.step`
 calls); medians over repeats, the variants timed round-robin within each repeat so
@@ -57,11 +58,19 @@ class _StackedDense3dBias(StackedDense):
         return self.activation(tf.reshape(flat, [-1, self.n, self.units]) + self.bias)
 
 
-def _mmoe_3d_bias(units: int) -> mh.MMoE:
-    trunk = mh.MMoE(HEADS, experts=8, expert_units=[units])
-    for layer in trunk.experts.stack:  # same variables, the former computation
-        layer.__class__ = _StackedDense3dBias
-    return trunk
+class _MMoEBefore(mh.MMoE):
+    """MMoE as it was: the 3-d expert bias, each head's mixture a broadcast product and sum."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for layer in self.experts.stack:  # same variables, the former computation
+            layer.__class__ = _StackedDense3dBias
+
+    def forward(self, inputs, training=None):
+        expert_out = self.experts(inputs)
+        gates = {h: gate(inputs) for h, gate in zip(self.head_names, self.gates)}
+        return ({h: tf.reduce_sum(g[:, :, None] * expert_out, axis=1) for h, g in gates.items()},
+                gates)
 
 
 TRUNKS = {
@@ -72,9 +81,9 @@ TRUNKS = {
     "ple": lambda u: mh.PLE(HEADS, shared_experts=4, task_experts=2, expert_units=[u], levels=2),
     "dselect_k": lambda u: mh.DSelectK(HEADS, experts=8, k=2, expert_units=[u]),
     "cross_stitch": lambda u: mh.CrossStitch(HEADS, units=[u, u]),
-    "mmoe_3d_bias": _mmoe_3d_bias,
+    "mmoe_before": lambda u: _MMoEBefore(HEADS, experts=8, expert_units=[u]),
 }
-_OPTIONAL = ("mmoe_3d_bias",)  # run with --before only
+_OPTIONAL = ("mmoe_before",)  # run with --before only
 
 
 def build(name: str, width: int, seed: int = 0) -> mh.MultiHeadModel:
@@ -116,13 +125,13 @@ def main() -> None:
     parser.add_argument("--in-dim", type=int, default=IN_DIM, help="input features (100)")
     parser.add_argument("--only", help="comma-separated architectures besides shared_bottom")
     parser.add_argument("--before", action="store_true",
-                        help="also MMoE with the former 3-d expert bias (mmoe_3d_bias)")
+                        help="also MMoE as it was before (mmoe_before)")
     args = parser.parse_args()
     WIDTH, BATCH, IN_DIM = args.width, args.batch, args.in_dim
     names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom" and n not in _OPTIONAL
                                  and (not args.only or n in args.only.split(","))]
     if args.before:
-        names.append("mmoe_3d_bias")
+        names.append("mmoe_before")
     calls, repeats = (20, 5) if args.quick else (50, 15)
     rng = np.random.default_rng(1)
     x = tf.constant(rng.standard_normal((BATCH, IN_DIM)), tf.float32)

@@ -368,3 +368,18 @@ def test_mtan_batch_norm_layers_of_an_attention_module_belong_to_its_head():
     # the moving statistics (not trainable) are saved and copied with the head's part
     owned_weights = {id(w) for layer in trunk.head_owned_layers()["a"] for w in layer.weights}
     assert id(trunk.project_norm[0].moving_variance) in owned_weights
+
+
+def test_weight_regularizers_of_a_routing_trunk_split_as_its_variables():
+    from multihead.core.model import trunk_losses
+
+    trunk = mh.MMoE(HEADS, experts=3, expert_units=[4])
+    _model(trunk, (None, 3))
+    expert, gate_a = trunk.experts.stack[0].kernel, trunk.gates[0].kernel
+    expert.regularizer = keras.regularizers.L2(0.1)
+    gate_a.regularizer = keras.regularizers.L2(0.2)
+    shared, owned = trunk_losses(trunk)
+    # L2(l)(w) = l * sum(w^2): the experts' to the shared part, a's gate to head a only
+    np.testing.assert_allclose([float(v) for v in shared], [0.1 * np.sum(_np(expert) ** 2)], rtol=1e-6)
+    np.testing.assert_allclose([float(v) for v in owned["a"]], [0.2 * np.sum(_np(gate_a) ** 2)], rtol=1e-6)
+    assert owned["b"] == []
