@@ -81,7 +81,7 @@ TRUNKS = {
     "ple": lambda u: mh.PLE(HEADS, shared_experts=4, task_experts=2, expert_units=[u], levels=2),
     "dselect_k": lambda u: mh.DSelectK(HEADS, experts=8, k=2, expert_units=[u]),
     "cross_stitch": lambda u: mh.CrossStitch(HEADS, units=[u, u]),
-    "mmoe_before": lambda u: _MMoEBefore(HEADS, experts=8, expert_units=[u]),
+    "mmoe_before": lambda u: _MMoEBefore(HEADS, experts=8, expert_units=[u], name="mmoe_before"),
 }
 _OPTIONAL = ("mmoe_before",)  # run with --before only
 
