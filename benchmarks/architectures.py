@@ -21,8 +21,9 @@ its total parameter count closest to that:
 Each is timed through the Trainer's compiled step (the `tf.function` `Trainer.step`
 calls); medians over repeats, the variants timed round-robin within each repeat so
 that load from other processes hits them alike. The machine is shared: read the
-ratios, not the milliseconds. (MTAN is convolutional and has no dense counterpart
-here.)
+ratios, not the milliseconds; the CPU columns (process CPU time, all threads) move
+less with other jobs' load than the wall time. (MTAN is convolutional and has no dense
+counterpart here.)
 
     python benchmarks/architectures.py            # 15 repeats of 50 steps
     python benchmarks/architectures.py --quick    # 5 repeats of 20 steps
@@ -44,7 +45,7 @@ import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
 from multihead.core.architectures import StackedDense  # noqa: E402
-from _timing import interleaved_medians, table  # noqa: E402
+from _timing import interleaved_wall_and_cpu, table  # noqa: E402
 
 IN_DIM, BATCH, WIDTH = 100, 256, 512
 HEADS = ["a", "b"]
@@ -145,12 +146,13 @@ def main() -> None:
         step = compiled_step(model)
         step(x, y)  # trace
         steps[name] = lambda step=step: step(x, y)
-    medians = interleaved_medians(steps, calls, repeats)
-    base = medians["shared_bottom"]
-    rows = [["architecture", "width", "parameters", "ms / step", "ratio"]]
+    medians, cpu = interleaved_wall_and_cpu(steps, calls, repeats)
+    base, cpu_base = medians["shared_bottom"], cpu["shared_bottom"]
+    rows = [["architecture", "width", "parameters", "ms / step", "ratio", "CPU ms / step", "CPU ratio"]]
     for name in names:
         rows.append([name, str(widths[name]), str(params[name]), f"{medians[name] * 1e3:.2f}",
-                     f"{medians[name] / base:.2f}x"])
+                     f"{medians[name] / base:.2f}x", f"{cpu[name] * 1e3:.2f}",
+                     f"{cpu[name] / cpu_base:.2f}x"])
     print(f"step time at matched parameters, {IN_DIM} inputs, batch {BATCH}, median of "
           f"{repeats} x {calls} steps")
     print(table(rows))
