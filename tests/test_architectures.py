@@ -201,7 +201,8 @@ ALL = [
 ]
 
 
-@pytest.mark.parametrize("make,shape", ALL, ids=[m().__class__.__name__ + str(i) for i, (m, _) in enumerate(ALL)])
+@pytest.mark.parametrize("make,shape", ALL,
+                         ids=[m().__class__.__name__ + str(i) for i, (m, _) in enumerate(ALL)])
 def test_partition_and_keras_round_trip(make, shape, tmp_path):
     model = _model(make(), shape)
     owned = model.trunk.head_owned_layers()

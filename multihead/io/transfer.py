@@ -3,9 +3,10 @@
 Parts use the checkpoint names and hold what the checkpoint parts hold: `"trunk"`
 is the trunk layer, `"heads/<name>"` the head layer and, for a trunk that routes
 heads, the layers the trunk owns for that head (its gate, attention module or
-column; `multihead.core.architectures`). A part is copied only if the destination's part has the same structure (same number of
-weights, same shapes, in the same order), so two versions of one network can
-exchange weights without a checkpoint file.
+column; `multihead.core.architectures`). A part is copied only if the destination's
+part has the same structure (same number of weights, same shapes, in the same
+order), so two versions of one network can exchange weights without a checkpoint
+file.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def copy_weights(
         dst: the model to copy into (built, another instance).
         parts: part names (`"trunk"`, `"heads/<name>"`; the latter includes the
             gate, attention module or column a routing trunk owns for the head, as in
-            a checkpoint) present in both models, or a mapping `src part -> dst part` to copy into a differently named
-            head; None copies every part of `dst` (all must exist in `src`).
+            a checkpoint) present in both models, or a mapping `src part -> dst part`
+            to copy into a differently named head; None copies every part of `dst`
+            (all must exist in `src`).
 
     Returns:
         The destination parts that were written.
