@@ -384,3 +384,21 @@ def test_weight_regularizers_of_a_routing_trunk_split_as_its_variables():
     np.testing.assert_allclose([float(v) for v in shared], [0.1 * np.sum(_np(expert) ** 2)], rtol=1e-6)
     np.testing.assert_allclose([float(v) for v in owned["a"]], [0.2 * np.sum(_np(gate_a) ** 2)], rtol=1e-6)
     assert owned["b"] == []
+
+
+def test_mtan_batch_norm_trains_with_batch_statistics_and_predicts_with_moving_ones():
+    keras.utils.set_random_seed(4)
+    model = _model(mh.MTAN(HEADS, channels=[2], batch_norm=True), (None, 4, 4, 1))
+    norms = model.trunk.first_norm + model.trunk.project_norm
+    x = RNG.normal(size=(6, 4, 4, 1)).astype("float32")
+    trainer = mh.Trainer(model, {h: mh.Objective("mse", "sgd") for h in HEADS})
+    before = [bn.moving_mean.numpy().copy() for bn in norms]
+    trainer.step((x, {h: np.zeros((6, 1), "float32") for h in HEADS}))
+    # the step calls the trunk with training=True: the moving statistics moved
+    assert all(not np.array_equal(bn.moving_mean.numpy(), b) for bn, b in zip(norms, before))
+    after = [bn.moving_mean.numpy().copy() for bn in norms]
+    predicted = model.predict(x)
+    # predict uses training=False: the moving statistics, left unchanged
+    assert all(np.array_equal(bn.moving_mean.numpy(), a) for bn, a in zip(norms, after))
+    for h in HEADS:
+        np.testing.assert_allclose(predicted[h], model(x, training=False)[h].numpy(), atol=1e-6)
