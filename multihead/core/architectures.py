@@ -42,6 +42,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead._checks import check_float
 
 
@@ -116,7 +117,7 @@ class StackedDense(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="multihead")
-class Experts(keras.layers.Layer):
+class Experts(internals.CheckpointedLists, keras.layers.Layer):
     """`n` expert MLPs with the same widths, as one stack of `StackedDense` layers.
 
     Input `(batch, in)`; output `(batch, n, units[-1])`.
@@ -147,7 +148,7 @@ def _mix(gate: Any, experts: Any) -> Any:
     return tf.squeeze(tf.matmul(gate[:, None, :], experts), axis=1)
 
 
-class _RoutedTrunk(keras.layers.Layer):
+class _RoutedTrunk(internals.CheckpointedLists, keras.layers.Layer):
     """Base of the layers here: the head names, and the routing protocol."""
 
     def __init__(self, heads: Sequence[str], **kwargs: Any) -> None:
