@@ -40,6 +40,22 @@ def interleaved_medians(variants: Mapping[str, Callable[[], object]], calls: int
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def interleaved_wall_and_cpu(variants: Mapping[str, Callable[[], object]], calls: int,
+                             repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """As `interleaved_medians`, and also the median process CPU seconds per call (all
+    threads). On a machine shared with other jobs the CPU time moves less with their load
+    than the wall time: waiting for a core is not counted."""
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            start = time.process_time()
+            wall[name].append(time_per_call(fn, calls))
+            cpu[name].append((time.process_time() - start) / calls)
+    return ({name: statistics.median(v) for name, v in wall.items()},
+            {name: statistics.median(v) for name, v in cpu.items()})
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)

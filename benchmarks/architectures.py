@@ -13,15 +13,21 @@ its total parameter count closest to that:
   ple             the same over 2 levels
   dselect_k       8 experts, k = 2
   cross_stitch    a column of 2 Dense layers per head, stitch units after each
+  mmoe_before     (with --before) MMoE as it was: the expert bias added to the 3-d
+                  (batch, experts, units) output (its gradient a reduction over the batch
+                  axis) and each head's mixture a broadcast product and sum, where the layer
+                  now adds the bias to the flat output and mixes with a batched matmul
 
 Each is timed through the Trainer's compiled step (the `tf.function` `Trainer.step`
 calls); medians over repeats, the variants timed round-robin within each repeat so
 that load from other processes hits them alike. The machine is shared: read the
-ratios, not the milliseconds. (MTAN is convolutional and has no dense counterpart
-here.)
+ratios, not the milliseconds; the CPU columns (process CPU time, all threads) move
+less with other jobs' load than the wall time. (MTAN is convolutional and has no dense
+counterpart here.)
 
     python benchmarks/architectures.py            # 15 repeats of 50 steps
     python benchmarks/architectures.py --quick    # 5 repeats of 20 steps
+    python benchmarks/architectures.py --only mmoe --before   # MMoE now and before, side by side
 """
 
 from __future__ import annotations
@@ -38,10 +44,35 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from _timing import interleaved_medians, table  # noqa: E402
+from multihead.core.architectures import StackedDense  # noqa: E402
+from _timing import interleaved_wall_and_cpu, table  # noqa: E402
 
 IN_DIM, BATCH, WIDTH = 100, 256, 512
 HEADS = ["a", "b"]
+
+
+class _StackedDense3dBias(StackedDense):
+    """The expert layer as it was: the bias added to the 3-d (batch, experts, units) output."""
+
+    def call(self, inputs):
+        flat = tf.matmul(inputs, tf.reshape(self.kernel, [-1, self.n * self.units]))
+        return self.activation(tf.reshape(flat, [-1, self.n, self.units]) + self.bias)
+
+
+class _MMoEBefore(mh.MMoE):
+    """MMoE as it was: the 3-d expert bias, each head's mixture a broadcast product and sum."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for layer in self.experts.stack:  # same variables, the former computation
+            layer.__class__ = _StackedDense3dBias
+
+    def forward(self, inputs, training=None):
+        expert_out = self.experts(inputs)
+        gates = {h: gate(inputs) for h, gate in zip(self.head_names, self.gates)}
+        return ({h: tf.reduce_sum(g[:, :, None] * expert_out, axis=1) for h, g in gates.items()},
+                gates)
+
 
 TRUNKS = {
     "shared_bottom": lambda u: keras.Sequential([keras.layers.Dense(u, activation="relu")]),
@@ -51,7 +82,9 @@ TRUNKS = {
     "ple": lambda u: mh.PLE(HEADS, shared_experts=4, task_experts=2, expert_units=[u], levels=2),
     "dselect_k": lambda u: mh.DSelectK(HEADS, experts=8, k=2, expert_units=[u]),
     "cross_stitch": lambda u: mh.CrossStitch(HEADS, units=[u, u]),
+    "mmoe_before": lambda u: _MMoEBefore(HEADS, experts=8, expert_units=[u], name="mmoe_before"),
 }
+_OPTIONAL = ("mmoe_before",)  # run with --before only
 
 
 def build(name: str, width: int, seed: int = 0) -> mh.MultiHeadModel:
@@ -92,10 +125,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH, help="batch size (256)")
     parser.add_argument("--in-dim", type=int, default=IN_DIM, help="input features (100)")
     parser.add_argument("--only", help="comma-separated architectures besides shared_bottom")
+    parser.add_argument("--before", action="store_true",
+                        help="also MMoE as it was before (mmoe_before)")
     args = parser.parse_args()
     WIDTH, BATCH, IN_DIM = args.width, args.batch, args.in_dim
-    names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom"
+    names = ["shared_bottom"] + [n for n in TRUNKS if n != "shared_bottom" and n not in _OPTIONAL
                                  and (not args.only or n in args.only.split(","))]
+    if args.before:
+        names.append("mmoe_before")
     calls, repeats = (20, 5) if args.quick else (50, 15)
     rng = np.random.default_rng(1)
     x = tf.constant(rng.standard_normal((BATCH, IN_DIM)), tf.float32)
@@ -109,12 +146,13 @@ def main() -> None:
         step = compiled_step(model)
         step(x, y)  # trace
         steps[name] = lambda step=step: step(x, y)
-    medians = interleaved_medians(steps, calls, repeats)
-    base = medians["shared_bottom"]
-    rows = [["architecture", "width", "parameters", "ms / step", "ratio"]]
+    medians, cpu = interleaved_wall_and_cpu(steps, calls, repeats)
+    base, cpu_base = medians["shared_bottom"], cpu["shared_bottom"]
+    rows = [["architecture", "width", "parameters", "ms / step", "ratio", "CPU ms / step", "CPU ratio"]]
     for name in names:
         rows.append([name, str(widths[name]), str(params[name]), f"{medians[name] * 1e3:.2f}",
-                     f"{medians[name] / base:.2f}x"])
+                     f"{medians[name] / base:.2f}x", f"{cpu[name] * 1e3:.2f}",
+                     f"{cpu[name] / cpu_base:.2f}x"])
     print(f"step time at matched parameters, {IN_DIM} inputs, batch {BATCH}, median of "
           f"{repeats} x {calls} steps")
     print(table(rows))

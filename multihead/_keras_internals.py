@@ -82,6 +82,48 @@ def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return list(getattr(layer, "_layers", []))
 
 
+def all_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """`layer` and every layer under it, each once (`Layer._flatten_layers`)."""
+    return list(layer._flatten_layers(include_self=True, recursive=True))  # noqa: SLF001
+
+
+def own_losses(layer: keras.layers.Layer) -> list[Any]:
+    """The losses `layer` itself added with `add_loss` in its last call, not its sublayers'
+    nor weight regularizers' (`Layer._get_own_losses`)."""
+    return list(layer._get_own_losses())  # noqa: SLF001
+
+
+class CheckpointedLists:
+    """Mixin for a Keras layer that keeps sublayers or variables in list attributes
+    (`self.gates = [Dense(...), ...]`), so that `tf.train.Checkpoint` saves them.
+
+    Keras 3 wraps such lists in its own `TrackedList`, which TensorFlow's object graph
+    does not follow (`Layer._trackable_children` of the TF backend lists the direct
+    layer and variable attributes only): a checkpoint of the layer silently lacked
+    every variable held in a list. This adds one node per such list, its items as
+    children `"0"`, `"1"`, ... (keys `gates/0/_kernel`, `experts/stack/0/kernel`).
+    """
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        children = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
+        if save_type != "checkpoint":
+            return children
+        nodes = self.__dict__.setdefault("_multihead_list_nodes", {})
+        for name, value in list(vars(self).items()):
+            if (name in children or name.startswith("_") or not isinstance(value, (list, tuple))
+                    or not value or not all(isinstance(v, (keras.layers.Layer, keras.Variable))
+                                            for v in value)):
+                continue
+            items, node = nodes.get(name, ((), None))
+            if node is None or len(items) != len(value) or any(a is not b for a, b in zip(items, value)):
+                node = tf.__internal__.tracking.AutoTrackable()
+                for i, item in enumerate(value):
+                    setattr(node, str(i), item)
+                nodes[name] = (tuple(value), node)  # one node per list, while the list is the same
+            children[name] = node
+        return children
+
+
 def own_variables(layer: keras.layers.Layer) -> list[Any]:
     """The variables a layer created itself, not through sublayers
     (`Layer._trainable_variables` + `Layer._non_trainable_variables`)."""

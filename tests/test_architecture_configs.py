@@ -55,6 +55,10 @@ def test_each_architecture_config_trains_through_the_cli(name, tmp_path):
      "model.trunk.mmoe.expert.mlp.unit: unknown key (did you mean 'units'?)"),
     ({"dselect_k": {"experts": 6, "k": 2, "expert": {"mlp": {"units": [4]}}}},
      "model.trunk.dselect_k: DSelectK.experts: must be a power of two"),
+    ({"dselect_k": {"experts": 4, "k": 2, "entropy_reg": -1, "expert": {"mlp": {"units": [4]}}}},
+     "model.trunk.dselect_k.entropy_reg: must be >= 0"),
+    ({"mtan": {"channels": [4], "batch_norm": "yes"}},
+     "model.trunk.mtan.batch_norm: expected true or false, got 'yes'"),
 ])
 def test_bad_architecture_config_names_the_key(trunk, message, tmp_path, capsys):
     config = yaml.safe_load(open(os.path.join(CONFIGS, "mmoe.yaml")))

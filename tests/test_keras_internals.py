@@ -90,6 +90,16 @@ def test_layer_accessors_on_the_installed_keras():
     block = Block()
     block(np.ones((1, 2), "float32"))
     assert internals.direct_sublayers(block) == [block.inner]
+    assert internals.all_layers(block) == [block, block.inner]
+
+    class Adds(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(tf.reduce_sum(x))
+            return x
+
+    adds = Adds()
+    adds(np.ones((1, 2), "float32"))
+    assert [float(v) for v in internals.own_losses(adds)] == [2.0]
     assert internals.build_shapes(model) == {"input_shape": (None, 3)}
     named = {"a": keras.Input((2,), name="a"), "b": keras.Input((1,), name="b")}
     functional = keras.Model(named, keras.layers.Concatenate()([named["a"], named["b"]]))

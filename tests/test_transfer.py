@@ -70,3 +70,24 @@ def test_same_model_and_string_parts_are_errors():
         mh.copy_weights(model, model)
     with pytest.raises(TypeError, match=r"parts=\['trunk'\]"):
         mh.copy_weights(make_model(), make_model(), parts="trunk")
+
+
+def test_a_head_part_of_a_routing_trunk_includes_its_gate_as_in_checkpoints():
+    def mmoe(seed):
+        keras.utils.set_random_seed(seed)
+        model = mh.MultiHeadModel(mh.MMoE(["a", "b"], experts=3, expert_units=[4]),
+                                  {"a": keras.layers.Dense(1), "b": keras.layers.Dense(1)})
+        model.build((None, 5))
+        return model
+
+    src, dst = mmoe(1), mmoe(2)
+    gate_a, gate_b = (dst.trunk.head_owned_layers()[h][0] for h in ("a", "b"))
+    untouched = weights(gate_b.weights + dst.trunk.experts.weights + dst.heads["b"].weights)
+    mh.copy_weights(src, dst, parts=["heads/a"])
+    for a, b in zip(weights(gate_a.weights + dst.heads["a"].weights),
+                    weights(src.trunk.head_owned_layers()["a"][0].weights + src.heads["a"].weights)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(weights(gate_b.weights + dst.trunk.experts.weights + dst.heads["b"].weights), untouched):
+        np.testing.assert_array_equal(a, b)
+    # the gate of b, the experts and b's tower differ between the two models: nothing copied there
+    assert not np.array_equal(gate_b.kernel.numpy(), src.trunk.head_owned_layers()["b"][0].kernel.numpy())

@@ -42,6 +42,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
+from multihead._checks import check_float
+
 
 def _check_heads(heads: Sequence[str], where: str) -> tuple[str, ...]:
     if isinstance(heads, str) or not heads or not all(isinstance(h, str) for h in heads):
@@ -96,13 +99,17 @@ class StackedDense(keras.layers.Layer):
         self.bias = self.add_weight(shape=(self.n, self.units), name="bias", initializer="zeros")
 
     def call(self, inputs: Any) -> Any:
+        width = self.n * self.units
         if len(inputs.shape) == 2:
             # One plain matmul: no transpose of the kernel (the equivalent einsum makes one).
-            flat = tf.matmul(inputs, tf.reshape(self.kernel, [-1, self.n * self.units]))
-            out = tf.reshape(flat, [-1, self.n, self.units])
+            flat = tf.matmul(inputs, tf.reshape(self.kernel, [-1, width]))
         else:
-            out = tf.einsum("bei,ieu->beu", inputs, self.kernel)
-        return self.activation(out + self.bias)
+            flat = tf.reshape(tf.einsum("bei,ieu->beu", inputs, self.kernel), [-1, width])
+        # The bias on the flat (batch, n * units) outputs: its gradient is then one
+        # BiasAddGrad, not a reduction over the batch axis of a 3-d tensor. The activation
+        # on (batch, n, units): one that reads an axis (softmax) sees each expert's units.
+        out = tf.nn.bias_add(flat, tf.reshape(self.bias, [width]))
+        return self.activation(tf.reshape(out, [-1, self.n, self.units]))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "n": self.n, "units": self.units,
@@ -110,7 +117,7 @@ class StackedDense(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="multihead")
-class Experts(keras.layers.Layer):
+class Experts(internals.CheckpointedLists, keras.layers.Layer):
     """`n` expert MLPs with the same widths, as one stack of `StackedDense` layers.
 
     Input `(batch, in)`; output `(batch, n, units[-1])`.
@@ -135,12 +142,13 @@ class Experts(keras.layers.Layer):
 
 
 def _mix(gate: Any, experts: Any) -> Any:
-    """`sum_i gate[:, i] * experts[:, i, :]` (a broadcast product and sum: on CPU faster than
-    the einsum or a batched matmul)."""
-    return tf.reduce_sum(gate[:, :, None] * experts, axis=1)
+    """`sum_i gate[:, i] * experts[:, i, :]`, as a batched matmul `(b, 1, n) @ (b, n, u)`: its
+    gradients are two batched matmuls, where a broadcast product and sum takes a tile, two
+    products and two reductions (measured faster on CPU: docs/architectures.md, Cost)."""
+    return tf.squeeze(tf.matmul(gate[:, None, :], experts), axis=1)
 
 
-class _RoutedTrunk(keras.layers.Layer):
+class _RoutedTrunk(internals.CheckpointedLists, keras.layers.Layer):
     """Base of the layers here: the head names, and the routing protocol."""
 
     def __init__(self, heads: Sequence[str], **kwargs: Any) -> None:
@@ -209,7 +217,7 @@ class MMoE(_Gated):
 
     def forward(self, inputs: Any, training: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         expert_out = self.experts(inputs)
-        gates = {h: gate(inputs) for h, gate in zip(self.head_names, self.gates)}
+        gates = {h: gate(inputs, training=training) for h, gate in zip(self.head_names, self.gates)}
         return {h: _mix(g, expert_out) for h, g in gates.items()}, gates
 
     def head_owned_layers(self) -> dict[str, list[keras.layers.Layer]]:
@@ -329,6 +337,12 @@ def smooth_step(t: Any, gamma: float) -> Any:
     return tf.where(t <= -gamma / 2, tf.zeros_like(t), tf.where(t >= gamma / 2, tf.ones_like(t), cubic))
 
 
+def selector_entropy(selectors: Any) -> Any:
+    """DSelect-k's entropy of the single-expert selectors `r` (any shape, experts last):
+    `-sum r log(r + 1e-6)` over every element (the authors' definition, epsilon included)."""
+    return -tf.reduce_sum(selectors * tf.math.log(selectors + 1e-6))
+
+
 @keras.saving.register_keras_serializable(package="multihead")
 class DSelectGate(keras.layers.Layer):
     """One head's DSelect-k gate (Hazimeh et al., NeurIPS 2021), per example.
@@ -338,12 +352,20 @@ class DSelectGate(keras.layers.Layer):
     (`S` the smooth step); the gate is `sum_i softmax(a)_i r_i`, `a = W_a x + b_a`.
     Output `(batch, n)`, a distribution over the experts with at most k non-zeros
     once the smooth steps saturate.
+
+    With `entropy_reg > 0`, a training call adds (`add_loss`) the authors' entropy
+    regulariser on the selectors, `entropy_reg * -sum_{b,i,j} r_ij log(r_ij + 1e-6)`
+    (summed over the batch, as in google-research's `dselect_k_moe`), which pushes each
+    selector towards one expert. The model adds it to the objective of the head that
+    owns the gate.
     """
 
-    def __init__(self, experts: int, k: int, gamma: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, experts: int, k: int, gamma: float = 1.0, entropy_reg: float = 0.0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.num_experts = _check_positive(experts, "DSelectGate.experts")
         self.k = _check_positive(k, "DSelectGate.k")
+        self.entropy_reg = check_float(entropy_reg, "DSelectK.entropy_reg", minimum=0)
         bits = int(round(math.log2(self.num_experts)))
         if 2 ** bits != self.num_experts or self.num_experts < 2:
             raise ValueError(f"DSelectK.experts: must be a power of two >= 2 (each selector "
@@ -358,16 +380,19 @@ class DSelectGate(keras.layers.Layer):
         self.selector_logits = keras.layers.Dense(self.k * bits, kernel_initializer=small)
         self.selector_weights = keras.layers.Dense(self.k, kernel_initializer="zeros")
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
         z = tf.reshape(self.selector_logits(inputs), [-1, self.k, 1, self.bits])
         s = smooth_step(z, self.gamma)
         codes = tf.constant(self._codes)  # (n, m)
         single = tf.reduce_prod(codes * s + (1.0 - codes) * (1.0 - s), axis=-1)  # (b, k, n)
+        if training and self.entropy_reg > 0:
+            self.add_loss(self.entropy_reg * selector_entropy(single))
         weights = tf.nn.softmax(self.selector_weights(inputs), axis=-1)  # (b, k)
         return tf.einsum("bk,bkn->bn", weights, single)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "experts": self.num_experts, "k": self.k, "gamma": self.gamma}
+        return {**super().get_config(), "experts": self.num_experts, "k": self.k, "gamma": self.gamma,
+                "entropy_reg": self.entropy_reg}
 
 
 @keras.saving.register_keras_serializable(package="multihead")
@@ -381,19 +406,24 @@ class DSelectK(MMoE):
         expert_units: widths of each expert MLP's layers.
         gamma: width of the smooth step's cubic part.
         expert_activation: activation of the expert layers.
+        entropy_reg: weight of the paper's entropy regulariser on each gate's selectors
+            (`DSelectGate`), added in training to the loss of the head that owns the
+            gate; 0 (the default, as the authors' gate: no regulariser) leaves it out.
     """
 
     def __init__(self, heads: Sequence[str], experts: int, k: int, expert_units: Sequence[int],
-                 gamma: float = 1.0, expert_activation: Any = "relu", **kwargs: Any) -> None:
+                 gamma: float = 1.0, expert_activation: Any = "relu", entropy_reg: float = 0.0,
+                 **kwargs: Any) -> None:
         self.k = _check_positive(k, "DSelectK.k")  # read by `_gate` during MMoE's __init__
         self.gamma = float(gamma)
+        self.entropy_reg = check_float(entropy_reg, "DSelectK.entropy_reg", minimum=0)
         super().__init__(heads, experts, expert_units, expert_activation, **kwargs)
 
     def _gate(self) -> keras.layers.Layer:
-        return DSelectGate(self.num_experts, self.k, self.gamma)
+        return DSelectGate(self.num_experts, self.k, self.gamma, entropy_reg=self.entropy_reg)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "k": self.k, "gamma": self.gamma}
+        return {**super().get_config(), "k": self.k, "gamma": self.gamma, "entropy_reg": self.entropy_reg}
 
 
 @keras.saving.register_keras_serializable(package="multihead")
@@ -457,20 +487,40 @@ class MTAN(_RoutedTrunk):
     `[u_j, a_k^{j-1}]` (concatenated channels), applied to the shared features,
     `a * p_j`, then `a_k^j = maxpool2(relu(conv3x3(a * p_j)))` with the next block's
     channels. Head k's features are `a_k^L` (batch, H / 2^L, W / 2^L, channels[-1]).
-    (The paper's batch normalisation is left out.)
+
+    With `batch_norm`, every convolution is followed by batch normalisation before
+    its activation (`act(BN(conv(x)))`), as in the paper's blocks; the normalisation
+    layers of a head's attention modules are owned by the head (its optimizer trains
+    their scale and offset; their moving statistics are saved with `heads/<name>`),
+    the backbone's are shared. Momentum 0.9 and epsilon 1e-5 are the authors' (PyTorch's
+    defaults). In training the moving statistics move once per trunk call: once a
+    step in the simultaneous schedule, once per head in the sequential one.
 
     Args:
         heads: the model's head names.
         channels: channels of each backbone block.
+        batch_norm: batch normalisation after every convolution. Off by default: it
+            changes the layer's variables (configs and checkpoints written without it
+            keep their layout), and in training it makes each example's features depend
+            on the rest of its batch.
     """
 
-    def __init__(self, heads: Sequence[str], channels: Sequence[int], **kwargs: Any) -> None:
+    def __init__(self, heads: Sequence[str], channels: Sequence[int], batch_norm: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(heads, **kwargs)
         self.channels = _check_units(channels, "MTAN.channels")
+        if not isinstance(batch_norm, bool):
+            raise ValueError(f"MTAN.batch_norm: must be True or False, got {batch_norm!r}")
+        self.batch_norm = batch_norm
         k, c = len(self.head_names), self.channels
 
         def conv(n: int, size: int, act: str) -> keras.layers.Layer:
-            return keras.layers.Conv2D(n, size, padding="same", activation=act)
+            # With batch normalisation the activation comes after it (`_conv_bn`).
+            return keras.layers.Conv2D(n, size, padding="same", activation=None if batch_norm else act)
+
+        def norms(count: int) -> list[keras.layers.Layer]:
+            return [keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+                    for _ in range(count)] if batch_norm else []
 
         self.first = [conv(n, 3, "relu") for n in c]
         self.second = [conv(n, 3, "relu") for n in c]
@@ -480,30 +530,44 @@ class MTAN(_RoutedTrunk):
         self.mask_hidden = [conv(c[j], 1, "relu") for j in range(len(c)) for _ in range(k)]
         self.mask_out = [conv(c[j], 1, "sigmoid") for j in range(len(c)) for _ in range(k)]
         self.project = [conv(nxt[j], 3, "relu") for j in range(len(c)) for _ in range(k)]
+        # Empty without batch normalisation; else one per convolution, indexed alike.
+        self.first_norm, self.second_norm = norms(len(c)), norms(len(c))
+        self.mask_hidden_norm, self.mask_out_norm = norms(len(c) * k), norms(len(c) * k)
+        self.project_norm = norms(len(c) * k)
+
+    def _conv_bn(self, convs: list[Any], norms: list[Any], i: int, x: Any, act: Any,
+                 training: bool | None) -> Any:
+        """`convs[i](x)`, then, with batch normalisation, `act(norms[i](.))`."""
+        y = convs[i](x)
+        return act(norms[i](y, training=training)) if self.batch_norm else y
 
     def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
         k = len(self.head_names)
+        relu, sigmoid = tf.nn.relu, tf.sigmoid
         x, att = inputs, [None] * k
         for j in range(len(self.channels)):
-            u = self.first[j](x)
-            p = self.second[j](u)
+            u = self._conv_bn(self.first, self.first_norm, j, x, relu, training)
+            p = self._conv_bn(self.second, self.second_norm, j, u, relu, training)
             for t in range(k):
                 i = j * k + t
                 src = u if att[t] is None else tf.concat([u, att[t]], axis=-1)
-                mask = self.mask_out[i](self.mask_hidden[i](src))
-                att[t] = self.pool(self.project[i](mask * p))
+                hidden = self._conv_bn(self.mask_hidden, self.mask_hidden_norm, i, src, relu, training)
+                mask = self._conv_bn(self.mask_out, self.mask_out_norm, i, hidden, sigmoid, training)
+                att[t] = self.pool(self._conv_bn(self.project, self.project_norm, i, mask * p, relu,
+                                                 training))
             x = self.pool(p)
         return dict(zip(self.head_names, att))
 
     def head_owned_layers(self) -> dict[str, list[keras.layers.Layer]]:
         k = len(self.head_names)
-        return {h: [layer for j in range(len(self.channels))
-                    for layer in (self.mask_hidden[j * k + t], self.mask_out[j * k + t],
-                                  self.project[j * k + t])]
+        groups = [self.mask_hidden, self.mask_out, self.project]
+        if self.batch_norm:
+            groups += [self.mask_hidden_norm, self.mask_out_norm, self.project_norm]
+        return {h: [layers[j * k + t] for j in range(len(self.channels)) for layers in groups]
                 for t, h in enumerate(self.head_names)}
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "channels": self.channels}
+        return {**super().get_config(), "channels": self.channels, "batch_norm": self.batch_norm}
 
 
 #: Config name -> layer class (`model.trunk: {mmoe: {...}}`).

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead.core.partition import Partition, partition_variables
 
 _HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
@@ -34,6 +35,29 @@ def trunk_owned_variables(trunk: keras.layers.Layer) -> dict[str, list[keras.Var
         return {}
     return {head: [v for layer in layers for v in layer.trainable_variables]
             for head, layers in trunk.head_owned_layers().items()}
+
+
+def trunk_losses(trunk: keras.layers.Layer) -> tuple[list[Any], dict[str, list[Any]]]:
+    """The trunk's losses (`add_loss` in its last call, weight regularizers), split as its
+    variables are: `(shared, {head: losses of the layers the trunk owns for head})`.
+
+    A loss added by a head's gate (DSelect-k's entropy regulariser) or a regularizer on
+    its kernel belongs to that head's objective, like the gate's variables belong to
+    its var_list; the rest is shared. A trunk that does not route heads: `(trunk.losses, {})`.
+    """
+    if not routes_heads(trunk):
+        return list(trunk.losses), {}
+    owned = trunk.head_owned_layers()
+    owned_ids = {id(sub) for layers in owned.values() for layer in layers
+                 for sub in internals.all_layers(layer)}
+    owned_vars = {id(v) for layers in owned.values() for layer in layers
+                  for v in layer.trainable_weights}
+    shared = [loss for sub in internals.all_layers(trunk) if id(sub) not in owned_ids
+              for loss in internals.own_losses(sub)]
+    shared += [v.regularizer(v) for v in trunk.trainable_weights
+               if id(v) not in owned_vars and v.regularizer is not None]
+    return shared, {head: [loss for layer in layers for loss in layer.losses]
+                    for head, layers in owned.items()}
 
 
 def _zeros_like_shape(shape: Any) -> Any:

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead.core import distribute, updates
-from multihead.core.model import MultiHeadModel
+from multihead.core.model import MultiHeadModel, trunk_losses
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
 from multihead.core.objectives import HeadLoss
@@ -479,7 +479,9 @@ class TrainStep:
             output = model.head_output(head.name, seen, training=True)
             losses[head.name] = self._head_loss(head, x, y, output)
             weighted[head.name] = head.weight(step) * losses[head.name]
-        trunk_reg = regularization(model.trunk)
+        # A routing trunk's per-head layers (gates) regularize their own head's objective.
+        shared_losses, owned_losses = trunk_losses(model.trunk)
+        trunk_reg = tf.add_n(shared_losses) if shared_losses else 0.0
         scales, extra = self._rule.weigh(weighted)
         objectives = {}
         for head in heads:
@@ -487,6 +489,8 @@ class TrainStep:
             if head.name in scales:
                 objective = objective * scales[head.name]
             objective = objective + regularization(model.heads[head.name])
+            if owned_losses.get(head.name):
+                objective = objective + tf.add_n(owned_losses[head.name])
             if head.trains_trunk and self._rule.per_head:
                 objective = objective + trunk_reg
             objectives[head.name] = objective

@@ -13,9 +13,9 @@ The architectures and their keys:
 | `mmoe`, `omoe` | `experts`, `expert`                                              |
 | `cgc`          | `shared_experts`, `task_experts`, `expert`                       |
 | `ple`          | `shared_experts`, `task_experts`, `levels`, `expert`             |
-| `dselect_k`    | `experts` (a power of two), `k`, `gamma`, `expert`               |
+| `dselect_k`    | `experts` (a power of two), `k`, `gamma`, `entropy_reg`, `expert`|
 | `cross_stitch` | `units`, `activation`, `self_weight`                             |
-| `mtan`         | `channels`                                                       |
+| `mtan`         | `channels`, `batch_norm`                                         |
 
 `expert` is `{mlp: {units: [...], activation: ...}}`, the widths of each expert MLP.
 The head names come from `model.heads`.
@@ -37,9 +37,9 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "omoe": _EXPERT,
     "cgc": ("shared_experts", "task_experts", "expert"),
     "ple": ("shared_experts", "task_experts", "levels", "expert"),
-    "dselect_k": ("experts", "k", "gamma", "expert"),
+    "dselect_k": ("experts", "k", "gamma", "entropy_reg", "expert"),
     "cross_stitch": ("units", "activation", "self_weight"),
-    "mtan": ("channels",),
+    "mtan": ("channels", "batch_norm"),
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "mmoe": _EXPERT, "omoe": _EXPERT, "cgc": ("shared_experts", "task_experts", "expert"),
@@ -109,6 +109,12 @@ def build_architecture(spec: Mapping[str, Any], heads: Sequence[str], path: str 
             kwargs[key] = _units(value, f"{where}.{key}")
         elif key in ("gamma", "self_weight"):
             kwargs[key] = check_float(value, f"{where}.{key}", error=ConfigError)
+        elif key == "entropy_reg":
+            kwargs[key] = check_float(value, f"{where}.{key}", minimum=0, error=ConfigError)
+        elif key == "batch_norm":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+            kwargs[key] = value
         else:
             kwargs[key] = value
     try:

@@ -1,9 +1,12 @@
 """Weight transfer between two independent model instances, part by part.
 
-Parts use the checkpoint names: `"trunk"` and `"heads/<name>"`. A part is
-copied only if the destination's part has the same structure (same number of
-weights, same shapes, in the same order), so two versions of one network can
-exchange weights without a checkpoint file.
+Parts use the checkpoint names and hold what the checkpoint parts hold: `"trunk"`
+is the trunk layer, `"heads/<name>"` the head layer and, for a trunk that routes
+heads, the layers the trunk owns for that head (its gate, attention module or
+column; `multihead.core.architectures`). A part is copied only if the destination's
+part has the same structure (same number of weights, same shapes, in the same
+order), so two versions of one network can exchange weights without a checkpoint
+file.
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ def _layer(model: MultiHeadModel, part: str, role: str) -> keras.layers.Layer:
     return layers[part]
 
 
+def _part_weights(model: MultiHeadModel, part: str, role: str) -> list[keras.Variable]:
+    """The weights of `part`: its layer's, then, for `heads/<name>` on a trunk that routes
+    heads, those of the layers the trunk owns for that head (as checkpoints save it)."""
+    weights = list(_layer(model, part, role).weights)
+    kind, _, name = part.partition("/")
+    if kind == "heads" and model.routes_heads:
+        weights += [w for layer in model.trunk.head_owned_layers().get(name, ()) for w in layer.weights]
+    return weights
+
+
 def copy_weights(
     src: MultiHeadModel,
     dst: MultiHeadModel,
@@ -40,9 +53,11 @@ def copy_weights(
     Args:
         src: the model to copy from (built).
         dst: the model to copy into (built, another instance).
-        parts: part names (`"trunk"`, `"heads/<name>"`) present in both models,
-            or a mapping `src part -> dst part` to copy into a differently named
-            head; None copies every part of `dst` (all must exist in `src`).
+        parts: part names (`"trunk"`, `"heads/<name>"`; the latter includes the
+            gate, attention module or column a routing trunk owns for the head, as in
+            a checkpoint) present in both models, or a mapping `src part -> dst part`
+            to copy into a differently named head; None copies every part of `dst`
+            (all must exist in `src`).
 
     Returns:
         The destination parts that were written.
@@ -72,8 +87,7 @@ def copy_weights(
         raise ValueError("copy_weights: parts is empty; name at least one part or pass None for all")
     pairs = []
     for src_part, dst_part in mapping.items():
-        s_layer, d_layer = _layer(src, src_part, "src"), _layer(dst, dst_part, "dst")
-        s_w, d_w = s_layer.weights, d_layer.weights
+        s_w, d_w = _part_weights(src, src_part, "src"), _part_weights(dst, dst_part, "dst")
         where = src_part if src_part == dst_part else f"{src_part} -> {dst_part}"
         if len(s_w) != len(d_w):
             raise ValueError(
