@@ -12,10 +12,10 @@ from each seed drawing tasks of different difficulty; the margins are MMoE's aga
 the others, paired by seed (same data): the mean over seeds of `loss_mmoe / loss_other - 1`.
 `--json PATH` also writes every run's raw losses.
 
-    python benchmarks/mmoe_paper.py              # 3 seeds, the configs' 3000 steps
-    python benchmarks/mmoe_paper.py --seeds 5 --steps 20000
+    python benchmarks/mmoe_paper.py              # 3 seeds, the configs' 20000 steps, 200k examples
+    python benchmarks/mmoe_paper.py --seeds 5
     python benchmarks/mmoe_paper.py --quick      # 2 seeds, 300 steps: a smoke run
-    python benchmarks/mmoe_paper.py --set data.train_size=200000   # any config override
+    python benchmarks/mmoe_paper.py --set data.train_size=10000    # any config override
 
 The paper's findings (its Figure 4, training loss over 200 runs per setting): shared-bottom
 degrades as the correlation falls; MMoE is better than both the others, and its margin over
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 seeds, 300 steps")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 3)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="training steps per run (default: the configs' 3000; --quick: 300)")
+                        help="training steps per run (default: the configs' 20000; --quick: 300)")
     parser.add_argument("--json", default=None, help="also write every run's losses here")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every run (e.g. data.train_size=200000)")
