@@ -569,6 +569,25 @@ def test_random_graddrop_and_trimmed_mean_equal_reference(dtype, count):
                                    atol=TOL[dtype] * np.abs(g).max())
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_trimmed_mean_with_repeated_values_and_outliers_equals_sorting(dtype):
+    # Values drawn from {-2, ..., 2}: most coordinates hold repeats at the trim boundaries,
+    # where dropping "the t largest" must drop exactly t copies (sorting's answer), for every
+    # t the sorting-free walk handles and beyond it (the sort fallback).
+    for k in range(2, 18):
+        g = np.random.default_rng(k).integers(-2, 3, (k, 200)).astype(dtype)
+        g[:, 0] = 1.0                                           # every value equal
+        for t in range(0, (k + 1) // 2):
+            got = agg.trimmed_mean_combine(tf.constant(g), t).numpy()
+            want = ref_trimmed_mean(g.astype(np.float64), min(t, (k - 1) // 2))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"K={k} t={t}")
+    # Outliers are dropped without touching the kept values' precision: 1e30 and inf rows
+    # (a summed-then-subtracted mean would give 0 or nan here).
+    g = np.array([[1e30, -np.inf], [1.0, 2.0], [1.5, 2.5], [2.0, 3.0], [-1e30, np.inf]], dtype)
+    np.testing.assert_array_equal(agg.trimmed_mean_combine(tf.constant(g), 1).numpy(),
+                                  np.array([1.5, 2.5], dtype))
+
+
 def test_nash_mtl_weights_are_the_bargaining_solution_at_a_1e4_spread():
     for k in (2, 3, 5, 8):
         g = _random(k, 2) * np.logspace(0, 4, k)[:, None]
