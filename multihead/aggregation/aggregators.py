@@ -1078,7 +1078,7 @@ def graddrop_combine(grads: tf.Tensor, noise: tf.Tensor, leak: float = 0.0) -> t
     return tf.reduce_sum(mask * grads, axis=0)
 
 
-def _count(mask: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+def _column_count(mask: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     """Per column, how many entries of a `K x n` boolean block are true."""
     return tf.reduce_sum(tf.cast(mask, dtype), axis=0)
 
@@ -1115,8 +1115,8 @@ def trimmed_mean_combine(grads: tf.Tensor, trim_number: int) -> tf.Tensor:
     lo = tf.reduce_min(grads, axis=0)
     zero = tf.zeros_like(hi)
     inner = tf.reduce_sum(tf.where((grads > lo) & (grads < hi), grads, tf.zeros_like(grads)), 0)
-    hi_kept = _count(grads >= hi, dtype) - 1.0
-    lo_kept = _count(grads <= lo, dtype) - 1.0
+    hi_kept = _column_count(grads >= hi, dtype) - 1.0
+    lo_kept = _column_count(grads <= lo, dtype) - 1.0
     # where(): no copy of an infinite hi or lo kept must add 0, not 0 * inf = nan.
     total = (inner + tf.where(hi_kept > 0, hi_kept * hi, zero)
              + tf.where(lo_kept > 0, lo_kept * lo, zero))
