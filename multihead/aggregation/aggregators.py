@@ -1114,12 +1114,20 @@ def trimmed_mean_combine(grads: tf.Tensor, trim_number: int) -> tf.Tensor:
     hi = tf.reduce_max(grads, axis=0)
     lo = tf.reduce_min(grads, axis=0)
     zero = tf.zeros_like(hi)
-    inner = tf.reduce_sum(tf.where((grads > lo) & (grads < hi), grads, tf.zeros_like(grads)), 0)
-    hi_kept = _column_count(grads >= hi, dtype) - 1.0
-    lo_kept = _column_count(grads <= lo, dtype) - 1.0
-    # where(): no copy of an infinite hi or lo kept must add 0, not 0 * inf = nan.
-    total = (inner + tf.where(hi_kept > 0, hi_kept * hi, zero)
-             + tf.where(lo_kept > 0, lo_kept * lo, zero))
+    between = (grads > lo) & (grads < hi)
+    inner = tf.reduce_sum(tf.where(between, grads, tf.zeros_like(grads)), 0)
+    # A repeated max or min (with lo < hi) keeps copies of it: counted only when some
+    # coordinate has one, as float gradients rarely do (all-equal coordinates have lo == hi).
+    repeats = tf.reduce_any((_column_count(between, dtype) < k - 2) & (lo < hi))
+
+    def with_repeats() -> tf.Tensor:
+        hi_kept = _column_count(grads >= hi, dtype) - 1.0
+        lo_kept = _column_count(grads <= lo, dtype) - 1.0
+        # where(): no copy of an infinite hi or lo kept must add 0, not 0 * inf = nan.
+        return (inner + tf.where(hi_kept > 0, hi_kept * hi, zero)
+                + tf.where(lo_kept > 0, lo_kept * lo, zero))
+
+    total = tf.cond(repeats, with_repeats, lambda: inner)
     return tf.where(lo < hi, total / (k - 2), hi)
 
 
