@@ -21,7 +21,11 @@ shared: read the ratios, not the milliseconds.
     python benchmarks/aggregation_cost.py            # K = 2, 4, 8, 16; 25 repeats of 20 steps
     python benchmarks/aggregation_cost.py --ks 2,4,8,16 --repeats 5 --calls 5   # reduced
     python benchmarks/aggregation_cost.py --quick    # K = 2, 8; 9 repeats of 10 steps
-    python benchmarks/aggregation_cost.py --methods moco,db_mtl   # these (+ the baselines) only
+    python benchmarks/aggregation_cost.py --ks 2,4 --methods cagrad,famo --repeats 41   # a rerun
+    python benchmarks/aggregation_cost.py --methods moco,db_mtl,excess_mtl   # these (+ the baselines) only
+
+The load average (`os.getloadavg`) is printed before and after: figures from a
+loaded machine are worth less, whatever the ratios say.
 
 `--results` instead trains every `experiments/aggregation_*.yaml` (MMoE synthetic
 data at task correlation 0.1; only the trunk update differs) for seeds 0, 1, 2
@@ -119,14 +123,15 @@ def time_per_call(fn, args, calls: int) -> float:
 
 def run(k: int, calls: int, repeats: int, methods: list[str] | None = None) -> dict[str, float]:
     variants = {"summed": summed_step(k), "per_head": trainer_step(k, "per_head")}
-    for name in PARAM_SPACE if methods is None else methods:
+    for name in PARAM_SPACE:
         options = options_for(name, k)
-        if options is not None:
+        if options is not None and (methods is None or name in methods):
             variants[name] = trainer_step(
                 k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name, options))
-    for name in REP_GRAD if methods is None else []:
-        variants[f"{name}+rep"] = trainer_step(
-            k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name, rep_grad=True))
+    for name in REP_GRAD:
+        if methods is None or f"{name}+rep" in methods:
+            variants[f"{name}+rep"] = trainer_step(
+                k, mh.TrunkPolicy(keras.optimizers.Adam(1e-3), name, rep_grad=True))
     x, y = make_batch(k)
     for fn in variants.values():  # trace and warm up
         time_per_call(fn, (x, y), 3)
@@ -178,15 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ks", help="comma-separated numbers of heads (default 2,4,8,16)")
     parser.add_argument("--calls", type=int, help="steps per timing")
     parser.add_argument("--repeats", type=int, help="repeats (median)")
-    parser.add_argument("--methods", help="comma-separated methods to time (default: all); "
-                        "the summed and per-head baselines always run")
+    parser.add_argument("--methods", help="comma-separated variants to time besides summed and "
+                        "per_head (`mgda`, `mgda+rep`, ...; default: all)")
     args = parser.parse_args(argv)
-    methods = None
-    if args.methods:
-        methods = args.methods.split(",")
-        unknown = [m for m in methods if m not in PARAM_SPACE]
-        if unknown:
-            parser.error(f"--methods: unknown {unknown}; choose from {PARAM_SPACE}")
     if args.results:
         train_results(args.quick)
         return 0
@@ -194,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ks:
         ks = tuple(int(k) for k in args.ks.split(","))
     calls, repeats = args.calls or calls, args.repeats or repeats
+    methods = args.methods.split(",") if args.methods else None
+    known = PARAM_SPACE + [f"{n}+rep" for n in REP_GRAD]
+    unknown = sorted(set(methods or ()) - set(known))
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; choose from {known}")
+    load_before = os.getloadavg()
     results = {}
     for k in ks:
         results[k] = run(k, calls, repeats, methods)
@@ -210,13 +215,17 @@ def main(argv: list[str] | None = None) -> int:
                     + [f"{results[k][name] / results[k]['per_head']:.2f}x" if name in results[k]
                        else "-" for k in ks])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    load = " / ".join(f"{a:.1f}" for a in load_before), " / ".join(f"{a:.1f}" for a in os.getloadavg())
     print(f"step time, median of {repeats} repeats x {calls} steps; trunk {IN_DIM}->{WIDTH}->"
-          f"{WIDTH} relu, Dense(1) heads, batch {BATCH}, Adam, {os.cpu_count()} CPUs")
+          f"{WIDTH} relu, Dense(1) heads, batch {BATCH}, Adam, {os.cpu_count()} CPUs; "
+          f"load average (1/5/15 min) {load[0]} before, {load[1]} after")
     for row in rows:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
     k = ks[-1]
-    if methods is None:
-        rep, rep_name = max((results[k][f"{n}+rep"] / results[k]["summed"], n) for n in REP_GRAD)
+    reps = [(results[k][f"{n}+rep"] / results[k]["summed"], n) for n in REP_GRAD
+            if f"{n}+rep" in results[k]]
+    if reps:
+        rep, rep_name = max(reps)
         print(f"\nK={k}: slowest rep_grad aggregator ({rep_name}) {rep:.2f}x the summed-loss step")
     goals = {"nash_mtl": 1.5, **{n: 1.05 for n in LOSS_WEIGHTINGS}}
     for kk in ks:

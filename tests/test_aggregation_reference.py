@@ -285,6 +285,40 @@ def test_mgda_at_a_1e4_spread_agrees_with_the_exact_qp_to_1e_6():
             assert np.all(g @ got >= (got @ got) * (1 - 1e-6))
 
 
+def test_mgda_active_set_solver_agrees_with_the_exact_qp_to_1e_6_at_any_k():
+    """Above 8 heads MGDA's exact solve is Wolfe's active-set method (the face enumeration's
+    2^K systems cost more there); it is checked at small K too, called directly."""
+    for k in (3, 8, 9, 16):
+        for seed in range(4):
+            g = _random(k, seed)
+            if seed >= 2:  # a 1e4x spread of the gradient norms
+                g = g * np.logspace(0, 4, k)[np.random.default_rng(seed).permutation(k)][:, None]
+            if k <= 8:
+                w = agg.simplex_qp_active_set(tf.constant(g @ g.T)).numpy()
+            else:
+                w = mh.aggregate(g, "mgda", dtype="float64").weights.numpy()
+            got, want = w @ g, ref_mgda(g) @ g
+            assert np.all(w >= 0) and abs(w.sum() - 1) < 1e-12
+            assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want), (k, seed)
+    for k in (5, 13):
+        for case, g in _degenerate(k).items():
+            if k <= 8:
+                weights = agg.simplex_qp_active_set(tf.constant(g @ g.T)).numpy()
+            else:
+                weights = mh.aggregate(g, "mgda", dtype="float64", solver="exact").weights.numpy()
+            assert np.all(np.isfinite(weights)), (k, case)
+            got, want = weights @ g, ref_mgda(g) @ g
+            floor = 1e-3 * np.linalg.norm(g, axis=1).max() if np.any(g) else 1.0
+            assert np.linalg.norm(got - want) <= 1e-5 * max(np.linalg.norm(want), floor), (k, case)
+    # float32 in the step: as exact as the float32 Gramian allows (the module's rule).
+    g32 = _random(16, 1).astype(np.float32).astype(np.float64)
+    got = mh.aggregate(g32, "mgda").direction.numpy()
+    sv = np.linalg.svd(g32, compute_uv=False)
+    want = ref_mgda(g32) @ g32
+    tol = TOL["float32"] * max(1.0, (sv[0] / sv[-1]) ** 2 / 300)
+    assert np.linalg.norm(got - want) <= tol * np.linalg.norm(want)
+
+
 def test_mgda_exact_solver_is_exact_at_a_100x_spread():
     """The defect of issue 17: with a fixed ridge after normalising by the largest diagonal
     entry, a 100x spread was off by ~7e-4."""
@@ -567,6 +601,25 @@ def test_random_graddrop_and_trimmed_mean_equal_reference(dtype, count):
         got = mh.aggregate(g, "trimmed_mean", dtype=dtype, trim_number=t).direction.numpy()
         np.testing.assert_allclose(got, ref_trimmed_mean(g, t), rtol=TOL[dtype],
                                    atol=TOL[dtype] * np.abs(g).max())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_trimmed_mean_with_repeated_values_and_outliers_equals_sorting(dtype):
+    # Values drawn from {-2, ..., 2}: most coordinates hold repeats at the trim boundaries,
+    # where dropping "the t largest" must drop exactly t copies (sorting's answer), for every
+    # t the sorting-free walk handles and beyond it (the sort fallback).
+    for k in range(2, 18):
+        g = np.random.default_rng(k).integers(-2, 3, (k, 200)).astype(dtype)
+        g[:, 0] = 1.0                                           # every value equal
+        for t in range(0, (k + 1) // 2):
+            got = agg.trimmed_mean_combine(tf.constant(g), t).numpy()
+            want = ref_trimmed_mean(g.astype(np.float64), min(t, (k - 1) // 2))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"K={k} t={t}")
+    # Outliers are dropped without touching the kept values' precision: 1e30 and inf rows
+    # (a summed-then-subtracted mean would give 0 or nan here).
+    g = np.array([[1e30, -np.inf], [1.0, 2.0], [1.5, 2.5], [2.0, 3.0], [-1e30, np.inf]], dtype)
+    np.testing.assert_array_equal(agg.trimmed_mean_combine(tf.constant(g), 1).numpy(),
+                                  np.array([1.5, 2.5], dtype))
 
 
 def test_nash_mtl_weights_are_the_bargaining_solution_at_a_1e4_spread():

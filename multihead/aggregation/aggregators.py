@@ -285,6 +285,76 @@ def simplex_qp(gram: tf.Tensor, reg: float | None = None) -> tf.Tensor:
     return tf.where(tf.reduce_any(zero), zeros / tf.reduce_sum(zeros), w)
 
 
+def simplex_qp_active_set(gram: tf.Tensor, reg: float | None = None) -> tf.Tensor:
+    """`simplex_qp`'s problem and answer, by an active-set method instead of enumerating faces.
+
+    Wolfe's min-norm-point algorithm ("Finding the nearest point in a polytope", Math.
+    Programming 1976) on the same cosine-scaled, ridged KKT systems as `simplex_qp`, so
+    it returns the same point (to rounding) at any K, with one `K x K` solve per step
+    where `simplex_qp` solves 2^K - 1 systems at once. It starts from the uniform weights
+    on every nonzero row: when the optimum has full support (heads that mostly agree),
+    the first solve is the answer. A step solves the KKT system on the current support
+    S; if that point is positive on S it is taken, and the vertex that most violates
+    optimality (`(gram w)_j < w^T gram w`) joins S, or the method stops when none does;
+    otherwise the weights move toward that point until one of them reaches 0, and that
+    head leaves S. The objective falls at every step, so no support repeats and the
+    method ends, in practice within a few K steps; `10 K + 10` steps at most.
+
+    Args:
+        gram: `K x K` positive semi-definite matrix (float32 or float64).
+        reg: ridge added to the cosine matrix; None: `_ridge(dtype, K)`.
+    """
+    k = _k(gram)
+    gram = _as_gram(gram)
+    dtype = gram.dtype
+    c, s, zero = _diagonal_scaling(gram)
+    ridge = _ridge(dtype, k) if reg is None else reg
+    c = c + ridge * tf.eye(k, dtype=dtype)
+    eps = _eps(dtype)
+    inf = tf.constant(np.inf, dtype)
+    # a = w * |g| (w = s a): the KKT system on support S is c_SS a_S = lambda s_S, s.a = 1.
+    nonzero = tf.logical_not(zero)
+    count = tf.maximum(tf.reduce_sum(tf.cast(nonzero, dtype)), 1.0)
+    a0 = tf.math.divide_no_nan(tf.cast(nonzero, dtype), s * count)
+
+    def body(i: tf.Tensor, a: tf.Tensor, free: tf.Tensor, done: tf.Tensor):
+        f = tf.cast(free, dtype)
+        v = tf.linalg.solve(_face_systems(c, f[None])[0], (f * s)[:, None])[:, 0]
+        v = tf.math.divide_no_nan(v, tf.reduce_sum(v * s))
+        corral = tf.reduce_all((v > 0) | ~free)
+        # Minor step: from a toward v until the first weight on S reaches 0; it leaves S.
+        blocking = free & (v <= 0)
+        ratio = tf.where(blocking, a / tf.where(blocking, a - v, tf.ones_like(a)), inf)
+        theta = tf.minimum(tf.reduce_min(ratio), 1.0)
+        leaving = blocking & (ratio <= theta)
+        stepped = tf.where(leaving | ~free, tf.zeros_like(a), tf.maximum(a + theta * (v - a), 0.0))
+        a = tf.where(corral, v, stepped)
+        free = tf.where(corral, free, free & ~leaving)
+        # Major step (at a corral): the vertex g_j with the lowest x.g_j - |x|^2 (x = w @ G)
+        # joins S if that is below 0 by more than rounding.
+        ca = tf.linalg.matvec(c, a)
+        lam = tf.tensordot(a, ca, 1)
+        total = tf.reduce_sum(a)
+        gap = tf.where(free | zero, inf, ca - lam * s)
+        j = tf.argmin(gap, output_type=tf.int32)
+        add = corral & (gap[j] < -1e3 * eps * (total + lam * s[j]))
+        free = free | (tf.one_hot(j, k, on_value=True, off_value=False) & add)
+        return i + 1, a, free, corral & ~add
+
+    _, a, _, _ = tf.while_loop(
+        lambda i, a, free, done: (i < 10 * k + 10) & ~done, body,
+        (tf.constant(0), a0, nonzero, tf.constant(False)))
+    w = tf.maximum(a * s, 0.0)
+    w = tf.math.divide_no_nan(w, tf.reduce_sum(w))
+    zeros = tf.cast(zero, dtype)
+    return tf.where(tf.reduce_any(zero), zeros / tf.reduce_sum(zeros), w)
+
+
+#: MGDA enumerates the simplex's faces up to this many heads; above, the 2^K solves cost
+#: more than the active-set method's few sequential ones (measured: K = 9 and up).
+_ENUMERATE_MAX_HEADS = 8
+
+
 def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
                    tol: float = 1e-6) -> Weighting:
     """MGDA (Sener & Koltun, NeurIPS 2018): the min-norm point of the convex hull of the g_k.
@@ -294,11 +364,12 @@ def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
     vertex `t = argmin_r (gram w)_r`; exact line search between `w @ G` and
     `g_t` (Algorithm 1); stop when the step moves `w` by less than `tol` (L1)
     or after `max_iter` steps (sublinear convergence: many steps when the
-    min-norm point is near 0). With `solver="exact"`, by `simplex_qp` (one
-    batched solve over the 2^K faces, K <= UPGRAD_MAX_HEADS), solved on the
-    cosine matrix so that it is exact to rounding (float32 ~1e-6, float64 ~1e-12
-    relative) whatever the spread of the heads' gradient norms. `"auto"`: exact
-    when K <= UPGRAD_MAX_HEADS. With a zero gradient (the min-norm point is 0),
+    min-norm point is near 0). With `solver="exact"` (or `"auto"`), by
+    `simplex_qp` (one batched solve over the 2^K faces) up to 8 heads and by
+    `simplex_qp_active_set` (Wolfe's active-set method, one K x K solve per
+    step) above, both on the cosine matrix so that they are exact to
+    rounding (float32 ~1e-6, float64 ~1e-12 relative) whatever the spread of the
+    heads' gradient norms. With a zero gradient (the min-norm point is 0),
     `w` is uniform over the zero rows. With `rep_grad` this is MGDA-UB (the
     gradients are taken at the trunk output).
 
@@ -311,11 +382,12 @@ def mgda_weighting(gram: tf.Tensor, solver: str = "auto", max_iter: int = 250,
     k = _k(gram)
     gram = _as_gram(gram)
     dtype = gram.dtype
-    if solver == "exact" or (solver == "auto" and k <= UPGRAD_MAX_HEADS):
+    if solver in ("exact", "auto"):
         # The K x K solves run in float64 (negligible cost at this size): the float32 answer
         # is then as exact as the float32 Gramian allows.
         # The ridge is the input's: it must cover the rounding of a float32 Gramian.
-        w = simplex_qp(tf.cast(gram, tf.float64), reg=_ridge(dtype, k))
+        exact = simplex_qp if k <= _ENUMERATE_MAX_HEADS else simplex_qp_active_set
+        w = exact(tf.cast(gram, tf.float64), reg=_ridge(dtype, k))
         return Weighting(tf.cast(w, dtype), _no_projection())
     # The weights do not depend on the Gramian's scale: normalise for float32 robustness.
     gram = tf.math.divide_no_nan(gram, tf.reduce_max(tf.linalg.diag_part(gram)))
@@ -1197,6 +1269,11 @@ def graddrop_combine(grads: tf.Tensor, noise: tf.Tensor, leak: float = 0.0) -> t
     return tf.reduce_sum(mask * grads, axis=0)
 
 
+def _column_count(mask: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Per column, how many entries of a `K x n` boolean block are true."""
+    return tf.reduce_sum(tf.cast(mask, dtype), axis=0)
+
+
 def trimmed_mean_combine(grads: tf.Tensor, trim_number: int) -> tf.Tensor:
     """Coordinate-wise trimmed mean (Yin et al., "Byzantine-Robust Distributed Learning:
     Towards Optimal Statistical Rates", ICML 2018; torchjd's `TrimmedMean`): per
@@ -1204,14 +1281,45 @@ def trimmed_mean_combine(grads: tf.Tensor, trim_number: int) -> tf.Tensor:
     `trim_number` smallest (fewer when fewer heads take part in a step: at most
     `(K - 1) // 2` from each end).
 
+    Trimming one value at each end needs no sort: with `hi` and `lo` the largest and
+    smallest value of a coordinate, the kept values are those strictly between them plus
+    the copies of `hi` beyond the one dropped (`#{g == hi} - 1`) and likewise of `lo`;
+    when `lo == hi` every value is `hi`. The dropped values never enter a sum, so an
+    outlier of any size (even inf) costs the kept values no precision, and repeated values
+    give the sorted answer exactly. A sort along the K axis costs several times these
+    reductions; from two values at each end on, finding each boundary value by reductions
+    costs as much as the sort, which then does it.
+
     Args:
         grads: `K x n`.
         trim_number: values dropped at each end.
     """
     k = grads.shape[0]
     t = min(trim_number, (k - 1) // 2)
-    ordered = tf.sort(grads, axis=0)
-    return tf.reduce_mean(ordered[t:k - t], axis=0)
+    if t == 0:
+        return tf.reduce_mean(grads, axis=0)
+    if t > 1:
+        ordered = tf.sort(grads, axis=0)
+        return tf.reduce_mean(ordered[t:k - t], axis=0)
+    dtype = grads.dtype
+    hi = tf.reduce_max(grads, axis=0)
+    lo = tf.reduce_min(grads, axis=0)
+    zero = tf.zeros_like(hi)
+    between = (grads > lo) & (grads < hi)
+    inner = tf.reduce_sum(tf.where(between, grads, tf.zeros_like(grads)), 0)
+    # A repeated max or min (with lo < hi) keeps copies of it: counted only when some
+    # coordinate has one, as float gradients rarely do (all-equal coordinates have lo == hi).
+    repeats = tf.reduce_any((_column_count(between, dtype) < k - 2) & (lo < hi))
+
+    def with_repeats() -> tf.Tensor:
+        hi_kept = _column_count(grads >= hi, dtype) - 1.0
+        lo_kept = _column_count(grads <= lo, dtype) - 1.0
+        # where(): no copy of an infinite hi or lo kept must add 0, not 0 * inf = nan.
+        return (inner + tf.where(hi_kept > 0, hi_kept * hi, zero)
+                + tf.where(lo_kept > 0, lo_kept * lo, zero))
+
+    total = tf.cond(repeats, with_repeats, lambda: inner)
+    return tf.where(lo < hi, total / (k - 2), hi)
 
 
 # -- registry --------------------------------------------------------------------------
@@ -1419,9 +1527,6 @@ def get_aggregator(name: str, num_heads: int | None = None, **options: Any) -> A
         if merged["solver"] not in ("auto", "exact", "frank_wolfe"):
             raise ValueError(f"aggregator 'mgda': solver must be 'auto', 'exact' or 'frank_wolfe', "
                              f"got {merged['solver']!r}")
-        if merged["solver"] == "exact" and num_heads is not None and num_heads > UPGRAD_MAX_HEADS:
-            raise ValueError(f"aggregator 'mgda': solver 'exact' supports at most "
-                             f"{UPGRAD_MAX_HEADS} heads, got {num_heads}; use 'frank_wolfe'")
         _number(name, "max_iter", merged["max_iter"], 1, integer=True)
         _number(name, "tol", merged["tol"], 0.0)
     if name == "cagrad":
