@@ -63,7 +63,10 @@ cases = {"simultaneous/per_head/every1": ("simultaneous", "per_head", 1),
          "sequential/per_head/every3": ("sequential", "per_head", 3),
          "simultaneous/mgda": ("simultaneous", {"optimizer": "sgd", "aggregator": "mgda"}, 1),
          "simultaneous/sum": ("simultaneous", {"optimizer": "adam", "aggregator": "sum"}, 1),
-         "simultaneous/pcgrad": ("simultaneous", {"optimizer": "adam", "aggregator": "pcgrad"}, 1)}
+         "simultaneous/pcgrad": ("simultaneous", {"optimizer": "adam", "aggregator": "pcgrad"}, 1),
+         # state in variables + a generator; K x D buffers, one per trunk variable
+         "simultaneous/gradvac": ("simultaneous", {"optimizer": "adam", "aggregator": "gradvac"}, 1),
+         "simultaneous/moco": ("simultaneous", {"optimizer": "adam", "aggregator": "moco"}, 1)}
 result["fit"], result["updates"] = {}, {}
 for key, (schedule, trunk, every_b) in cases.items():
     runs = []
@@ -184,7 +187,8 @@ def test_mirrored_training_equals_single_device_for_every_schedule_and_trunk_pol
     assert mirrored["replicas"] == 2
     assert set(mirrored["fit"]) == {"simultaneous/per_head/every1", "simultaneous/per_head/every2",
                                     "sequential/per_head/every3", "simultaneous/mgda",
-                                    "simultaneous/sum", "simultaneous/pcgrad"}
+                                    "simultaneous/sum", "simultaneous/pcgrad",
+                                    "simultaneous/gradvac", "simultaneous/moco"}
     for case, gap in mirrored["fit"].items():
         assert gap < 1e-5, (case, gap)
     # 8 steps: every=2 updates at 0,2,4,6; every=3 at 0,3,6 -- under both runs
