@@ -278,7 +278,7 @@ checkpoint: {every: 25, keep: 2}
     pytest.param("sdmgrad", "trunk_update/aggregator_state/w", marks=pytest.mark.slow),
     pytest.param("uncertainty", "trunk_update/weighting/log_vars", marks=pytest.mark.slow),
     pytest.param("gradnorm", "trunk_update/weighting/initial_losses", marks=pytest.mark.slow),
-    pytest.param("dwa", "trunk_update/weighting/loss_sum", marks=pytest.mark.slow),
+    pytest.param("dwa", "trunk_update/weighting/last", marks=pytest.mark.slow),
     pytest.param("stch", "trunk_update/weighting/loss_sum", marks=pytest.mark.slow),
     pytest.param("imtl_l", "trunk_update/weighting/loss_scale", marks=pytest.mark.slow),
 ])

@@ -462,7 +462,7 @@ class AggregatorState(tf.Module):
                 if every:
                     var.assign(value)
                 else:
-                    var.scatter_nd_update(rows, value)
+                    _assign_rows(var, rows, value)
 
     def read(self, indices: Sequence[int]) -> dict[str, tf.Tensor]:
         """The state of the heads `indices` (positions in the trunk update's heads)."""
@@ -482,10 +482,16 @@ class AggregatorState(tf.Module):
             if axes == 0 or list(indices) == list(range(var.shape[0])):
                 var.assign(value)
             elif axes == 1:
-                var.scatter_nd_update(tf.constant([[i] for i in indices]), value)
+                _assign_rows(var, tf.constant([[i] for i in indices]), value)
             else:
                 grid = [[[i, j] for j in indices] for i in indices]
-                var.scatter_nd_update(tf.constant(grid), value)
+                _assign_rows(var, tf.constant(grid), value)
+
+
+def _assign_rows(var: tf.Variable, indices: tf.Tensor, value: tf.Tensor) -> None:
+    """`var[indices] = value` as one `assign` of the whole variable: a mirrored variable
+    (tf.distribute) has no `scatter_nd_update`."""
+    var.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(var), indices, value))
 
 
 class TrunkUpdate(_Aggregated, tf.Module):
