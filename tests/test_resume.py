@@ -268,19 +268,20 @@ checkpoint: {every: 25, keep: 2}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregator,state_key", [
-    pytest.param("gradvac", "trunk_update/aggregator_state/rho_T", marks=pytest.mark.slow),
-    pytest.param("nash_mtl", "trunk_update/aggregator_state/alpha", marks=pytest.mark.slow),
-    pytest.param("famo", "trunk_update/weighting/logits", marks=pytest.mark.slow),
-    pytest.param("moco", "trunk_update/aggregator_state/y/", marks=pytest.mark.slow),
-    pytest.param("db_mtl", "trunk_update/aggregator_state/grad_buffer/", marks=pytest.mark.slow),
-    pytest.param("excess_mtl", "trunk_update/aggregator_state/grad_sum/", marks=pytest.mark.slow),
-    pytest.param("sdmgrad", "trunk_update/aggregator_state/w", marks=pytest.mark.slow),
-    pytest.param("uncertainty", "trunk_update/weighting/log_vars", marks=pytest.mark.slow),
-    pytest.param("gradnorm", "trunk_update/weighting/initial_losses", marks=pytest.mark.slow),
-    pytest.param("dwa", "trunk_update/weighting/last", marks=pytest.mark.slow),
-    pytest.param("stch", "trunk_update/weighting/loss_sum", marks=pytest.mark.slow),
-    pytest.param("imtl_l", "trunk_update/weighting/loss_scale", marks=pytest.mark.slow),
+    ("gradvac", "trunk_update/aggregator_state/rho_T"),
+    ("nash_mtl", "trunk_update/aggregator_state/alpha"),
+    ("famo", "trunk_update/weighting/logits"),
+    ("moco", "trunk_update/aggregator_state/y/"),
+    ("db_mtl", "trunk_update/aggregator_state/grad_buffer/"),
+    ("excess_mtl", "trunk_update/aggregator_state/grad_sum/"),
+    ("sdmgrad", "trunk_update/aggregator_state/w"),
+    ("uncertainty", "trunk_update/weighting/log_vars"),
+    ("gradnorm", "trunk_update/weighting/initial_losses"),
+    ("dwa", "trunk_update/weighting/last"),
+    ("stch", "trunk_update/weighting/loss_sum"),
+    ("imtl_l", "trunk_update/weighting/loss_scale"),
 ])
 def test_stateful_aggregator_sigkill_then_resume_equals_the_uninterrupted_run(
         tmp_path, aggregator, state_key):
