@@ -282,3 +282,28 @@ def test_buffers_are_checkpointed_under_trunk_update_by_trunk_variable_index(tmp
     for a, b in zip(trainer.trunk_update.aggregator_state.variables,
                     fresh.trunk_update.aggregator_state.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_logged_agg_weight_of_moco_is_its_lambda_computed_by_hand(tmp_path):
+    from tests.test_trunk_policy import _scalars
+    x, y = make_batch(HEADS, seed=0)
+    model = make_model(HEADS, seed=4)
+    with tf.GradientTape(persistent=True) as tape:
+        feats = model.trunk(x, training=True)
+        loss = {h: tf.reduce_mean(tf.square(y[h] - model.heads[h](feats, training=True)))
+                for h in HEADS}
+    g = np.stack([_flat(tape.gradient(loss[h], model.trunk_variables), model.trunk_variables)
+                  for h in HEADS])
+    losses = np.array([float(loss[h]) for h in HEADS])
+    # MoCo's first step (t = 1, y = 0, lambda = 1/K): y = beta * normalised g x loss.
+    y_buf = 0.5 * g / (np.linalg.norm(g, axis=1, keepdims=True) + 1e-8) * losses[:, None]
+    lambd = np.full(len(HEADS), 1.0 / len(HEADS))
+    z = lambd - 0.1 * (y_buf @ y_buf.T) @ lambd
+    expected = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.SGD(LR)) for h in HEADS},
+                         trunk=mh.TrunkPolicy(keras.optimizers.SGD(LR), "moco"),
+                         log_dir=str(tmp_path), log_every=1)
+    trainer.step((x, y))
+    trainer.close()
+    logged = _scalars(str(tmp_path))
+    assert [logged[f"agg_weight/{h}"][0] for h in HEADS] == pytest.approx(expected, rel=1e-4)
