@@ -204,3 +204,16 @@ def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path
     verbose = _multihead("validate", str(config), "--verbose", cwd=tmp_path)
     assert verbose.returncode == 0, verbose.stderr
     assert set(CHATTER.findall(bare.stderr)) <= set(CHATTER.findall(verbose.stderr)), verbose.stderr
+
+
+def test_compare_reads_json_and_imports_no_tensorflow(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(TINY))
+    final = {"y1": {"loss": 0.5}, "y2": {"loss": 0.25}}
+    (run / "metrics.json").write_text(json.dumps({"steps": 4, "eval": final,
+                                                  "evals": [{"step": 4, "eval": final}]}))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([["compare", str(run), "--json"]])],
+                         capture_output=True, text=True, timeout=120, env=env, check=True)
+    assert json.loads(out.stdout) == [[["compare", str(run), "--json"], 0, False]]
