@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from multihead.experiments.config.schema import ConfigError
-from multihead.experiments.sweep.sweep import Objective, check_objective
+from multihead.experiments.sweep.sweep import SweepObjective, check_objective
 from multihead.monitoring.metric_key import MEAN_LOSS, MetricKey, metric_direction
 
 GOOD = ["eval/mean_loss", "eval/y1/loss", "eval/y1/accuracy", "eval/head_2/mean_absolute_error"]
@@ -63,6 +63,6 @@ def test_callbacks_config_and_sweep_accept_and_refuse_the_same_names():
 
 def test_the_sweep_objective_reads_the_named_number():
     evaluation = {"y1": {"loss": 0.5, "accuracy": 0.75}, "y2": {"loss": 1.5}}
-    assert Objective("eval/y1/accuracy", "maximize").value(evaluation) == 0.75
-    assert Objective(MEAN_LOSS).value(evaluation) == (0.5 + 1.5) / 2
-    assert Objective("eval/y2/accuracy").value(evaluation) is None
+    assert SweepObjective("eval/y1/accuracy", "maximize").value(evaluation) == 0.75
+    assert SweepObjective(MEAN_LOSS).value(evaluation) == (0.5 + 1.5) / 2
+    assert SweepObjective("eval/y2/accuracy").value(evaluation) is None

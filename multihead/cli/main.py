@@ -1,5 +1,6 @@
 """The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
-`predict`.
+`predict`, `sweep` (in `multihead.cli.sweep`) and `compare`. Nothing in the package imports
+this package; its module-level imports load no TensorFlow, so `--help` answers at once.
 
 Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
 with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
@@ -426,7 +427,6 @@ def _command(sub: Any, name: str, tensorflow: bool, **kwargs: Any) -> argparse.A
 
 
 def _add_commands(sub: Any) -> None:
-
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",

@@ -150,7 +150,7 @@ def split_sweep_section(raw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Objective:
+class SweepObjective:
     """What "best" means: `eval/mean_loss` or `eval/<head>/<metric>` of the final evaluation."""
 
     name: str = MEAN_LOSS
@@ -168,7 +168,7 @@ class Objective:
         return a < b if self.direction == "minimize" else a > b
 
 
-def check_objective(name: str, direction: str, heads: Sequence[str]) -> Objective:
+def check_objective(name: str, direction: str, heads: Sequence[str]) -> SweepObjective:
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"--direction {direction!r}: use minimize or maximize")
     try:
@@ -178,7 +178,7 @@ def check_objective(name: str, direction: str, heads: Sequence[str]) -> Objectiv
     if not key.is_mean_loss and key.head not in heads:
         raise ConfigError(f"--objective {name!r}: the model has no head {key.head!r}"
                           f"{suggest(key.head, heads)}; its heads are {list(heads)}")
-    return Objective(name, direction)
+    return SweepObjective(name, direction)
 
 
 # -- the index -------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def resumable(run_dir: str) -> bool:
 
 
 def trial_outcome(run_dir: str, returncode: int, log_text: str,
-                  objective: Objective) -> dict[str, Any]:
+                  objective: SweepObjective) -> dict[str, Any]:
     """status, error, metrics and objective of a finished trial process."""
     metrics_path = os.path.join(run_dir, "metrics.json")
     if returncode != 0 or not os.path.isfile(metrics_path):
@@ -362,7 +362,7 @@ class Sweep:
         self.sweep_dir = sweep_dir
         self.index = index
         self.stream = stream
-        self.objective = Objective(index["objective"], index["direction"])
+        self.objective = SweepObjective(index["objective"], index["direction"])
 
     # paths
     @property
@@ -471,7 +471,7 @@ class Sweep:
             write_experiment(self.sweep_dir, seen, sorted(tags))
 
 
-def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search: str = "grid") -> dict[str, Any]:
+def new_index(trials: Sequence[Mapping[str, Any]], objective: SweepObjective, search: str = "grid") -> dict[str, Any]:
     keys = list(dict.fromkeys(k for t in trials for k in t))
     return {
         "version": 1,
@@ -487,7 +487,7 @@ def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search:
 
 
 def create_sweep(sweep_dir: str, base_raw: Mapping[str, Any], trials: Sequence[Mapping[str, Any]],
-                 objective: Objective, stream: TextIO | None = None, search: str = "grid") -> Sweep:
+                 objective: SweepObjective, stream: TextIO | None = None, search: str = "grid") -> Sweep:
     """Writes a new sweep directory (base config and index, nothing run yet)."""
     if os.path.exists(sweep_dir) and os.listdir(sweep_dir):
         raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
