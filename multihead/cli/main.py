@@ -1,5 +1,6 @@
 """The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
-`predict`.
+`predict`, `sweep` (in `multihead.cli.sweep`) and `compare`. Nothing in the package imports
+this package; its module-level imports load no TensorFlow, so `--help` answers at once.
 
 Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
 with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
@@ -19,6 +20,7 @@ import tempfile
 from typing import Any, Sequence
 
 
+from multihead.cli import quiet
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config, to_dict
 from multihead.experiments.run.directory import default_run_dir
 
@@ -57,12 +59,7 @@ def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
 
     try:
         runner = tasks.prepare(config)
-        # validate runs what train would run first; not under a strategy: eager work on
-        # distributed variables outside the step can wait on the other workers' collectives
-        if config.task == "supervised" and getattr(runner, "strategy", None) is None:
-            from multihead.experiments.run.dry_run import dry_run
-
-            dry_run(runner)
+        runner.check()  # validate runs what train would run first
         return runner
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
@@ -108,8 +105,6 @@ _RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep",
 
 def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> str:
     """The run directory to resume, after checking it matches CONFIG; nothing is written."""
-    import inspect
-
     from multihead.io.checkpoints import CheckpointManager
 
     run_dir = args.resume
@@ -130,7 +125,7 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
                 f"--resume: {args.config} differs from {saved} at {key} ({before.get(key)!r} -> "
                 f"{now.get(key)!r}); only {', '.join(_RESUMABLE_CHANGES)} may change on resume"
             )
-    if "resume" not in inspect.signature(runner.run).parameters:
+    if not runner.resumable:
         raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
     for name in ("checkpoints", "train", "eval", "best"):  # a run's folders are its own
         if os.path.islink(os.path.join(run_dir, name)):
@@ -191,13 +186,12 @@ def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: st
     """Runs `runner` in `run_dir` (locked by the caller) under the run-directory rules:
     status.json, a stop at a step boundary on SIGINT/SIGTERM, and nothing deleted that a
     step wrote."""
-    import inspect
     import traceback
 
     from multihead.experiments.run.guard import (
         RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
 
-    takes = "extra_callbacks" in inspect.signature(runner.run).parameters
+    takes = runner.resumable  # it stops at a step boundary and can be resumed
     watch = RunWatch(immediate=not takes)
     kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
     if resume:
@@ -418,7 +412,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"multihead {importlib.metadata.version('multihead')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_commands(sub)
+    return parser
 
+
+def _command(sub: Any, name: str, tensorflow: bool, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand with `--verbose`; `tensorflow`: it needs TensorFlow, imported quietly
+    before it runs (the parser itself imports none)."""
+    command = sub.add_parser(name, **kwargs)
+    command.add_argument("--verbose", action="store_true",
+                         help="show TensorFlow's start-up and C++ log lines (CUDA probing, absl)")
+    command.set_defaults(tensorflow=tensorflow)
+    return command
+
+
+def _add_commands(sub: Any) -> None:
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -430,7 +438,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--allow-import", action="append", metavar="MODULE",
                        help="let env.id 'MODULE:Env' import MODULE (repeatable)")
 
-    train = sub.add_parser("train", help="train from an experiment config and write a run directory")
+    train = _command(sub, "train", True, help="train from an experiment config and write a run directory")
     with_config(train)
     train.add_argument("--run-dir", help="where to write the run (default runs/<config>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress output")
@@ -440,14 +448,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
     train.set_defaults(func=cmd_train)
 
-    export = sub.add_parser("export", help="write a run's model as a SavedModel, a signature per head")
+    export = _command(sub, "export", True, help="write a run's model as a SavedModel, a signature per head")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
     export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
     allow_import(export)
     export.set_defaults(func=cmd_export)
 
-    predict = sub.add_parser("predict", help="a finished run's outputs on new data, as .npz")
+    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz")
     predict.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     predict.add_argument("--data", required=True, metavar="FILE",
                          help=".npz (input arrays by name, x by default), or .csv / .tfrecord laid "
@@ -459,24 +467,25 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--batch-size", type=int, default=1024, help="examples per call")
     predict.set_defaults(func=cmd_predict)
 
-    validate = sub.add_parser("validate", help="check a config and build its model, without training")
+    validate = _command(sub, "validate", True, help="check a config and build its model, without training")
     with_config(validate)
     validate.set_defaults(func=cmd_validate)
 
     _add_sweep_parser(sub)
     _add_compare_parser(sub)
 
-    rep = sub.add_parser("report", help="per-head losses, gradient norms and conflicts of a run")
+    # report reads event files with tensorboard's loader, which uses TensorFlow when installed
+    rep = _command(sub, "report", True, help="per-head losses, gradient norms and conflicts of a run")
     rep.add_argument("run_dir", help="a run directory (with train/ event files)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")
     rep.set_defaults(func=cmd_report)
-    return parser
 
 
 def _add_sweep_parser(sub: Any) -> None:
-    """`multihead sweep`: its options; the command lives in multihead/experiments/sweep/sweep.py."""
-    sweep = sub.add_parser("sweep", help="many runs from one config: a grid, random draws or an "
+    """`multihead sweep`: its options; the command lives in multihead/cli/sweep.py."""
+    # the sweep process writes the HParams experiment summary with TensorFlow's writer
+    sweep = _command(sub, "sweep", True, help="many runs from one config: a grid, random draws or an "
                                          "Optuna search, in parallel, resumable")
     sweep.add_argument("config", nargs="?", help="experiment YAML file (may hold a sweep: section)")
     sweep.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -509,7 +518,7 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--quiet", action="store_true", help="no progress lines")
 
     def run(args: argparse.Namespace) -> int:
-        from multihead.experiments.sweep.sweep import cmd_sweep
+        from multihead.cli.sweep import cmd_sweep
 
         return cmd_sweep(args)
 
@@ -518,7 +527,7 @@ def _add_sweep_parser(sub: Any) -> None:
 
 def _add_compare_parser(sub: Any) -> None:
     """`multihead compare`: runs and sweeps side by side, Δm% against single-task baselines."""
-    compare = sub.add_parser("compare", help="per-head metrics of runs and sweeps, mean ± std over "
+    compare = _command(sub, "compare", False, help="per-head metrics of runs and sweeps, mean ± std over "
                                              "seeds, Δm%% against single-task baselines")
     compare.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP", help="run or sweep directories")
     compare.add_argument("--baseline", nargs="+", default=[], metavar="RUN",
@@ -548,7 +557,10 @@ def _add_compare_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    quiet.configure(args.verbose)
     try:
+        if args.tensorflow:
+            quiet.import_tensorflow(args.verbose)
         return args.func(args)
     except (ConfigError, UsageError) as err:
         print(f"multihead: error: {err}", file=sys.stderr)

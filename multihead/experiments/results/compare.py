@@ -14,9 +14,9 @@ metric counts positive:
 
 over the N (head, metric) pairs that both the group and the baselines report, M_i the
 group's mean final metric and B_i the baselines' mean. Lower Δm% is better; 0 is parity
-with single-task training. Directions come from the metric's name (`loss`, errors and
-crossentropies are lower-better; accuracy, AUC, precision, recall, F1, R² and IoU are
-higher-better); metrics of unknown direction are left out and listed in `skipped`, or
+with single-task training. Directions come from the metric's name
+(`multihead.monitoring.metric_key.metric_direction`: `loss`, errors and crossentropies are
+lower-better; accuracy, AUC, precision, recall, F1, R² and IoU are higher-better); metrics of unknown direction are left out and listed in `skipped`, or
 given with `directions={"metric": "min" | "max"}`.
 """
 
@@ -32,12 +32,10 @@ import numpy as np
 import yaml
 
 from multihead.experiments.config.schema import ConfigError
+from multihead.monitoring.metric_key import metric_direction
 
 #: Hyperparameters that only reseed a run: runs differing only in these are one group.
 SEED_KEYS = ("seed", "data.seed", "train.trunk.seed")
-_HIGHER = ("accuracy", "auc", "precision", "recall", "f1", "r2", "iou")
-_LOWER = ("loss", "error", "mae", "mse", "rmse", "crossentropy", "hinge", "divergence",
-          "log_cosh", "poisson", "logcosh")
 
 
 class CompareError(ConfigError):
@@ -48,12 +46,7 @@ def direction(metric: str, directions: Mapping[str, str] | None = None) -> str |
     """`min` (lower is better), `max`, or None (unknown) for a metric name."""
     if directions and metric in directions:
         return directions[metric]
-    name = metric.lower()
-    if any(word in name for word in _LOWER):
-        return "min"
-    if any(word in name for word in _HIGHER) or name in ("acc", "r2_score"):
-        return "max"
-    return None
+    return metric_direction(metric)
 
 
 def delta_m(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],

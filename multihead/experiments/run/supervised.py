@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import keras
 import tensorflow as tf
@@ -24,6 +24,7 @@ from multihead.experiments.build.builders import (
 from multihead.io.checkpoints import CheckpointManager, save_checkpoint
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.build.data_sources import input_spec
+from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
@@ -45,6 +46,14 @@ class SupervisedRunner:
     objectives: dict[str, Objective]
     trunk: Any = "per_head"
     strategy: Any = None
+    resumable: ClassVar[bool] = True
+
+    def check(self) -> None:
+        """One forward and backward pass on a few examples (`dry_run`), so what train would
+        run first fails now. Not under a strategy: eager work on distributed variables
+        outside the step can wait on the other workers' collectives."""
+        if self.strategy is None:
+            dry_run(self)
 
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
             extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""`multihead sweep`: trials from a config's axes, run by a local or Ray backend, or an
+Optuna search (see `multihead sweep --help` and docs/sweeps.md).
+
+The command sits here, above the sweep modules it drives, so `multihead.experiments.sweep`
+never imports its Ray and Optuna backends back.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Mapping
+
+from multihead.experiments.config.schema import ConfigError
+from multihead.experiments.run.directory import default_run_dir
+from multihead.experiments.sweep.sweep import (
+    LocalBackend,
+    Sweep,
+    as_sets,
+    check_objective,
+    create_sweep,
+    load_base,
+    parse_grid_arg,
+    parse_sample_arg,
+    read_index,
+    threads_per_trial,
+    trial_overrides,
+)
+
+
+def _default_sweep_dir(config_path: str) -> str:
+    return default_run_dir(config_path, prefix="sweep-")
+
+
+def resolve_threads(text: str, jobs: int) -> int | None:
+    """`--threads`: auto (`max(1, cores // jobs)`), none (TensorFlow's default) or a count."""
+    if text == "auto":
+        return threads_per_trial(jobs)
+    if text == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"--threads {text!r}: use auto, none or a count >= 1")
+    return value
+
+
+def make_backend(name: str, threads: int | None, address: str | None = None,
+                 num_cpus: int | None = None) -> Any:
+    if name == "local":
+        if address:
+            raise ConfigError("--ray-address: only used with --backend ray")
+        return LocalBackend(threads)
+    from multihead.experiments.sweep.ray_backend import RayBackend  # imports ray: only when used
+
+    return RayBackend(threads, address=address, num_cpus=num_cpus)
+
+
+def _heads(base: Mapping[str, Any]) -> list[str]:
+    heads = (base.get("model") or {}).get("heads") or {}
+    return [str(h) for h in heads]
+
+
+def cmd_sweep(args: Any) -> int:
+    """`multihead sweep` (see `multihead sweep --help` and docs/sweeps.md)."""
+    stream = None if args.quiet else sys.stderr
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
+    threads = resolve_threads(args.threads, args.jobs)
+    if args.resume:
+        if args.config or args.grid or args.sample or args.set:
+            raise ConfigError("--resume SWEEP_DIR: the trials are those of its sweep.json; give no "
+                              "CONFIG, --grid, --sample or --set")
+        sweep = Sweep(args.resume, read_index(args.resume), stream)
+        search = sweep.index.get("search", "grid")
+    else:
+        if not args.config:
+            raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
+        base, spec = load_base(args.config, args.set or [])
+        for text in args.grid or []:
+            key, values = parse_grid_arg(text)
+            if key in spec.keys():
+                raise ConfigError(f"--grid {text!r}: {key} is already an axis of the sweep")
+            spec.grid[key] = values
+        for text in args.sample or []:
+            key, distribution = parse_sample_arg(text)
+            if key in spec.keys():
+                raise ConfigError(f"--sample {text!r}: {key} is already an axis of the sweep")
+            spec.random[key] = distribution
+        if args.sample:
+            spec.count, spec.seed = args.trials or 10, args.search_seed
+        objective = check_objective(args.objective, args.direction, _heads(base))
+        search = args.search
+        if search == "optuna":
+            if not spec.random:
+                raise ConfigError("--search optuna: give the search space with --sample KEY=KIND:... "
+                                  "or sweep.random.axes")
+            if spec.grid or spec.zip:
+                raise ConfigError("--search optuna: searches the --sample / sweep.random axes only; "
+                                  "remove --grid and sweep.grid/zip")
+            trials: list[dict[str, Any]] = []
+        else:
+            if not spec.keys():
+                raise ConfigError(f"{args.config}: no axes to sweep; give --grid KEY=V1,V2 "
+                                  "(repeatable) or a sweep: section")
+            trials = trial_overrides(spec)
+        sweep = create_sweep(args.sweep_dir or _default_sweep_dir(args.config), base, trials,
+                             objective, stream, search=search)
+        if search == "optuna":
+            from multihead.experiments.sweep.search import save_space
+
+            save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
+    if stream is not None:
+        print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
+              f"{threads or 'default'} threads each)", file=stream)
+    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus)
+    if search == "optuna":
+        from multihead.experiments.sweep.search import run_optuna
+
+        index = run_optuna(sweep, backend, args.jobs)
+    else:
+        index = sweep.run(backend, args.jobs)
+    failed = [t for t in index["trials"] if t["status"] == "failed"]
+    for trial in failed:
+        print(f"{trial['id']} failed: {trial['error']}", file=sys.stderr)
+    best = sweep.best()
+    print(f"wrote {sweep.sweep_dir} ({len(index['trials'])} trials, {len(failed)} failed"
+          + (f"; best {sweep.objective.name} {best['objective']:.6g}: {best['id']} "
+             f"{' '.join(as_sets(best['overrides']))}" if best else "") + ")")
+    return 1 if failed else 0
