@@ -41,17 +41,18 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
+from multihead._boundary import BoundaryError, inside, read_json, write_atomic
 from multihead._checks import describe, suggest
 from multihead.experiments.config import ConfigError, apply_override, from_dict, parse_yaml
 
@@ -288,24 +289,76 @@ def check_objective(name: str, direction: str, heads: Sequence[str]) -> Objectiv
 
 
 def _write_json(path: str, tree: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(tree, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(tree, indent=2) + "\n")
+
+
+#: A trial id: a file name (`logs/<id>.log`), never a path.
+_TRIAL_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_STATUSES = ("pending", "running", "done", "failed", "pruned")
 
 
 def read_index(sweep_dir: str) -> dict[str, Any]:
+    """The sweep's `sweep.json`, checked before anything acts on it: each trial's `id` is a
+    plain name and its `run_dir` a directory under `trials/` of this sweep (a crafted index
+    must not make a resume delete or write elsewhere).
+
+    Raises:
+        ConfigError: no index, or an index that is not one (one line naming the file and trial).
+    """
     path = os.path.join(sweep_dir, INDEX)
-    if not os.path.isfile(path):
+    if not os.path.isdir(sweep_dir) or not os.path.lexists(path):
         raise ConfigError(f"--resume {sweep_dir!r}: no {INDEX} there; is it a multihead sweep directory?")
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        index = read_json(sweep_dir, INDEX)
+        check_index(sweep_dir, index)
+    except BoundaryError as err:
+        raise ConfigError(str(err)) from None
+    return index
+
+
+def check_index(sweep_dir: str, index: Mapping[str, Any]) -> None:
+    """Raises `BoundaryError` unless `index` is a sweep index whose trials stay in `sweep_dir`."""
+    where = os.path.join(sweep_dir, INDEX)
+    for key, kind in (("objective", str), ("direction", str), ("trials", list)):
+        if not isinstance(index.get(key), kind):
+            raise BoundaryError(f"{where}: {key} must be a {kind.__name__}, got {index.get(key)!r}")
+    if index.get("search") == "optuna":
+        for key, kind in (("space", dict), ("n_trials", int), ("search_seed", int)):
+            if not isinstance(index.get(key), kind) or isinstance(index.get(key), bool):
+                raise BoundaryError(f"{where}: {key} must be a {kind.__name__} in an Optuna "
+                                    f"sweep, got {index.get(key)!r}")
+    check_trial_dirs(sweep_dir, index["trials"])
+    seen: set[str] = set()
+    for i, trial in enumerate(index["trials"]):
+        at = f"{where}: trials[{i}]"
+        tid = trial.get("id")
+        if not isinstance(tid, str) or not _TRIAL_ID.fullmatch(tid) or tid in seen:
+            raise BoundaryError(f"{at}.id: must be a unique plain name (letters, digits, _ . -), "
+                                f"got {tid!r}")
+        seen.add(tid)
+        if not isinstance(trial.get("overrides"), dict):
+            raise BoundaryError(f"{at}.overrides: must be a mapping, got {trial.get('overrides')!r}")
+
+
+def check_trial_dirs(sweep_dir: str, trials: Any) -> None:
+    """Raises `BoundaryError` unless every trial is a mapping with a known `status` and a
+    `run_dir` of the form `trials/<name>` inside `sweep_dir` (no symlink, no `..`)."""
+    where = os.path.join(sweep_dir, INDEX)
+    if not isinstance(trials, list):
+        raise BoundaryError(f"{where}: trials must be a list, got {trials!r}")
+    for i, trial in enumerate(trials):
+        at = f"{where}: trials[{i}]"
+        if not isinstance(trial, dict):
+            raise BoundaryError(f"{at}: must be a mapping, got {trial!r}")
+        run_dir = trial.get("run_dir")
+        if not isinstance(run_dir, str) or run_dir.replace("\\", "/").strip("/").split("/")[:1] \
+                != [TRIALS] or len([p for p in run_dir.split("/") if p not in ("", ".")]) != 2:
+            raise BoundaryError(f"{at}.run_dir: must be {TRIALS}/<name> inside the sweep, "
+                                f"got {run_dir!r}")
+        inside(sweep_dir, run_dir, where=f"{at}.run_dir")
+        if trial.get("status") not in _STATUSES:
+            raise BoundaryError(f"{at}.status: must be one of {list(_STATUSES)}, "
+                                f"got {trial.get('status')!r}")
 
 
 # -- running trials --------------------------------------------------------------------
@@ -383,7 +436,7 @@ def last_error(log_text: str) -> str:
 def resumable(run_dir: str) -> bool:
     """A run directory with a periodic checkpoint to continue from."""
     directory = os.path.join(run_dir, "checkpoints")
-    return os.path.isfile(os.path.join(directory, "checkpoint"))
+    return not os.path.islink(directory) and os.path.isfile(os.path.join(directory, "checkpoint"))
 
 
 def trial_outcome(run_dir: str, returncode: int, log_text: str,
@@ -393,9 +446,15 @@ def trial_outcome(run_dir: str, returncode: int, log_text: str,
     if returncode != 0 or not os.path.isfile(metrics_path):
         return {"status": "failed", "error": last_error(log_text) if returncode != 0 else
                 "the trial exited without writing metrics.json", "metrics": None, "objective": None}
-    with open(metrics_path, encoding="utf-8") as fh:
-        metrics = json.load(fh)
-    evaluation = metrics.get("eval") or {}
+    try:
+        metrics = read_json(run_dir, "metrics.json")
+        evaluation = metrics.get("eval") or {}
+        if not isinstance(evaluation, dict) or not all(
+                isinstance(v, dict) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                            for x in v.values()) for v in evaluation.values()):
+            raise BoundaryError(f"{metrics_path}: eval must map heads to {{metric: number}}")
+    except BoundaryError as err:
+        return {"status": "failed", "error": str(err), "metrics": None, "objective": None}
     for head, values in evaluation.items():
         for name, value in values.items():
             if isinstance(value, float) and not math.isfinite(value):
@@ -473,10 +532,10 @@ class Sweep:
         return os.path.join(self.sweep_dir, BASE_CONFIG)
 
     def run_dir(self, trial: Mapping[str, Any]) -> str:
-        return os.path.join(self.sweep_dir, trial["run_dir"])
+        return inside(self.sweep_dir, trial["run_dir"], where=f"trial {trial['id']}: run_dir")
 
     def log_path(self, trial: Mapping[str, Any]) -> str:
-        return os.path.join(self.sweep_dir, LOGS, f"{trial['id']}.log")
+        return inside(self.sweep_dir, f"{LOGS}/{trial['id']}.log", where=f"trial {trial['id']}: log")
 
     def save(self) -> None:
         _write_json(os.path.join(self.sweep_dir, INDEX), self.index)
@@ -517,16 +576,16 @@ class Sweep:
 
     def launch(self, backend: Any, trial: dict[str, Any]) -> Any:
         """Starts `trial` on `backend` (resuming its run directory if it was interrupted)."""
-        run_dir = self.run_dir(trial)
+        run_dir = self.run_dir(trial)  # checked inside the sweep (no symlink, no '..')
         resume = resumable(run_dir)
-        if os.path.exists(run_dir) and not resume:
+        if os.path.lexists(run_dir) and not resume:
             shutil.rmtree(run_dir)  # an interrupted start with nothing to continue from
         trial.update(status="running", error=None, metrics=None, objective=None)
         return backend.start(self.base, run_dir, self.log_path(trial), trial["overrides"], resume)
 
     def run(self, backend: Any, jobs: int, poll_s: float = 0.2) -> dict[str, Any]:
         """Runs every trial that is not done, `jobs` at a time; returns the index."""
-        os.makedirs(os.path.join(self.sweep_dir, LOGS), exist_ok=True)
+        os.makedirs(inside(self.sweep_dir, LOGS), exist_ok=True)
         todo = self._todo()
         running: list[tuple[dict[str, Any], Any]] = []
         self.report_progress()
@@ -558,8 +617,8 @@ class Sweep:
     def finish(self) -> None:
         """The HParams experiment summary of the done trials at the sweep directory: every
         hyperparameter their runs logged (with the values seen) and their final metrics."""
-        from multihead.experiments.config import load_config
         from multihead.experiments.hparams import final_metrics, run_hparams, write_experiment
+        from multihead.experiments.runs import read_run_config
 
         seen: dict[str, list[Any]] = {}
         tags: set[str] = set()
@@ -567,11 +626,23 @@ class Sweep:
             if trial["status"] != "done":
                 continue
             tags |= set(final_metrics({"eval": trial["metrics"]}))
-            config = load_config(os.path.join(self.run_dir(trial), "config.yaml"))
+            config = read_run_config(self.run_dir(trial))
             for key, value in run_hparams(config, as_sets(trial["overrides"])).items():
                 seen.setdefault(key, []).append(value)
         if tags:
             write_experiment(self.sweep_dir, seen, sorted(tags))
+
+
+def _check_new_dir(sweep_dir: str) -> None:
+    """A new sweep goes into a new or empty directory (its own lock file aside)."""
+    from multihead.experiments.run_guard import LOCK_FILE
+
+    if os.path.lexists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not a directory; choose "
+                          "another path")
+    if os.path.exists(sweep_dir) and set(os.listdir(sweep_dir)) - {LOCK_FILE}:
+        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
+                          "directory or --resume it")
 
 
 def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search: str = "grid") -> dict[str, Any]:
@@ -592,12 +663,9 @@ def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search:
 def create_sweep(sweep_dir: str, base_raw: Mapping[str, Any], trials: Sequence[Mapping[str, Any]],
                  objective: Objective, stream: TextIO | None = None, search: str = "grid") -> Sweep:
     """Writes a new sweep directory (base config and index, nothing run yet)."""
-    if os.path.exists(sweep_dir) and os.listdir(sweep_dir):
-        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
-                          "directory or --resume it")
+    _check_new_dir(sweep_dir)
     os.makedirs(os.path.join(sweep_dir, TRIALS), exist_ok=True)
-    with open(os.path.join(sweep_dir, BASE_CONFIG), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(dict(base_raw), fh, sort_keys=False)
+    write_atomic(os.path.join(sweep_dir, BASE_CONFIG), yaml.safe_dump(dict(base_raw), sort_keys=False))
     sweep = Sweep(sweep_dir, new_index(trials, objective, search), stream)
     sweep.save()
     return sweep
@@ -663,21 +731,42 @@ def _heads(base: Mapping[str, Any]) -> list[str]:
     return [str(h) for h in heads]
 
 
+def _lock(sweep_dir: str) -> Any:
+    """The sweep directory's lock (`RunLock`, as `train` takes on a run directory): one
+    sweep process at a time acts on a sweep's index and trial directories."""
+    from multihead.experiments.run_guard import RunLock, RunLocked, RunLockError
+
+    try:
+        return RunLock(sweep_dir)
+    except (RunLocked, RunLockError) as err:
+        raise ConfigError(str(err).replace("run directory", "sweep directory", 1)) from None
+
+
 def cmd_sweep(args: Any) -> int:
     """`multihead sweep` (see `multihead sweep --help` and docs/sweeps.md)."""
-    stream = None if args.quiet else sys.stderr
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
-    threads = resolve_threads(args.threads, args.jobs)
     if args.resume:
         if args.config or args.grid or args.sample or args.set:
             raise ConfigError("--resume SWEEP_DIR: the trials are those of its sweep.json; give no "
                               "CONFIG, --grid, --sample or --set")
-        sweep = Sweep(args.resume, read_index(args.resume), stream)
+        if not os.path.isdir(args.resume) or not os.path.lexists(os.path.join(args.resume, INDEX)):
+            read_index(args.resume)  # the one-line "no sweep.json there"
+        with _lock(args.resume):
+            return _sweep(args, args.resume)
+    if not args.config:
+        raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
+    sweep_dir = args.sweep_dir or _default_sweep_dir(args.config)
+    return _sweep(args, sweep_dir)
+
+
+def _sweep(args: Any, sweep_dir: str) -> int:
+    stream = None if args.quiet else sys.stderr
+    threads = resolve_threads(args.threads, args.jobs)
+    if args.resume:
+        sweep = Sweep(sweep_dir, read_index(sweep_dir), stream)
         search = sweep.index.get("search", "grid")
     else:
-        if not args.config:
-            raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
         base, spec = load_base(args.config, args.set or [])
         for text in args.grid or []:
             key, values = parse_grid_arg(text)
@@ -706,12 +795,22 @@ def cmd_sweep(args: Any) -> int:
                 raise ConfigError(f"{args.config}: no axes to sweep; give --grid KEY=V1,V2 "
                                   "(repeatable) or a sweep: section")
             trials = trial_overrides(spec)
-        sweep = create_sweep(args.sweep_dir or _default_sweep_dir(args.config), base, trials,
-                             objective, stream, search=search)
-        if search == "optuna":
-            from multihead.experiments.search import save_space
+        _check_new_dir(sweep_dir)  # before the lock file is written into it
+        try:
+            os.makedirs(sweep_dir, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--sweep-dir {sweep_dir!r}: cannot create it ({err.strerror})") from None
+        with _lock(sweep_dir):
+            sweep = create_sweep(sweep_dir, base, trials, objective, stream, search=search)
+            if search == "optuna":
+                from multihead.experiments.search import save_space
 
-            save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
+                save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
+            return _run(args, sweep, search, threads, stream)
+    return _run(args, sweep, search, threads, stream)
+
+
+def _run(args: Any, sweep: Sweep, search: str, threads: int | None, stream: TextIO | None) -> int:
     if stream is not None:
         print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
               f"{threads or 'default'} threads each)", file=stream)
