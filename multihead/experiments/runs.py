@@ -130,16 +130,19 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
         if checkpoint in (None, "final", "latest"):
             found = scan_checkpoints(directory)  # the state file is a hint, not trusted
             final = os.path.join(directory, "final")
-            if checkpoint != "latest" and own_checkpoint(final):
-                return final
+            if checkpoint != "latest":
+                _refuse_links(final)  # not silently replaced by an older checkpoint either
+                if own_checkpoint(final):
+                    return final
             if checkpoint != "final" and found:
                 return found[-1]
-            _refuse_links(final if checkpoint != "latest" else None)
         elif checkpoint == "best":
             best = inside(run_dir, "best")
             record = BestCheckpoint.read(best) if os.path.isdir(best) else None
-            if record is not None and own_checkpoint(record["path"]):
-                return record["path"]
+            if record is not None:
+                _refuse_links(record["path"])
+                if own_checkpoint(record["path"]):
+                    return record["path"]
             if record is None and os.path.isdir(best):
                 names = sorted((e.name[:-len(".index")] for e in os.scandir(best)
                                 if re.fullmatch(r"best-[0-9]{1,18}\.index", e.name)),
