@@ -1,5 +1,5 @@
 """`multihead validate` refuses, in one line naming the key, every config `train` would fail on
-or silently misread (`multihead.experiments.config_rules`, `yaml12`, `dry_run`)."""
+or silently misread (`multihead.experiments.config.rules`, `yaml12`, `dry_run`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, parse_yaml
-from multihead.experiments.yaml12 import dump_yaml, load_yaml
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, parse_yaml
+from multihead.experiments.config.yaml12 import dump_yaml, load_yaml
 
 BASE = """\
 seed: 0
@@ -82,7 +82,7 @@ def test_yaml_is_read_as_yaml_1_2_in_files_and_in_set(tmp_path, capsys):
     assert load_yaml("a: yes\nb: 010\nc: 1:30\nd: 2020-01-01\ne: off\nf: 0o10\ng: 0x1f\nh: 3e-4\n") == {
         "a": "yes", "b": 10, "c": "1:30", "d": "2020-01-01", "e": "off", "f": 8, "g": 31, "h": 3e-4}
     assert math.isnan(load_yaml(".nan")) and load_yaml("-.inf") == -math.inf
-    from multihead.experiments.config import load_config
+    from multihead.experiments.config.schema import load_config
 
     code, err = _validate(tmp_path, capsys, BASE.replace("y2:", "yes:"), sets=["train.steps=010"])
     assert code == 0, err

@@ -26,9 +26,9 @@ import tensorflow as tf
 import yaml
 
 import multihead as mh
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError
-from multihead.experiments.run_guard import RunLock
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError
+from multihead.experiments.run.guard import RunLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 240  # a TensorFlow import on a busy 2-core machine; a hang is far beyond

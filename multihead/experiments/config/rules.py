@@ -1,5 +1,5 @@
 """Rules on the free-form parts of a config (Keras layer, loss, optimizer and metric specs,
-seeds, `env.id`) that the typed schema in `multihead.experiments.config` cannot state.
+seeds, `env.id`) that the typed schema in `multihead.experiments.config.schema` cannot state.
 
 Each rule names the key path, shows the bad value and says what to do instead; `check_rules`
 runs them all on a config freshly built from YAML, before anything is built from it, so

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
-from multihead.experiments.config import (
+from multihead.experiments.config.schema import (
     ConfigError,
     DataConfig,
     ExperimentConfig,
@@ -99,7 +99,7 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
     if kind in ("mmoe", "mixed"):
         return _synthetic(data, heads, seed)
     if kind == "multidigits":
-        from multihead.experiments.multidigits import TASKS, multidigits
+        from multihead.experiments.build.multidigits import TASKS, multidigits
 
         for head in heads:  # a subset of the tasks trains single-task baselines
             if head not in TASKS:

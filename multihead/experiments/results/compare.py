@@ -32,8 +32,8 @@ import numpy as np
 import yaml
 
 from multihead._boundary import BoundaryError, inside, read_json, read_text
-from multihead.experiments.config import ConfigError, parse_yaml
-from multihead.experiments.yaml12 import MAX_BYTES
+from multihead.experiments.config.schema import ConfigError, parse_yaml
+from multihead.experiments.config.yaml12 import MAX_BYTES
 
 #: Hyperparameters that only reseed a run: runs differing only in these are one group.
 SEED_KEYS = ("seed", "data.seed", "train.trunk.seed")
@@ -219,7 +219,7 @@ def run_dirs(path: str | os.PathLike[str]) -> list[str]:
     """The finished run directories of a run or sweep directory (a sweep's done trials)."""
     path = os.fspath(path)
     if os.path.lexists(os.path.join(path, "sweep.json")):
-        from multihead.experiments.sweep import check_trial_dirs
+        from multihead.experiments.sweep.sweep import check_trial_dirs
 
         try:  # the trials' run_dir must stay in the sweep: it is read below
             index = read_json(path, "sweep.json")

@@ -54,7 +54,7 @@ import yaml
 
 from multihead._boundary import BoundaryError, inside, read_json, write_atomic
 from multihead._checks import describe, suggest
-from multihead.experiments.config import ConfigError, apply_override, from_dict, parse_yaml
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
 
 INDEX = "sweep.json"
 BASE_CONFIG = "config.yaml"
@@ -396,7 +396,7 @@ def trial_command(base_config: str, run_dir: str, overrides: Mapping[str, Any],
 
 
 def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def trial_env(threads: int | None) -> dict[str, str]:
@@ -617,8 +617,8 @@ class Sweep:
     def finish(self) -> None:
         """The HParams experiment summary of the done trials at the sweep directory: every
         hyperparameter their runs logged (with the values seen) and their final metrics."""
-        from multihead.experiments.hparams import final_metrics, run_hparams, write_experiment
-        from multihead.experiments.runs import read_run_config
+        from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
+        from multihead.experiments.run.load import read_run_config
 
         seen: dict[str, list[Any]] = {}
         tags: set[str] = set()
@@ -635,7 +635,7 @@ class Sweep:
 
 def _check_new_dir(sweep_dir: str) -> None:
     """A new sweep goes into a new or empty directory (its own lock file aside)."""
-    from multihead.experiments.run_guard import LOCK_FILE
+    from multihead.experiments.run.guard import LOCK_FILE
 
     if os.path.lexists(sweep_dir) and not os.path.isdir(sweep_dir):
         raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not a directory; choose "
@@ -695,7 +695,7 @@ def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], Sw
 
 
 def _default_sweep_dir(config_path: str) -> str:
-    from multihead.experiments.cli import default_run_dir
+    from multihead.experiments.run.directory import default_run_dir
 
     return default_run_dir(config_path, prefix="sweep-")
 
@@ -721,7 +721,7 @@ def make_backend(name: str, threads: int | None, address: str | None = None,
         if address:
             raise ConfigError("--ray-address: only used with --backend ray")
         return LocalBackend(threads)
-    from multihead.experiments.ray_backend import RayBackend
+    from multihead.experiments.sweep.ray_backend import RayBackend
 
     return RayBackend(threads, address=address, num_cpus=num_cpus)
 
@@ -734,7 +734,7 @@ def _heads(base: Mapping[str, Any]) -> list[str]:
 def _lock(sweep_dir: str) -> Any:
     """The sweep directory's lock (`RunLock`, as `train` takes on a run directory): one
     sweep process at a time acts on a sweep's index and trial directories."""
-    from multihead.experiments.run_guard import RunLock, RunLocked, RunLockError
+    from multihead.experiments.run.guard import RunLock, RunLocked, RunLockError
 
     try:
         return RunLock(sweep_dir)
@@ -803,7 +803,7 @@ def _sweep(args: Any, sweep_dir: str) -> int:
         with _lock(sweep_dir):
             sweep = create_sweep(sweep_dir, base, trials, objective, stream, search=search)
             if search == "optuna":
-                from multihead.experiments.search import save_space
+                from multihead.experiments.sweep.search import save_space
 
                 save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
             return _run(args, sweep, search, threads, stream)
@@ -816,7 +816,7 @@ def _run(args: Any, sweep: Sweep, search: str, threads: int | None, stream: Text
               f"{threads or 'default'} threads each)", file=stream)
     backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus)
     if search == "optuna":
-        from multihead.experiments.search import run_optuna
+        from multihead.experiments.sweep.search import run_optuna
 
         index = run_optuna(sweep, backend, args.jobs)
     else:

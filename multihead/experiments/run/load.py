@@ -24,10 +24,10 @@ import tensorflow as tf
 from multihead._boundary import BoundaryError, inside, read_json, read_text
 from multihead.core.model import MultiHeadModel
 from multihead.core.trainer import Trainer
-from multihead.experiments.builders import build_model, build_objectives, build_trainer, build_trunk
-from multihead.experiments.config import ConfigError, ExperimentConfig, from_dict, parse_yaml
-from multihead.experiments.runners.supervised import INPUTS_FILE
-from multihead.experiments.yaml12 import MAX_BYTES
+from multihead.experiments.build.builders import build_model, build_objectives, build_trainer, build_trunk
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, parse_yaml
+from multihead.experiments.run.supervised import INPUTS_FILE
+from multihead.experiments.config.yaml12 import MAX_BYTES
 
 
 @dataclasses.dataclass
