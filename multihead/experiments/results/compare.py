@@ -219,7 +219,7 @@ def run_dirs(path: str | os.PathLike[str]) -> list[str]:
     """The finished run directories of a run or sweep directory (a sweep's done trials)."""
     path = os.fspath(path)
     if os.path.lexists(os.path.join(path, "sweep.json")):
-        from multihead.experiments.sweep.sweep import check_trial_dirs
+        from multihead.experiments.sweep.index import check_trial_dirs
 
         try:  # the trials' run_dir must stay in the sweep: it is read below
             index = read_json(path, "sweep.json")
