@@ -12,7 +12,7 @@ import pathlib
 import multihead
 
 PACKAGE = pathlib.Path(multihead.__file__).parent
-RANK = {"_keras_internals": 0, "_checks": 0, "aggregation": 1, "monitoring": 1, "core": 2, "io": 3, "rl": 3,
+RANK = {"_keras_internals": 0, "_checks": 0, "_boundary": 0, "aggregation": 1, "monitoring": 1, "core": 2, "io": 3, "rl": 3,
         "experiments": 4, "cli": 5}
 
 

@@ -32,16 +32,9 @@ class UsageError(Exception):
 
 
 def _write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from multihead._boundary import write_atomic
+
+    write_atomic(path, text)
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
@@ -112,12 +105,16 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
         raise UsageError("--run-dir and --resume name different directories; --resume RUN_DIR "
                          "continues RUN_DIR in place")
     saved = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(saved):
+    if not os.path.isdir(run_dir) or not os.path.lexists(saved):
         raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    from multihead._boundary import BoundaryError, read_text
     from multihead.experiments.config.schema import parse_yaml
+    from multihead.experiments.config.yaml12 import MAX_BYTES
 
-    with open(saved, encoding="utf-8") as fh:
-        before = _flat(parse_yaml(fh.read(), saved) or {})
+    try:
+        before = _flat(parse_yaml(read_text(run_dir, "config.yaml", limit=MAX_BYTES), saved) or {})
+    except BoundaryError as err:
+        raise UsageError(f"--resume: {err}") from None
     now = _flat(to_dict(config))
     for key in sorted(set(before) | set(now)):
         if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
@@ -131,6 +128,7 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
         if os.path.islink(os.path.join(run_dir, name)):
             raise UsageError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
                              "folders must be inside it (copy the target in its place)")
+    _check_own_files(run_dir)
     latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
@@ -140,6 +138,26 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
             f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"
         )
     return run_dir
+
+
+def _check_own_files(run_dir: str) -> None:
+    """Before a resume writes anything: no symlink among the checkpoint files (a save would
+    write through it) and a `best/best.json` that names a checkpoint of the run."""
+    from multihead._boundary import BoundaryError
+    from multihead.io.best_checkpoint import BestCheckpoint
+
+    for name in ("checkpoints", "best"):
+        folder = os.path.join(run_dir, name)
+        if not os.path.isdir(folder):
+            continue
+        links = sorted(e.name for e in os.scandir(folder) if e.is_symlink())
+        if links:
+            raise UsageError(f"--resume {run_dir!r}: {name}/{links[0]} is a symlink; a run's "
+                             "checkpoints must be inside it (remove it or copy the target in its place)")
+    try:
+        BestCheckpoint.read(os.path.join(run_dir, "best"))
+    except BoundaryError as err:
+        raise UsageError(f"--resume: {err}") from None
 
 
 def _latest_checkpoint(directory: str) -> str | None:
@@ -160,11 +178,11 @@ def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
 
 
 def _lock(run_dir: str) -> Any:
-    from multihead.experiments.run.guard import RunLock, RunLocked
+    from multihead.experiments.run.guard import RunLock, RunLocked, RunLockError
 
     try:
         return RunLock(run_dir)
-    except RunLocked as err:
+    except (RunLocked, RunLockError) as err:
         raise UsageError(str(err)) from None
 
 
@@ -286,31 +304,37 @@ def _heads_arg(args: argparse.Namespace, model: Any) -> list[str]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from multihead.experiments.run.load import read_run_config, run_checkpoint
     from multihead.io.checkpoints import restore_checkpoint
     from multihead.io.export import export_saved_model
 
     run_dir, saved = args.run_dir, os.path.join(args.run_dir, "config.yaml")
-    if not os.path.isfile(saved):
-        raise UsageError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
-    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir!r}: not a directory; is it a multihead run directory?")
+    if os.path.islink(args.out) or (os.path.lexists(args.out) and (
+            not os.path.isdir(args.out) or os.listdir(args.out))):
         raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
-    config = load_config(saved, allow_import=args.allow_import or ())
-    if config.task == "supervised":  # the input the run recorded, whatever its data source
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UsageError(f"OUT {args.out!r}: directory {os.path.dirname(os.path.abspath(args.out))!r} "
+                         "does not exist")
+    config = read_run_config(run_dir, allow_import=args.allow_import or ())
+    if config.task == "supervised":  # the input the run recorded: its data is never built
         from multihead.experiments.build.builders import build_model
         from multihead.experiments.run.load import run_input_shape
 
-        model = build_model(config, run_input_shape(run_dir, config))
+        path = run_checkpoint(run_dir)  # the one rule predict and load_run use
+        model = build_model(config, run_input_shape(run_dir))
     else:
         model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
     if model is None:
         raise UsageError(f"task {config.task!r} has no model to export")
     chosen = _heads_arg(args, model)
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    path = _latest_checkpoint(ckpt_dir)
-    if path is None and os.path.exists(os.path.join(ckpt_dir, "final.index")):
-        path = os.path.join(ckpt_dir, "final")
-    if path is None:
-        raise UsageError(f"{run_dir!r}: no checkpoint in {ckpt_dir} to export")
+    if config.task != "supervised":
+        try:
+            path = run_checkpoint(run_dir)
+        except ConfigError:
+            raise UsageError(f"{run_dir!r}: no checkpoint in {os.path.join(run_dir, 'checkpoints')} "
+                             "to export") from None
     try:
         restore_checkpoint(path, model, parts=["trunk"] + [f"heads/{h}" for h in chosen])
         signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
@@ -339,6 +363,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
     if not args.out.endswith(".npz"):
         raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
+    if os.path.islink(args.out) or (os.path.lexists(args.out) and not os.path.isfile(args.out)):
+        raise UsageError(f"--out {args.out!r}: exists and is not a regular file (a directory, a "
+                         "symlink, ...); choose another path")
     run = load_run(args.run_dir, checkpoint=args.checkpoint)
     heads = _heads_arg(args, run.model)
     inputs = read_inputs(run.config.data, args.data, input_names=_input_names(run.model))
@@ -366,11 +393,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         return _train_resume(args, config, runner)
     run_dir = args.run_dir or default_run_dir(args.config)
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise UsageError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
     from multihead.experiments.run.guard import LOCK_FILE
 
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--run-dir {run_dir!r}: cannot create it ({err.strerror})") from None
     with _lock(run_dir):
         if set(os.listdir(run_dir)) - {LOCK_FILE}:  # another process wrote it meanwhile
             raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")

@@ -7,6 +7,7 @@ never imports its Ray and Optuna backends back.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Mapping
 
@@ -15,7 +16,9 @@ from multihead.experiments.run.directory import default_run_dir
 from multihead.experiments.sweep.sweep import (
     LocalBackend,
     Sweep,
+    INDEX,
     as_sets,
+    check_new_dir,
     check_objective,
     create_sweep,
     load_base,
@@ -62,21 +65,42 @@ def _heads(base: Mapping[str, Any]) -> list[str]:
     return [str(h) for h in heads]
 
 
+def _lock(sweep_dir: str) -> Any:
+    """The sweep directory's lock (`RunLock`, as `train` takes on a run directory): one
+    sweep process at a time acts on a sweep's index and trial directories."""
+    from multihead.experiments.run.guard import RunLock, RunLocked, RunLockError
+
+    try:
+        return RunLock(sweep_dir)
+    except (RunLocked, RunLockError) as err:
+        raise ConfigError(str(err).replace("run directory", "sweep directory", 1)) from None
+
+
 def cmd_sweep(args: Any) -> int:
     """`multihead sweep` (see `multihead sweep --help` and docs/sweeps.md)."""
-    stream = None if args.quiet else sys.stderr
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
-    threads = resolve_threads(args.threads, args.jobs)
     if args.resume:
         if args.config or args.grid or args.sample or args.set:
             raise ConfigError("--resume SWEEP_DIR: the trials are those of its sweep.json; give no "
                               "CONFIG, --grid, --sample or --set")
-        sweep = Sweep(args.resume, read_index(args.resume), stream)
+        if not os.path.isdir(args.resume) or not os.path.lexists(os.path.join(args.resume, INDEX)):
+            read_index(args.resume)  # the one-line "no sweep.json there"
+        with _lock(args.resume):
+            return _sweep(args, args.resume)
+    if not args.config:
+        raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
+    sweep_dir = args.sweep_dir or _default_sweep_dir(args.config)
+    return _sweep(args, sweep_dir)
+
+
+def _sweep(args: Any, sweep_dir: str) -> int:
+    stream = None if args.quiet else sys.stderr
+    threads = resolve_threads(args.threads, args.jobs)
+    if args.resume:
+        sweep = Sweep(sweep_dir, read_index(sweep_dir), stream)
         search = sweep.index.get("search", "grid")
     else:
-        if not args.config:
-            raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
         base, spec = load_base(args.config, args.set or [])
         for text in args.grid or []:
             key, values = parse_grid_arg(text)
@@ -105,12 +129,22 @@ def cmd_sweep(args: Any) -> int:
                 raise ConfigError(f"{args.config}: no axes to sweep; give --grid KEY=V1,V2 "
                                   "(repeatable) or a sweep: section")
             trials = trial_overrides(spec)
-        sweep = create_sweep(args.sweep_dir or _default_sweep_dir(args.config), base, trials,
-                             objective, stream, search=search)
-        if search == "optuna":
-            from multihead.experiments.sweep.search import save_space
+        check_new_dir(sweep_dir)  # before the lock file is written into it
+        try:
+            os.makedirs(sweep_dir, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--sweep-dir {sweep_dir!r}: cannot create it ({err.strerror})") from None
+        with _lock(sweep_dir):
+            sweep = create_sweep(sweep_dir, base, trials, objective, stream, search=search)
+            if search == "optuna":
+                from multihead.experiments.sweep.search import save_space
 
-            save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
+                save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
+            return _run(args, sweep, search, threads, stream)
+    return _run(args, sweep, search, threads, stream)
+
+
+def _run(args: Any, sweep: Sweep, search: str, threads: int | None, stream: Any) -> int:
     if stream is not None:
         print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
               f"{threads or 'default'} threads each)", file=stream)

@@ -28,6 +28,7 @@ from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
+from multihead._boundary import write_atomic
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective
@@ -164,8 +165,8 @@ def write_inputs(run_dir: str, data: MultiTaskData | dict[str, MultiTaskData]) -
     x = _tree(data.x_train)
     tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, INPUTS_FILE), "w", encoding="utf-8") as fh:
-        json.dump(tree, fh, indent=2)
+    # Atomic: a full disk leaves no inputs.json rather than an empty one.
+    write_atomic(os.path.join(run_dir, INPUTS_FILE), json.dumps(tree, indent=2))
 
 
 def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],

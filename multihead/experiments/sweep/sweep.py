@@ -41,18 +41,20 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
-from multihead._checks import suggest
+from multihead._boundary import BoundaryError, inside, read_json, write_atomic
+from multihead._checks import describe, suggest
+from multihead.experiments.sweep.index import INDEX, TRIALS, check_index, check_trial_dirs, read_index
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
 from multihead.experiments.config.sweep_section import (
@@ -63,9 +65,7 @@ from multihead.experiments.config.sweep_section import (
     sweep_spec,
 )
 
-INDEX = "sweep.json"
 BASE_CONFIG = "config.yaml"
-TRIALS = "trials"
 LOGS = "logs"
 #: Keys of `metrics.json` that are measurements of time, not results.
 TIMING_KEYS = ("wall_time_s", "steps_per_s")
@@ -185,24 +185,7 @@ def check_objective(name: str, direction: str, heads: Sequence[str]) -> SweepObj
 
 
 def _write_json(path: str, tree: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(tree, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def read_index(sweep_dir: str) -> dict[str, Any]:
-    path = os.path.join(sweep_dir, INDEX)
-    if not os.path.isfile(path):
-        raise ConfigError(f"--resume {sweep_dir!r}: no {INDEX} there; is it a multihead sweep directory?")
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    write_atomic(path, json.dumps(tree, indent=2) + "\n")
 
 
 # -- running trials --------------------------------------------------------------------
@@ -280,7 +263,7 @@ def last_error(log_text: str) -> str:
 def resumable(run_dir: str) -> bool:
     """A run directory with a periodic checkpoint to continue from."""
     directory = os.path.join(run_dir, "checkpoints")
-    return os.path.isfile(os.path.join(directory, "checkpoint"))
+    return not os.path.islink(directory) and os.path.isfile(os.path.join(directory, "checkpoint"))
 
 
 def trial_outcome(run_dir: str, returncode: int, log_text: str,
@@ -290,9 +273,15 @@ def trial_outcome(run_dir: str, returncode: int, log_text: str,
     if returncode != 0 or not os.path.isfile(metrics_path):
         return {"status": "failed", "error": last_error(log_text) if returncode != 0 else
                 "the trial exited without writing metrics.json", "metrics": None, "objective": None}
-    with open(metrics_path, encoding="utf-8") as fh:
-        metrics = json.load(fh)
-    evaluation = metrics.get("eval") or {}
+    try:
+        metrics = read_json(run_dir, "metrics.json")
+        evaluation = metrics.get("eval") or {}
+        if not isinstance(evaluation, dict) or not all(
+                isinstance(v, dict) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                            for x in v.values()) for v in evaluation.values()):
+            raise BoundaryError(f"{metrics_path}: eval must map heads to {{metric: number}}")
+    except BoundaryError as err:
+        return {"status": "failed", "error": str(err), "metrics": None, "objective": None}
     for head, values in evaluation.items():
         for name, value in values.items():
             if isinstance(value, float) and not math.isfinite(value):
@@ -370,10 +359,10 @@ class Sweep:
         return os.path.join(self.sweep_dir, BASE_CONFIG)
 
     def run_dir(self, trial: Mapping[str, Any]) -> str:
-        return os.path.join(self.sweep_dir, trial["run_dir"])
+        return inside(self.sweep_dir, trial["run_dir"], where=f"trial {trial['id']}: run_dir")
 
     def log_path(self, trial: Mapping[str, Any]) -> str:
-        return os.path.join(self.sweep_dir, LOGS, f"{trial['id']}.log")
+        return inside(self.sweep_dir, f"{LOGS}/{trial['id']}.log", where=f"trial {trial['id']}: log")
 
     def save(self) -> None:
         _write_json(os.path.join(self.sweep_dir, INDEX), self.index)
@@ -414,16 +403,16 @@ class Sweep:
 
     def launch(self, backend: Any, trial: dict[str, Any]) -> Any:
         """Starts `trial` on `backend` (resuming its run directory if it was interrupted)."""
-        run_dir = self.run_dir(trial)
+        run_dir = self.run_dir(trial)  # checked inside the sweep (no symlink, no '..')
         resume = resumable(run_dir)
-        if os.path.exists(run_dir) and not resume:
+        if os.path.lexists(run_dir) and not resume:
             shutil.rmtree(run_dir)  # an interrupted start with nothing to continue from
         trial.update(status="running", error=None, metrics=None, objective=None)
         return backend.start(self.base, run_dir, self.log_path(trial), trial["overrides"], resume)
 
     def run(self, backend: Any, jobs: int, poll_s: float = 0.2) -> dict[str, Any]:
         """Runs every trial that is not done, `jobs` at a time; returns the index."""
-        os.makedirs(os.path.join(self.sweep_dir, LOGS), exist_ok=True)
+        os.makedirs(inside(self.sweep_dir, LOGS), exist_ok=True)
         todo = self._todo()
         running: list[tuple[dict[str, Any], Any]] = []
         self.report_progress()
@@ -455,8 +444,8 @@ class Sweep:
     def finish(self) -> None:
         """The HParams experiment summary of the done trials at the sweep directory: every
         hyperparameter their runs logged (with the values seen) and their final metrics."""
-        from multihead.experiments.config.schema import load_config
         from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
+        from multihead.experiments.run.load import read_run_config
 
         seen: dict[str, list[Any]] = {}
         tags: set[str] = set()
@@ -464,11 +453,23 @@ class Sweep:
             if trial["status"] != "done":
                 continue
             tags |= set(final_metrics({"eval": trial["metrics"]}))
-            config = load_config(os.path.join(self.run_dir(trial), "config.yaml"))
+            config = read_run_config(self.run_dir(trial))
             for key, value in run_hparams(config, as_sets(trial["overrides"])).items():
                 seen.setdefault(key, []).append(value)
         if tags:
             write_experiment(self.sweep_dir, seen, sorted(tags))
+
+
+def check_new_dir(sweep_dir: str) -> None:
+    """A new sweep goes into a new or empty directory (its own lock file aside)."""
+    from multihead.experiments.run.guard import LOCK_FILE
+
+    if os.path.lexists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not a directory; choose "
+                          "another path")
+    if os.path.exists(sweep_dir) and set(os.listdir(sweep_dir)) - {LOCK_FILE}:
+        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
+                          "directory or --resume it")
 
 
 def new_index(trials: Sequence[Mapping[str, Any]], objective: SweepObjective, search: str = "grid") -> dict[str, Any]:
@@ -489,12 +490,9 @@ def new_index(trials: Sequence[Mapping[str, Any]], objective: SweepObjective, se
 def create_sweep(sweep_dir: str, base_raw: Mapping[str, Any], trials: Sequence[Mapping[str, Any]],
                  objective: SweepObjective, stream: TextIO | None = None, search: str = "grid") -> Sweep:
     """Writes a new sweep directory (base config and index, nothing run yet)."""
-    if os.path.exists(sweep_dir) and os.listdir(sweep_dir):
-        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
-                          "directory or --resume it")
+    check_new_dir(sweep_dir)
     os.makedirs(os.path.join(sweep_dir, TRIALS), exist_ok=True)
-    with open(os.path.join(sweep_dir, BASE_CONFIG), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(dict(base_raw), fh, sort_keys=False)
+    write_atomic(os.path.join(sweep_dir, BASE_CONFIG), yaml.safe_dump(dict(base_raw), sort_keys=False))
     sweep = Sweep(sweep_dir, new_index(trials, objective, search), stream)
     sweep.save()
     return sweep
