@@ -440,7 +440,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def allow_import(p: argparse.ArgumentParser) -> None:
         p.add_argument("--allow-import", action="append", metavar="MODULE",
-                       help="let env.id 'MODULE:Env' import MODULE (repeatable)")
+                       help="let env.id 'MODULE:Env' or data.function 'MODULE:function' "
+                            "(data.kind: python) import MODULE (repeatable)")
 
     train = sub.add_parser("train", help="train from an experiment config and write a run directory")
     with_config(train)

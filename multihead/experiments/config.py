@@ -413,7 +413,7 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 
 def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """Validates a parsed config; errors are prefixed with `source`. `allow_import`: modules
-    an `env.id` of the form `module:Env` may import."""
+    an `env.id` (`module:Env`) or a `data.function` (`module:function`) may import."""
     from multihead.experiments.config_rules import check_rules
 
     try:
@@ -800,7 +800,8 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
     Args:
         path: the YAML file.
         overrides: `a.b.c=value` strings applied in order before validation.
-        allow_import: modules an `env.id` of the form `module:Env` may import.
+        allow_import: modules the config may import: an `env.id` of the form `module:Env`,
+            a `data.function` (`kind: python`) `module:function`.
 
     Raises:
         ConfigError: one line naming the file, the key path and what is wrong.

@@ -152,6 +152,24 @@ def _check_synthetic_size(data: Any, error: type[Exception]) -> None:
                     f"(at most {SYNTHETIC_BYTES_MAX >> 30} GiB); use fewer or smaller examples")
 
 
+def check_import(module: str, allow_import: Sequence[str], path: str, what: str,
+                 error: type[Exception]) -> None:
+    """Refuses a config value that would import the Python module `module` unless the user
+    allowed it (`--allow-import MODULE` on the CLI, `allow_import=` in Python): importing runs
+    the module's code, and a config may come from someone else (a run directory, a sweep).
+
+    Args:
+        module: the module the value would import.
+        allow_import: the modules the user allowed.
+        path: the key path the message names.
+        what: the value and what imports it, e.g. `'m:Env' would make gymnasium import`.
+        error: the exception class raised.
+    """
+    if module not in allow_import:
+        raise error(f"{path}: {what} the Python module {module!r}; pass --allow-import {module} "
+                    "(in Python: allow_import=[...]) if you trust it")
+
+
 def check_env_id(env_id: str, allow_import: Sequence[str], path: str,
                  error: type[Exception]) -> None:
     """`env.id` of the form `module:Env` makes gymnasium import `module`: refused unless the
@@ -165,6 +183,24 @@ def check_env_id(env_id: str, allow_import: Sequence[str], path: str,
                     "registered id such as CartPole-v1")
 
 
+def check_data_function(data: Any, allow_import: Sequence[str], path: str,
+                        error: type[Exception]) -> None:
+    """`data.kind: python` imports and calls `data.function` (`module:function`): refused
+    unless its module is allowed. `data` is a `DataConfig` or a raw `data.per_head.<head>`
+    mapping; each per-head section is checked too."""
+    if isinstance(data, Mapping):
+        kind, function, per_head = data.get("kind"), data.get("function"), data.get("per_head")
+    else:
+        kind, function, per_head = data.kind, data.function, data.per_head
+    if kind == "python" and isinstance(function, str):
+        check_import(function.partition(":")[0], allow_import, f"{path}.function",
+                     f"{function!r} would import and call", error)
+    if isinstance(per_head, Mapping):
+        for head, section in per_head.items():
+            if isinstance(section, Mapping) or hasattr(section, "function"):
+                check_data_function(section, allow_import, f"{path}.per_head.{head}", error)
+
+
 def check_rules(config: Any, allow_import: Sequence[str] = (), *,
                 error: type[Exception] = ValueError) -> None:
     """Runs every rule on an `ExperimentConfig` built from YAML (free-form parts still raw).
@@ -174,6 +210,7 @@ def check_rules(config: Any, allow_import: Sequence[str] = (), *,
     """
     _check_seed(config.seed, "seed", error)
     _check_seed(config.data.seed, "data.seed", error)
+    check_data_function(config.data, allow_import, "data", error)
     _check_numbers(config.data.options, "data.options", error)
     _check_synthetic_size(config.data, error)
     _check_numbers(config.model.trunk, "model.trunk", error)

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
+from multihead.experiments.config_rules import check_data_function
 from multihead.experiments.config import (
     ConfigError,
     DataConfig,
@@ -41,7 +42,8 @@ _CSV_BATCH = 4096
 
 
 def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
-              seed: int = 0) -> MultiTaskData | dict[str, MultiTaskData]:
+              seed: int = 0, *, allow_import: Sequence[str] = ()
+              ) -> MultiTaskData | dict[str, MultiTaskData]:
     """Reads the data a config's `data:` section describes, checked against `heads`.
 
     Args:
@@ -49,6 +51,8 @@ def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
             "features": ["a", "b"], "targets": {"y": "label"}}`), or a `DataConfig`.
         heads: the model's head names; each needs exactly one target.
         seed: used when the section has no `seed` (the holdout split, generators).
+        allow_import: modules a `kind: python` section may import and call (its
+            `function: module:function`); any other module is refused before it is imported.
 
     Returns:
         The train and eval splits; inputs are float32 arrays (or a dict of them for named
@@ -59,6 +63,7 @@ def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
         ConfigError: one line naming the `data.` key at fault.
     """
     data = section if isinstance(section, DataConfig) else data_from_dict(dict(section), heads)
+    check_data_function(data, allow_import, "data", ConfigError)
     return _load(data, list(heads), seed if data.seed is None else data.seed)
 
 
