@@ -202,8 +202,8 @@ def test_on_nan_drop_and_keep(tmp_path):
     _write_csv(tmp_path / "d.csv", x, y, extra_rows=[",".join(["1"] * D + ["n", "", "2"])])
     base = {"kind": "csv", "train": str(tmp_path / "d.csv"), "eval": str(tmp_path / "d.csv"),
             "features": [f"x{i}" for i in range(D)], "targets": {"y1": "t1", "y2": "t2"}}
-    with pytest.raises(ConfigError, match=r"data.on_nan: data.train has NaN in the labels of 'y1' "
-                                          r"\(1 rows, first row 120\)"):
+    with pytest.raises(ConfigError, match=r"data.on_nonfinite: data.train has NaN or inf in the "
+                                          r"labels of 'y1' \(1 rows, first row 120: NaN\)"):
         mh.load_data(base, heads=HEADS)
     assert len(mh.load_data({**base, "on_nan": "drop"}, heads=HEADS).x_train) == N
     kept = mh.load_data({**base, "on_nan": "keep"}, heads=HEADS)
@@ -235,7 +235,8 @@ def _bad_cases(tmp_path):
         ({"kind": "python", "function": "my_data:extra_target"}, "data.train: the data has a target 'y3'"),
         ({"kind": "csv", "train": str(tmp_path / "ragged.csv"), **cols}, "(ragged rows)"),
         ({"kind": "npz", "train": str(tmp_path / "short.npz")}, "different lengths (ragged)"),
-        ({"kind": "csv", "train": str(tmp_path / "nan.csv"), **cols}, "data.on_nan: data.train has NaN in the inputs"),
+        ({"kind": "csv", "train": str(tmp_path / "nan.csv"), **cols},
+         "data.on_nonfinite: data.train has NaN or inf in the inputs"),
         ({"kind": "tfrecord", "train": str(tmp_path / "d.tfrecord")}, "data.shapes.x"),
         ({"kind": "python", "function": "no_such_module:f"}, "data.function: cannot import"),
         ({"kind": "npz"}, "data.train: required for kind npz"),

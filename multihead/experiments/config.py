@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -63,6 +64,8 @@ DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "mult
 FILE_KINDS = ("npz", "csv", "tfrecord")
 #: Kinds whose examples are a table of named columns/arrays, read with features and targets.
 TABLE_KINDS = FILE_KINDS + ("tfds",)
+#: `data.on_nonfinite`: what a non-finite value in the data does.
+NONFINITE_POLICIES = ("error", "drop", "keep")
 
 
 @dataclasses.dataclass
@@ -109,8 +112,12 @@ class DataConfig:
                                                   "tf.data.Dataset; or {train: ..., eval: ...}")
     options: dict[str, Any] = _field({}, doc="python: keyword arguments of the function; "
                                              "multidigits: its options (docs/data.md)")
-    on_nan: str = _field("error", choices=("error", "drop", "keep"),
-                         doc="NaN in features or labels: error, drop the rows, or keep them")
+    on_nonfinite: Union[str, None] = _field(
+        None, choices=NONFINITE_POLICIES,
+        doc="NaN or +-inf in features or labels: error (default), drop the rows, or keep them")
+    on_nan: Union[str, None] = _field(None, choices=NONFINITE_POLICIES,
+                                      doc="the former name of on_nonfinite (same values, same "
+                                          "meaning: inf counts too)")
     per_head: dict[str, Any] = _field({}, doc="head -> a data section of its own (one dataset "
                                               "per head); then the source keys above are unused")
     sampling: str = _field("all", choices=("all", "uniform", "proportional", "temperature"),
@@ -403,7 +410,7 @@ def _build(cls: type, raw: Any, path: str) -> Any:
         choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         # `choices` constrain strings, `minimum` numbers (a key may allow both, e.g. "auto" or 20)
-        if choices is not None and not number:
+        if choices is not None and not number and value is not None:
             check_choice(value, where, choices, error=ConfigError)
         if minimum is not None and number:
             check_bounds(value, where, minimum=minimum, error=ConfigError)
@@ -577,6 +584,9 @@ def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
 
 
 _DTYPES = ("float32", "float64", "int32", "int64")
+#: Values in one example of a tfrecord feature (`data.shapes`): the reader allocates them per
+#: record before it can check the file.
+EXAMPLE_ELEMENTS_MAX = 1 << 28
 
 
 def data_from_dict(raw: Any, heads: Sequence[str]) -> DataConfig:
@@ -593,7 +603,11 @@ _SAMPLING_KEYS = ("per_head", "sampling", "temperature", "sampling_weights", "se
 def check_data(data: DataConfig, heads: list[str]) -> None:
     """`data` keys against its kind and the heads; the files themselves are read by the builder.
     With `data.per_head`, each head's section is checked on its own and replaces the raw
-    mapping in `data.per_head`."""
+    mapping in `data.per_head`. `on_nan` (the former name) and `on_nonfinite` end equal."""
+    if data.on_nan is not None and data.on_nonfinite is not None and data.on_nan != data.on_nonfinite:
+        raise ConfigError(f"data.on_nan: {data.on_nan!r} differs from data.on_nonfinite "
+                          f"{data.on_nonfinite!r}; on_nan is its former name: give only on_nonfinite")
+    data.on_nonfinite = data.on_nan = data.on_nonfinite or data.on_nan or "error"
     _check_sampling(data, heads)
     if data.per_head:
         return
@@ -631,6 +645,10 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
     for feature, shape in data.shapes.items():
         for i, dim in enumerate(shape):
             check_int(dim, f"data.shapes.{feature}[{i}]", minimum=1, error=ConfigError)
+        if math.prod(shape) > EXAMPLE_ELEMENTS_MAX:
+            raise ConfigError(f"data.shapes.{feature}: {shape} is {math.prod(shape):.3g} values per "
+                              f"example, more than {EXAMPLE_ELEMENTS_MAX} (1 GiB of float32); "
+                              "give the shape of one example")
     if data.targets is not None:
         if not isinstance(data.targets, Mapping):
             raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
@@ -664,7 +682,7 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
         return
     defaults = DataConfig()
     for field in dataclasses.fields(DataConfig):
-        if field.name not in _SAMPLING_KEYS + ("on_nan",) and \
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite") and \
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
                               f"source is data.per_head.<head>.{field.name}); move or remove it")
@@ -683,7 +701,8 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
             for key in _SAMPLING_KEYS[:-1]:  # a written config holds them at their defaults
                 if key in raw and raw[key] != getattr(defaults, key):
                     raise ConfigError(f"{where}.{key}: set it once in data, not per head")
-            raw = {"on_nan": data.on_nan, **raw}
+            if "on_nan" not in raw and "on_nonfinite" not in raw:
+                raw = {"on_nonfinite": data.on_nonfinite, **raw}
         section = _build(DataConfig, raw, where)
         try:
             check_data(section, [head])

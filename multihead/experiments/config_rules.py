@@ -14,6 +14,8 @@ import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from multihead.experiments.sizes import check_model_size
+
 #: Seeds go to numpy (at most 2**32 - 1) and TF; bounded as every config integer is (int32).
 SEED_MAX = 2**31 - 1
 #: Integers inside Keras specs (units, filters, ...): beyond int32 they overflow in TF.
@@ -62,9 +64,10 @@ def _check_layers(tree: Any, path: str, error: type[Exception]) -> None:
                         "saved in a config or checkpoint, and loading it would run arbitrary "
                         "code; write a layer class registered with "
                         "keras.saving.register_keras_serializable")
-        if name in ("Layer", "InputSpec"):
+        if name in ("Layer", "InputSpec", "Model"):
             raise error(f"{where}: class_name {name!r} is Keras' abstract base class, which "
-                        "computes nothing; name a concrete layer such as Dense")
+                        "computes nothing; name a concrete layer such as Dense (or a list "
+                        "of layers)")
         if name is not None and isinstance(node.get("config"), Mapping):
             dtype = node["config"].get("dtype")
             if isinstance(dtype, Mapping):  # a DTypePolicy dict
@@ -170,6 +173,16 @@ def check_import(module: str, allow_import: Sequence[str], path: str, what: str,
                     "(in Python: allow_import=[...]) if you trust it")
 
 
+def _input_width(data: Any) -> int | None:
+    """The input's feature count when the config states it (generated data), else None."""
+    if data.kind in ("mmoe", "mixed"):
+        return data.input_dim
+    if data.kind == "multidigits":
+        canvas = data.options.get("canvas", 12)
+        return canvas ** 2 if isinstance(canvas, int) and not isinstance(canvas, bool) else None
+    return None
+
+
 def check_env_id(env_id: str, allow_import: Sequence[str], path: str,
                  error: type[Exception]) -> None:
     """`env.id` of the form `module:Env` makes gymnasium import `module`: refused unless the
@@ -192,7 +205,7 @@ def check_data_function(data: Any, allow_import: Sequence[str], path: str,
         kind, function, per_head = data.get("kind"), data.get("function"), data.get("per_head")
     else:
         kind, function, per_head = data.kind, data.function, data.per_head
-    if kind == "python" and isinstance(function, str):
+    if kind == "python" and isinstance(function, str) and ":" in function:  # else check_data names the form
         check_import(function.partition(":")[0], allow_import, f"{path}.function",
                      f"{function!r} would import and call", error)
     if isinstance(per_head, Mapping):
@@ -215,6 +228,8 @@ def check_rules(config: Any, allow_import: Sequence[str] = (), *,
     _check_synthetic_size(config.data, error)
     _check_numbers(config.model.trunk, "model.trunk", error)
     _check_layers(config.model.trunk, "model.trunk", error)
+    check_model_size(config.model.trunk, {n: h.layers for n, h in config.model.heads.items()},
+                     _input_width(config.data), error)
     for name, head in config.model.heads.items():
         path = f"model.heads.{name}"
         for key in ("layers", "loss", "optimizer", "metrics", "weight"):
