@@ -52,13 +52,23 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
 
 
 def _field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None,
-           minimum: float | None = None, doc: str = "") -> Any:
-    meta = {"choices": choices, "minimum": minimum, "doc": doc}
+           minimum: float | None = None, maximum: float | None = None, doc: str = "") -> Any:
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         value = default
         return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
+
+#: Bound on a scale-like number (data.scale, noise_std, aggregator options): beyond it float32
+#: losses and gradients overflow.
+MAGNITUDE_MAX = 1e6
+#: Bound on a loss coefficient (entropy_coef): larger ones drown the loss they are added to.
+COEFFICIENT_MAX = 100.0
+#: Parallel environments of an actor-critic run (each a gymnasium instance in this process).
+MAX_ENVS = 4096
+#: Steps of one actor-critic rollout.
+MAX_ROLLOUT = 100_000
 
 DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "multidigits")
 FILE_KINDS = ("npz", "csv", "tfrecord")
@@ -84,8 +94,9 @@ class DataConfig:
     eval_size: int = _field(2000, minimum=1)
     input_dim: int = _field(100, minimum=1, doc="mmoe/mixed only; other kinds take it from the data")
     num_sinusoids: int = _field(10, minimum=0)
-    scale: float = _field(1.0)
-    noise_std: float = _field(0.1, minimum=0)
+    scale: float = _field(1.0, minimum=-MAGNITUDE_MAX, maximum=MAGNITUDE_MAX,
+                          doc="c, the norm of every task weight vector")
+    noise_std: float = _field(0.1, minimum=0, maximum=MAGNITUDE_MAX)
     classification: Union[list[str], None] = _field(None, doc="tasks binarised (mixed variant)")
     seed: Union[int, None] = _field(None, doc="data seed (generators, holdout split); default: "
                                               "the top-level seed")
@@ -276,9 +287,9 @@ class DQNConfig:
     buffer_size: int = _field(50000, minimum=1)
     learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
     train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
-    gamma: float = _field(0.99, minimum=0)
-    epsilon_start: float = _field(1.0, minimum=0)
-    epsilon_end: float = _field(0.05, minimum=0)
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    epsilon_start: float = _field(1.0, minimum=0, maximum=1)
+    epsilon_end: float = _field(0.05, minimum=0, maximum=1)
     epsilon_decay_steps: int = _field(10000, minimum=1, doc="linear decay, in environment steps")
     target_every: Union[int, None] = _field(None, minimum=1, doc="hard sync period in updates (default 500)")
     target_tau: Union[float, None] = _field(None, doc="Polyak rate in (0, 1] instead of target_every")
@@ -292,10 +303,11 @@ class ActorCriticConfig:
 
     policy_head: str = _field("policy", doc="logits head, one output per action; loss set by the task")
     value_head: str = _field("value", doc="state-value head (1 output); its loss compares V(s) to the return")
-    num_envs: int = _field(8, minimum=1)
-    n_steps: int = _field(5, minimum=1, doc="rollout length per update (n-step returns)")
-    gamma: float = _field(0.99, minimum=0)
-    entropy_coef: float = _field(0.01, minimum=0)
+    num_envs: int = _field(8, minimum=1, maximum=MAX_ENVS)
+    n_steps: int = _field(5, minimum=1, maximum=MAX_ROLLOUT,
+                          doc="rollout length per update (n-step returns)")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    entropy_coef: float = _field(0.01, minimum=0, maximum=COEFFICIENT_MAX)
     normalize_advantages: bool = _field(False)
     value_target_every: Union[int, None] = _field(None, minimum=1, doc="V_target hard sync period in updates")
     value_target_tau: Union[float, None] = _field(None, doc="V_target Polyak rate in (0, 1]")
@@ -408,12 +420,13 @@ def _build(cls: type, raw: Any, path: str) -> Any:
             continue
         value = _convert(hints[name], raw[name], where)
         choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
+        maximum = field.metadata.get("maximum")
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         # `choices` constrain strings, `minimum` numbers (a key may allow both, e.g. "auto" or 20)
         if choices is not None and not number and value is not None:
             check_choice(value, where, choices, error=ConfigError)
-        if minimum is not None and number:
-            check_bounds(value, where, minimum=minimum, error=ConfigError)
+        if (minimum is not None or maximum is not None) and number:
+            check_bounds(value, where, minimum=minimum, maximum=maximum, error=ConfigError)
         values[name] = value
     return cls(**values)
 
@@ -635,6 +648,8 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
         if getattr(data, key) and kind not in ("csv", "tfrecord"):
             raise ConfigError(f"data.{key}: only used with kind csv or tfrecord, but kind is "
                               f"{kind!r}; remove it")
+    if data.tasks is not None and kind in ("mmoe", "mixed"):
+        _check_tasks(data.tasks, heads)
     if data.options and kind not in ("python", "multidigits"):
         raise ConfigError(f"data.options: only used with kind python or multidigits, but kind is "
                           f"{kind!r}; remove it")
@@ -658,6 +673,21 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
             if head not in data.targets:
                 raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
                                   f"add data.targets.{head}")
+
+
+def _check_tasks(tasks: list[str], heads: list[str]) -> None:
+    """Every generated task has a head, except in a single-task baseline (one head trained on
+    the multi-task run's data, `train --only-head`), where the others are generated and
+    dropped so the kept head sees the same data."""
+    for i, task in enumerate(tasks):
+        if task in tasks[:i]:
+            raise ConfigError(f"data.tasks[{i}]: task {task!r} is listed twice")
+    if len(heads) > 1:
+        for i, task in enumerate(tasks):
+            if task not in heads:
+                raise ConfigError(f"data.tasks[{i}]: task {task!r} has no head (heads: {heads}); "
+                                  "add the head or remove the task (only a one-head baseline "
+                                  "may generate tasks it does not train)")
 
 
 def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:

@@ -22,6 +22,11 @@ SEED_MAX = 2**31 - 1
 INT_LIMIT = 2**31 - 1
 #: Floating dtypes a trainable layer may compute in (or a mixed-precision policy name).
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16")
+#: Optimizer arguments that clip gradients: a bound, so > 0 (0 or less zeroes every update).
+_CLIPS = ("clipnorm", "clipvalue", "global_clipnorm")
+#: Bound on the magnitude of a trunk aggregator's numeric options (a step size, a decay, a
+#: weight): beyond it float32 updates overflow.
+OPTION_MAGNITUDE_MAX = 1e6
 #: Keras optimizers that wrap another and cannot stand as a head's optimizer.
 _WRAPPERS = {"LossScaleOptimizer": "mixed-precision loss scaling is not supported per head; "
                                    "use the inner optimizer (e.g. {class_name: Adam, ...}) and "
@@ -48,6 +53,14 @@ def _check_numbers(tree: Any, path: str, error: type[Exception]) -> None:
             raise error(f"{where}: {value} is beyond the integer range (|n| <= {INT_LIMIT})")
         if isinstance(value, numbers.Real) and not math.isfinite(value):
             raise error(f"{where}: must be a finite number, got {value!r}")
+
+
+def _check_magnitudes(tree: Any, path: str, error: type[Exception]) -> None:
+    for where, value in _walk(tree, path):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and \
+                abs(value) > OPTION_MAGNITUDE_MAX:
+            raise error(f"{where}: |{value!r}| is beyond {OPTION_MAGNITUDE_MAX:g}; aggregator "
+                        "options are step sizes, decays and weights of order 1")
 
 
 def _class_name(spec: Any) -> str | None:
@@ -96,6 +109,17 @@ def _check_optimizer(spec: Any, path: str, error: type[Exception]) -> None:
                 not (math.isfinite(rate) and rate > 0):
             raise error(f"{path}.config.learning_rate: must be a finite number > 0, got {rate!r}"
                         " (a negative rate ascends the gradient)")
+        for key in _CLIPS:
+            value = config.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                      or not (math.isfinite(value) and value > 0)):
+                raise error(f"{path}.config.{key}: must be a finite number > 0, got {value!r} "
+                            "(gradients are clipped to it); remove it to clip nothing")
+        for key in ("beta_1", "beta_2"):
+            value = config.get(key)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and \
+                    not 0 <= value < 1:
+                raise error(f"{path}.config.{key}: must be in [0, 1), got {value!r}")
 
 
 def _check_loss(spec: Any, path: str, error: type[Exception]) -> None:
@@ -241,6 +265,7 @@ def check_rules(config: Any, allow_import: Sequence[str] = (), *,
     trunk = config.train.trunk
     if isinstance(trunk, Mapping):
         _check_numbers(trunk, "train.trunk", error)
+        _check_magnitudes(trunk.get("options"), "train.trunk.options", error)
         _check_optimizer(trunk.get("optimizer"), "train.trunk.optimizer", error)
         _check_seed(trunk.get("seed"), "train.trunk.seed", error)
     if config.env is not None:
