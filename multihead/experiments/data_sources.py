@@ -448,8 +448,16 @@ def _csv_problem(path: str, where: str, header: list[str], needed: list[str],
 
 
 def _not_utf8(path: str, where: str, err: UnicodeDecodeError) -> str:
-    return (f"{where}: {path!r} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
-            f"{err.start}); save it as UTF-8")
+    """The line and column of the first byte that is not UTF-8 (the decoder's own offset is
+    within the chunk it read)."""
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return (f"{where}: {path!r} is not UTF-8 text (byte {raw[bad.start]:#04x} at line "
+                        f"{line}, column {bad.start + 1}); save it as UTF-8")
+    return f"{where}: {path!r} is not UTF-8 text ({err.reason}); save it as UTF-8"
 
 
 def _first_csv_problem(path: str, where: str, header: list[str], needed: list[str],
