@@ -158,6 +158,20 @@ EDGE_NUMBERS = [0, -1, 1, 2**31, 2**63, -(2**40), 1e-300, 1e300, float("nan"), f
                 float("-inf"), 0.5, True]
 WRONG_TYPES = ["abc", [], [1, "x"], {"bogus": 1}, None, ""]
 
+def _multiplied_layers(levels: int) -> str:
+    text = "&l0 {class_name: Dense, config: {units: 2}}"
+    for i in range(1, levels + 1):
+        text = f"&l{i} [" + text + ", " + ", ".join([f"*l{i - 1}"] * 9) + "]"
+    return text
+
+
+def _with_trunk(text: str, flow: str) -> str:
+    """The config with `model.trunk` replaced by the YAML flow text `flow`."""
+    tree = load_yaml(text)
+    tree["model"]["trunk"] = "TRUNK_PLACEHOLDER"
+    return dump_yaml(tree).replace("TRUNK_PLACEHOLDER", flow, 1)
+
+
 #: YAML text mutations: each makes the document invalid, so each must give exit 2.
 STRUCTURE = [
     ("unclosed flow", lambda t: t + "\nbroken: [1, 2\n"),
@@ -176,11 +190,8 @@ STRUCTURE = [
     ("unknown top key", lambda t: t + "\nmodle: {}\n"),
     ("recursive alias", lambda t: t + "\nx: &loop [1, *loop]\n"),
     ("recursive mapping alias", lambda t: t + "\nx: &loop {a: {b: *loop}}\n"),
-    # 10**4 Dense layers from a few lines: under the YAML node bound, far beyond a model's
-    ("nested layer lists through aliases", lambda t: t.replace("model:\n", "model:\n  l0: &l0 "
-     "{class_name: Dense, config: {units: 2}}\n" + "".join(
-         f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]\n" for i in range(1, 5)), 1)
-     .replace("model:\n", "model:\n  trunk: *l4\n", 1)),
+    # 10**4 Dense layers from a few hundred bytes: under the YAML node bound, far beyond a model's
+    ("layer lists multiplied through aliases", lambda t: _with_trunk(t, _multiplied_layers(4))),
 ]
 
 
