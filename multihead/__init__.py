@@ -41,10 +41,10 @@ from multihead.core.sampling import TaskSampling  # noqa: E402
 from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
-from multihead.experiments.data_sources import load_data  # noqa: E402
-from multihead.experiments.multidigits import multidigits  # noqa: E402
-from multihead.experiments.runs import LoadedRun, load_run  # noqa: E402
-from multihead.experiments.compare import Comparison, compare  # noqa: E402
+from multihead.experiments.build.data_sources import load_data  # noqa: E402
+from multihead.experiments.build.multidigits import multidigits  # noqa: E402
+from multihead.experiments.run.load import LoadedRun, load_run  # noqa: E402
+from multihead.experiments.results.compare import Comparison, compare  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 import multihead as mh
-from multihead.experiments.cli import main
-from multihead.experiments.compare import delta_m, direction
+from multihead.cli.main import main
+from multihead.experiments.results.compare import delta_m, direction
 
 
 def _run(path, config: dict, final: dict, evals=()) -> str:

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from multihead.experiments.config import ConfigError, apply_override, from_dict, load_config, parse_yaml
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, load_config, parse_yaml
 
 MINIMAL = {"model": {"trunk": {"mlp": {"units": [4]}}, "heads": {"y1": {}, "y2": {"every": 2}}}}
 

@@ -1,5 +1,5 @@
 """`multihead validate` refuses, in one line naming the key, every config `train` would fail on
-or silently misread (`multihead.experiments.config_rules`, `yaml12`, `dry_run`)."""
+or silently misread (`multihead.experiments.config.rules`, `yaml12`, `dry_run`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, parse_yaml
-from multihead.experiments.yaml12 import dump_yaml, load_yaml
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, parse_yaml
+from multihead.experiments.config.yaml12 import dump_yaml, load_yaml
 
 BASE = """\
 seed: 0
@@ -83,7 +83,7 @@ def test_yaml_is_read_as_yaml_1_2_in_files_and_in_set(tmp_path, capsys):
     assert load_yaml("a: yes\nb: 010\nc: 1:30\nd: 2020-01-01\ne: off\nf: 0o10\ng: 0x1f\nh: 3e-4\n") == {
         "a": "yes", "b": 10, "c": "1:30", "d": "2020-01-01", "e": "off", "f": 8, "g": 31, "h": 3e-4}
     assert math.isnan(load_yaml(".nan")) and load_yaml("-.inf") == -math.inf
-    from multihead.experiments.config import load_config
+    from multihead.experiments.config.schema import load_config
 
     code, err = _validate(tmp_path, capsys, BASE.replace("y2:", "yes:"), sets=["train.steps=010"])
     assert code == 0, err
@@ -177,7 +177,7 @@ def test_layer_lists_multiplied_through_aliases_are_refused_before_building(tmp_
      "train.trunk.options.gamma: |1e+30| is beyond 1e+06"),
 ])
 def test_ranges_of_the_supervised_schema(path, value, words):
-    from multihead.experiments.config import from_dict, to_dict
+    from multihead.experiments.config.schema import from_dict, to_dict
 
     raw = load_yaml(BASE)
     node = raw
@@ -203,7 +203,7 @@ def test_ranges_of_the_supervised_schema(path, value, words):
     ("actor_critic", "num_envs", 2**30, "actor_critic.num_envs: must be in [1, 4096]"),
 ])
 def test_ranges_of_the_rl_sections(section, key, value, words):
-    from multihead.experiments.config import from_dict
+    from multihead.experiments.config.schema import from_dict
 
     heads = {"q": {"layers": {"class_name": "Dense", "config": {"units": 2}}}} if section == "dqn" \
         else {"policy": {"layers": {"class_name": "Dense", "config": {"units": 2}}},
@@ -217,8 +217,8 @@ def test_ranges_of_the_rl_sections(section, key, value, words):
 def test_a_one_head_baseline_keeps_the_multi_task_data():
     """A task without a head is refused, except with one head: `train --only-head` trains one
     head on the multi-task run's generated data."""
-    from multihead.experiments.config import from_dict
-    from multihead.experiments.single_task import only_head
+    from multihead.experiments.config.schema import from_dict
+    from multihead.experiments.run.single_task import only_head
 
     baseline = only_head(from_dict(load_yaml(BASE), "x.yaml"), "y2")
     assert baseline.data.tasks == ["y1", "y2"] and list(baseline.model.heads) == ["y2"]

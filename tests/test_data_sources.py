@@ -11,9 +11,9 @@ import tensorflow as tf
 import yaml
 
 import multihead as mh
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, from_dict
-from multihead.experiments.runners import supervised
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, from_dict
+from multihead.experiments.run import supervised
 
 HEADS = ("y1", "y2")
 N, D = 120, 5

@@ -29,10 +29,10 @@ import typing
 from typing import Any, Iterator
 
 import pytest
-from multihead.experiments import config as config_module
-from multihead.experiments import runners  # noqa: F401 - TensorFlow imported before any case's clock
-from multihead.experiments.cli import main
-from multihead.experiments.yaml12 import dump_yaml, load_yaml
+from multihead.experiments.config import schema as config_module
+from multihead.experiments.run import runner  # noqa: F401 - TensorFlow imported before any case's clock
+from multihead.cli.main import main
+from multihead.experiments.config.yaml12 import dump_yaml, load_yaml
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies

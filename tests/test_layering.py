@@ -1,7 +1,7 @@
 """The package's dependencies point one way.
 
     aggregation, monitoring  (import nothing else of the package but _keras_internals)
-        <- core  <- io, rl  <- experiments
+        <- core  <- io, rl  <- experiments  <- cli
 
 `multihead/__init__.py` (the public names) and `__main__` sit on top and may import anything.
 """
@@ -13,7 +13,7 @@ import multihead
 
 PACKAGE = pathlib.Path(multihead.__file__).parent
 RANK = {"_keras_internals": 0, "_checks": 0, "aggregation": 1, "monitoring": 1, "core": 2, "io": 3, "rl": 3,
-        "experiments": 4}
+        "experiments": 4, "cli": 5}
 
 
 def _layer(module: str) -> str | None:
@@ -61,3 +61,55 @@ def test_the_aggregation_package_imports_nothing_else_of_multihead():
     for path in (PACKAGE / "aggregation").rglob("*.py"):
         others = [m for _, m in _imports(path) if not m.startswith("multihead.aggregation")]
         assert not others, f"{path.name} imports {others}"
+
+
+def _module_names() -> dict[str, pathlib.Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, counting every import statement in it:
+    module level, inside functions, under `if TYPE_CHECKING:`, relative or absolute."""
+    modules = _module_names()
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else known(base)
+                    if target:
+                        edges.add(target)
+            elif isinstance(node, ast.Import):
+                edges.update(t for t in (known(a.name) for a in node.names) if t)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def test_the_cli_is_on_top_nothing_in_the_package_imports_it():
+    graph = _import_graph()
+    importers = sorted(m for m, edges in graph.items()
+                       if not m.startswith("multihead.cli") and m != "multihead.__main__"
+                       and any(e == "multihead.cli" or e.startswith("multihead.cli.") for e in edges))
+    assert not importers, f"modules importing multihead.cli: {importers}"
+    assert "multihead.cli.main" in graph["multihead.__main__"]
+    setup = (PACKAGE.parent / "setup.py").read_text()
+    assert '"multihead = multihead.cli.main:main"' in setup

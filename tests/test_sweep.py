@@ -13,9 +13,9 @@ import time
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, load_config
-from multihead.experiments.sweep import (
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, load_config
+from multihead.experiments.sweep.sweep import (
     TIMING_KEYS,
     Distribution,
     last_error,

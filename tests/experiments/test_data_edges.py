@@ -17,10 +17,10 @@ import tensorflow as tf
 import yaml
 
 import multihead as mh
-from multihead.experiments.builders import build_layer
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError
-from multihead.experiments.sizes import estimate_parameters
+from multihead.experiments.build.builders import build_layer
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError
+from multihead.experiments.config.sizes import estimate_parameters
 
 N, D = 40, 3
 

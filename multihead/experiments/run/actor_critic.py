@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from multihead.core.objectives import HeadLoss
-from multihead.experiments.builders import build_trunk
-from multihead.experiments.config import ActorCriticConfig, ConfigError, ExperimentConfig
-from multihead.experiments.runners.rl import (
+from multihead.experiments.build.builders import build_trunk
+from multihead.experiments.config.schema import ActorCriticConfig, ConfigError, ExperimentConfig
+from multihead.experiments.run.rl import (
     RLRun,
     RLRunner,
     RLTask,

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from typing import Any, Mapping
 
-from multihead.experiments.config import ConfigError
-from multihead.experiments.sweep import _die_with_parent, thread_env, trial_command, trial_env
+from multihead.experiments.config.schema import ConfigError
+from multihead.experiments.sweep.sweep import _die_with_parent, thread_env, trial_command, trial_env
 
 
 def _run_trial(command: list[str], env: dict[str, str], log_path: str) -> int:

@@ -29,7 +29,7 @@ import keras
 
 from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.core.architectures import ARCHITECTURES
-from multihead.experiments.config import ConfigError
+from multihead.experiments.config.schema import ConfigError
 
 _EXPERT = ("experts", "expert")
 _KEYS: dict[str, tuple[str, ...]] = {

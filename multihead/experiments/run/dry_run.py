@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.objectives import resolve_loss, resolve_metric
-from multihead.experiments.config import ConfigError
+from multihead.experiments.config.schema import ConfigError
 
 #: Examples in the tiny batch.
 BATCH = 2

@@ -1,6 +1,6 @@
 """Experiment configs: YAML -> validated, typed config objects.
 
-Nothing in the core imports this module: `multihead.experiments.builders` turns a config
+Nothing in the core imports this module: `multihead.experiments.build.builders` turns a config
 into library objects, and everything a config can do, Python can do directly.
 Errors name the file and the key path (`model.heads.y1.every`), show the bad
 value and, for unknown keys, suggest the closest known one.
@@ -39,8 +39,8 @@ class ConfigError(ValueError):
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parses YAML safely (no Python objects can be constructed), with YAML 1.2 semantics
     (`yes` and `1:30` are strings, `010` is 10), duplicate keys refused and size, depth and
-    alias expansion bounded (`multihead.experiments.yaml12`)."""
-    from multihead.experiments.yaml12 import describe_error, load_yaml
+    alias expansion bounded (`multihead.experiments.config.yaml12`)."""
+    from multihead.experiments.config.yaml12 import describe_error, load_yaml
 
     try:
         return load_yaml(text)
@@ -434,7 +434,7 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """Validates a parsed config; errors are prefixed with `source`. `allow_import`: modules
     an `env.id` (`module:Env`) or a `data.function` (`module:function`) may import."""
-    from multihead.experiments.config_rules import check_rules
+    from multihead.experiments.config.rules import check_rules
 
     try:
         config = _build(ExperimentConfig, raw, "")
@@ -447,7 +447,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
         if config.sweep is not None:  # its own module: the rules of sweeps live with sweeps
-            from multihead.experiments.sweep import sweep_spec
+            from multihead.experiments.sweep.sweep import sweep_spec
 
             sweep_spec(config.sweep)
         check_data(config.data, list(config.model.heads))

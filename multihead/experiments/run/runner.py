@@ -5,7 +5,7 @@ object (so bad input fails before anything is written) and returns an object
 whose `run(run_dir, verbose) -> metrics dict` trains and writes the run. A runner whose
 `run` takes `extra_callbacks` (and `resume`) lets `multihead train` stop it at a step
 boundary on SIGINT/SIGTERM with a checkpoint (and resume it); see
-`multihead.experiments.run_guard`.
+`multihead.experiments.run.guard`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from multihead.experiments.config import ExperimentConfig
+from multihead.experiments.config.schema import ExperimentConfig
 
 
 class Runner(Protocol):
@@ -22,5 +22,5 @@ class Runner(Protocol):
 
 def prepare(config: ExperimentConfig) -> Runner:
     """The runner of `config.task`, with everything built and validated."""
-    module = importlib.import_module(f"multihead.experiments.runners.{config.task}")
+    module = importlib.import_module(f"multihead.experiments.run.{config.task}")
     return module.prepare(config)

@@ -20,8 +20,8 @@ import numpy as np
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import HeadLoss, Objective
 from multihead.core.trainer import StepResult
-from multihead.experiments.builders import build_model, build_objectives, build_trainer
-from multihead.experiments.config import ConfigError, EnvConfig, ExperimentConfig
+from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
+from multihead.experiments.config.schema import ConfigError, EnvConfig, ExperimentConfig
 from multihead.io.checkpoints import save_checkpoint
 from multihead.monitoring.progress import Progress
 from multihead.rl.driver import Driver, EnvFactory, EpisodeLog, Evaluations, Policy

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from multihead.experiments.config import ConfigError
+from multihead.experiments.config.schema import ConfigError
 
 #: Hyperparameters that only reseed a run: runs differing only in these are one group.
 SEED_KEYS = ("seed", "data.seed", "train.trunk.seed")

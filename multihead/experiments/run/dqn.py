@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from multihead.experiments.builders import build_trunk
-from multihead.experiments.config import ConfigError, DQNConfig, ExperimentConfig
-from multihead.experiments.runners.rl import (
+from multihead.experiments.build.builders import build_trunk
+from multihead.experiments.config.schema import ConfigError, DQNConfig, ExperimentConfig
+from multihead.experiments.run.rl import (
     RLRun,
     RLRunner,
     RLTask,

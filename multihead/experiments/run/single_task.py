@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from multihead._checks import suggest
-from multihead.experiments.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, to_dict
 
 
 def only_head(config: ExperimentConfig, head: str, source: str = "--only-head") -> ExperimentConfig:

@@ -4,14 +4,13 @@
 Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
 with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
 logs and `status.json` kept), 130 / 143 a run stopped by SIGINT / SIGTERM (checkpointed,
-resumable with `--resume`). `multihead.experiments.run_guard` has the run-directory rules.
+resumable with `--resume`). `multihead.experiments.run.guard` has the run-directory rules.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import datetime
 import json
 import os
 import shutil
@@ -20,7 +19,8 @@ import tempfile
 from typing import Any, Sequence
 
 
-from multihead.experiments.config import ConfigError, ExperimentConfig, load_config, to_dict
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config, to_dict
+from multihead.experiments.run.directory import default_run_dir
 
 EXIT_BAD_INPUT = 2
 
@@ -42,22 +42,10 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def default_run_dir(config_path: str, prefix: str = "") -> str:
-    """A new directory name under `runs/`: `<prefix><config stem>-<date>-<time>[-n]`."""
-    stem = os.path.splitext(os.path.basename(config_path))[0]
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = os.path.join("runs", f"{prefix}{stem}-{stamp}")
-    candidate, n = base, 1
-    while os.path.exists(candidate):
-        n += 1
-        candidate = f"{base}-{n}"
-    return candidate
-
-
 def _load(args: argparse.Namespace) -> ExperimentConfig:
     config = load_config(args.config, args.set or [], allow_import=args.allow_import or ())
     if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
-        from multihead.experiments.single_task import only_head
+        from multihead.experiments.run.single_task import only_head
 
         config = only_head(config, args.only_head, source=f"{args.config}: --only-head")
     return config
@@ -65,14 +53,14 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
 
 def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
     """The task runner with every object built, so bad input fails before anything is written."""
-    from multihead.experiments import runners as tasks
+    from multihead.experiments.run import runner as tasks
 
     try:
         runner = tasks.prepare(config)
         # validate runs what train would run first; not under a strategy: eager work on
         # distributed variables outside the step can wait on the other workers' collectives
         if config.task == "supervised" and getattr(runner, "strategy", None) is None:
-            from multihead.experiments.dry_run import dry_run
+            from multihead.experiments.run.dry_run import dry_run
 
             dry_run(runner)
         return runner
@@ -131,7 +119,7 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     saved = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(saved):
         raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
-    from multihead.experiments.config import parse_yaml
+    from multihead.experiments.config.schema import parse_yaml
 
     with open(saved, encoding="utf-8") as fh:
         before = _flat(parse_yaml(fh.read(), saved) or {})
@@ -177,7 +165,7 @@ def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
 
 
 def _lock(run_dir: str) -> Any:
-    from multihead.experiments.run_guard import RunLock, RunLocked
+    from multihead.experiments.run.guard import RunLock, RunLocked
 
     try:
         return RunLock(run_dir)
@@ -188,7 +176,7 @@ def _lock(run_dir: str) -> Any:
 def _disposable(run_dir: str, watch: Any) -> bool:
     """True when a fresh run wrote nothing worth keeping: no step done (as far as the
     runner reports steps) and no checkpoint, or nothing but its setup files."""
-    from multihead.experiments.run_guard import LOCK_FILE, STATUS_FILE
+    from multihead.experiments.run.guard import LOCK_FILE, STATUS_FILE
 
     setup = {"config.yaml", LOCK_FILE, STATUS_FILE, "inputs.json"}
     if set(os.listdir(run_dir)) <= setup:
@@ -206,7 +194,7 @@ def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: st
     import inspect
     import traceback
 
-    from multihead.experiments.run_guard import (
+    from multihead.experiments.run.guard import (
         RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
 
     takes = "extra_callbacks" in inspect.signature(runner.run).parameters
@@ -273,7 +261,7 @@ def signal_name(signum: int) -> str:
 
 
 def _write_config(run_dir: str, config: ExperimentConfig) -> None:
-    from multihead.experiments.yaml12 import dump_yaml
+    from multihead.experiments.config.yaml12 import dump_yaml
 
     _write_atomic(os.path.join(run_dir, "config.yaml"), dump_yaml(to_dict(config)))
 
@@ -281,7 +269,7 @@ def _write_config(run_dir: str, config: ExperimentConfig) -> None:
 def _log_hparams(args: argparse.Namespace, run_dir: str, config: ExperimentConfig, runner: Any,
                  metrics: dict[str, Any]) -> None:
     """The run's hyperparameters (with its --set overrides) and final metrics for the HParams dashboard."""
-    from multihead.experiments.hparams import log_run_hparams
+    from multihead.experiments.run.hparams import log_run_hparams
 
     log_run_hparams(run_dir, config, runner, metrics, args.set or [])
 
@@ -314,8 +302,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
     config = load_config(saved, allow_import=args.allow_import or ())
     if config.task == "supervised":  # the input the run recorded, whatever its data source
-        from multihead.experiments.builders import build_model
-        from multihead.experiments.runs import run_input_shape
+        from multihead.experiments.build.builders import build_model
+        from multihead.experiments.run.load import run_input_shape
 
         model = build_model(config, run_input_shape(run_dir, config))
     else:
@@ -349,8 +337,8 @@ def _input_names(model: Any) -> list[str] | None:
 def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from multihead.experiments.data_sources import read_inputs
-    from multihead.experiments.runs import load_run
+    from multihead.experiments.build.data_sources import read_inputs
+    from multihead.experiments.run.load import load_run
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
@@ -386,7 +374,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or default_run_dir(args.config)
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
-    from multihead.experiments.run_guard import LOCK_FILE
+    from multihead.experiments.run.guard import LOCK_FILE
 
     os.makedirs(run_dir, exist_ok=True)
     with _lock(run_dir):
@@ -488,7 +476,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_sweep_parser(sub: Any) -> None:
-    """`multihead sweep`: its options; the command lives in multihead/experiments/sweep.py."""
+    """`multihead sweep`: its options; the command lives in multihead/experiments/sweep/sweep.py."""
     sweep = sub.add_parser("sweep", help="many runs from one config: a grid, random draws or an "
                                          "Optuna search, in parallel, resumable")
     sweep.add_argument("config", nargs="?", help="experiment YAML file (may hold a sweep: section)")
@@ -522,7 +510,7 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--quiet", action="store_true", help="no progress lines")
 
     def run(args: argparse.Namespace) -> int:
-        from multihead.experiments.sweep import cmd_sweep
+        from multihead.experiments.sweep.sweep import cmd_sweep
 
         return cmd_sweep(args)
 
@@ -540,7 +528,7 @@ def _add_compare_parser(sub: Any) -> None:
     compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
 
     def run(args: argparse.Namespace) -> int:
-        from multihead.experiments.compare import compare as compare_runs, plot_comparison
+        from multihead.experiments.results.compare import compare as compare_runs, plot_comparison
 
         if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
             raise UsageError(f"--png {args.png!r}: directory {os.path.dirname(os.path.abspath(args.png))!r} "

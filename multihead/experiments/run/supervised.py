@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from multihead.experiments.baselines import constant_baseline
-from multihead.experiments.builders import (
+from multihead.experiments.build.baselines import constant_baseline
+from multihead.experiments.build.builders import (
     RunCallbacks,
     build_callbacks,
     build_data,
@@ -22,9 +22,9 @@ from multihead.experiments.builders import (
     build_trunk,
 )
 from multihead.io.checkpoints import CheckpointManager, save_checkpoint
-from multihead.experiments.config import ConfigError, ExperimentConfig
-from multihead.experiments.data_sources import input_spec
-from multihead.experiments.run_guard import RunInterrupted, stop_if_interrupted
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
+from multihead.experiments.build.data_sources import input_spec
+from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead.core.distribute import scope

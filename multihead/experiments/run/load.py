@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from multihead.core.model import MultiHeadModel
 from multihead.core.trainer import Trainer
-from multihead.experiments.builders import build_model, build_objectives, build_trainer, build_trunk
-from multihead.experiments.config import ConfigError, ExperimentConfig, load_config
-from multihead.experiments.runners.supervised import INPUTS_FILE
+from multihead.experiments.build.builders import build_model, build_objectives, build_trainer, build_trunk
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config
+from multihead.experiments.run.supervised import INPUTS_FILE
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ def run_input_shape(run_dir: str, config: ExperimentConfig) -> Any:
         if "shape" in tree and not isinstance(tree["shape"], dict):
             return tuple(tree["shape"])
         return {name: tuple(spec["shape"]) for name, spec in tree.items()}
-    from multihead.experiments.data_sources import build_data, input_spec
+    from multihead.experiments.build.data_sources import build_data, input_spec
 
     return input_spec(build_data(config))
 

@@ -16,8 +16,8 @@ import os
 import time
 from typing import Any
 
-from multihead.experiments.config import ConfigError
-from multihead.experiments.sweep import Sweep, SweepSpec, trial_outcome
+from multihead.experiments.config.schema import ConfigError
+from multihead.experiments.sweep.sweep import Sweep, SweepSpec, trial_outcome
 
 
 def save_space(sweep: Sweep, spec: SweepSpec, n_trials: int, seed: int) -> None:

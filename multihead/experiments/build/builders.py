@@ -16,8 +16,8 @@ import yaml
 
 from multihead import _keras_internals as internals
 from multihead._checks import check_float, check_int, check_keys, suggest
-from multihead.experiments.architectures import build_architecture, is_architecture
-from multihead.experiments.config import ConfigError, ExperimentConfig, to_dict
+from multihead.experiments.build.architectures import build_architecture, is_architecture
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, to_dict
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
 from multihead.core.data import MultiTaskData
 from multihead.core.model import MultiHeadModel
@@ -254,9 +254,9 @@ def build_strategy(config: ExperimentConfig) -> Any:
 
 
 def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskData]:
-    """The data of `config.data` (any kind; `multihead.experiments.data_sources`); a dict
+    """The data of `config.data` (any kind; `multihead.experiments.build.data_sources`); a dict
     head -> data with `data.per_head`."""
-    from multihead.experiments.data_sources import build_data as read
+    from multihead.experiments.build.data_sources import build_data as read
 
     return read(config)
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from multihead.experiments.config import ExperimentConfig, parse_yaml
+from multihead.experiments.config.schema import ExperimentConfig, parse_yaml
 
 HParamValue = bool | int | float | str
 

@@ -33,9 +33,9 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
-from multihead.experiments.config_rules import check_data_function
-from multihead.experiments.sizes import memory_bytes
-from multihead.experiments.config import (
+from multihead.experiments.config.rules import check_data_function
+from multihead.experiments.config.sizes import memory_bytes
+from multihead.experiments.config.schema import (
     ConfigError,
     DataConfig,
     ExperimentConfig,
@@ -114,7 +114,7 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
     if kind in ("mmoe", "mixed"):
         return _synthetic(data, heads, seed)
     if kind == "multidigits":
-        from multihead.experiments.multidigits import TASKS, multidigits
+        from multihead.experiments.build.multidigits import TASKS, multidigits
 
         for head in heads:  # a subset of the tasks trains single-task baselines
             if head not in TASKS:

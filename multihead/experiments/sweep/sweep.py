@@ -53,7 +53,7 @@ from typing import Any, Mapping, Sequence, TextIO
 import yaml
 
 from multihead._checks import describe, suggest
-from multihead.experiments.config import ConfigError, apply_override, from_dict, parse_yaml
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
 
 INDEX = "sweep.json"
 BASE_CONFIG = "config.yaml"
@@ -343,7 +343,7 @@ def trial_command(base_config: str, run_dir: str, overrides: Mapping[str, Any],
 
 
 def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def trial_env(threads: int | None) -> dict[str, str]:
@@ -558,8 +558,8 @@ class Sweep:
     def finish(self) -> None:
         """The HParams experiment summary of the done trials at the sweep directory: every
         hyperparameter their runs logged (with the values seen) and their final metrics."""
-        from multihead.experiments.config import load_config
-        from multihead.experiments.hparams import final_metrics, run_hparams, write_experiment
+        from multihead.experiments.config.schema import load_config
+        from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
 
         seen: dict[str, list[Any]] = {}
         tags: set[str] = set()
@@ -627,7 +627,7 @@ def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], Sw
 
 
 def _default_sweep_dir(config_path: str) -> str:
-    from multihead.experiments.cli import default_run_dir
+    from multihead.experiments.run.directory import default_run_dir
 
     return default_run_dir(config_path, prefix="sweep-")
 
@@ -653,7 +653,7 @@ def make_backend(name: str, threads: int | None, address: str | None = None,
         if address:
             raise ConfigError("--ray-address: only used with --backend ray")
         return LocalBackend(threads)
-    from multihead.experiments.ray_backend import RayBackend
+    from multihead.experiments.sweep.ray_backend import RayBackend
 
     return RayBackend(threads, address=address, num_cpus=num_cpus)
 
@@ -709,7 +709,7 @@ def cmd_sweep(args: Any) -> int:
         sweep = create_sweep(args.sweep_dir or _default_sweep_dir(args.config), base, trials,
                              objective, stream, search=search)
         if search == "optuna":
-            from multihead.experiments.search import save_space
+            from multihead.experiments.sweep.search import save_space
 
             save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
     if stream is not None:
@@ -717,7 +717,7 @@ def cmd_sweep(args: Any) -> int:
               f"{threads or 'default'} threads each)", file=stream)
     backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus)
     if search == "optuna":
-        from multihead.experiments.search import run_optuna
+        from multihead.experiments.sweep.search import run_optuna
 
         index = run_optuna(sweep, backend, args.jobs)
     else:

@@ -1,5 +1,5 @@
 """Rules on the free-form parts of a config (Keras layer, loss, optimizer and metric specs,
-seeds, `env.id`) that the typed schema in `multihead.experiments.config` cannot state.
+seeds, `env.id`) that the typed schema in `multihead.experiments.config.schema` cannot state.
 
 Each rule names the key path, shows the bad value and says what to do instead; `check_rules`
 runs them all on a config freshly built from YAML, before anything is built from it, so
@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from multihead.experiments.sizes import check_model_size
+from multihead.experiments.config.sizes import check_model_size
 
 #: Seeds go to numpy (at most 2**32 - 1) and TF; bounded as every config integer is (int32).
 SEED_MAX = 2**31 - 1
