@@ -321,3 +321,23 @@ def test_per_head_python_sections_and_the_api_need_allow_import(tmp_path, monkey
     np.testing.assert_array_equal(np.sort(np.concatenate([data.x_train, data.x_eval])[:, 0]),
                                   np.sort(_arrays()[0][:, 0]))
     assert marker.exists()
+
+
+def test_sweep_needs_allow_import_and_passes_it_on_to_every_trial(tmp_path, monkeypatch, capsys):
+    from multihead.experiments.sweep.sweep import trial_command
+
+    _write_module(tmp_path, monkeypatch)
+    marker = _write_marker_module(tmp_path, "marker_sweep")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(_config({"kind": "python", "function": "marker_sweep:arrays"},
+                                             steps=2)))
+    sweep_dir = tmp_path / "sweep"
+    assert main(["sweep", str(config), "--grid", "seed=1,2", "--sweep-dir", str(sweep_dir),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-import marker_sweep" in err
+    assert not marker.exists() and not sweep_dir.exists()
+    command = trial_command("base.yaml", "trials/t000", {"seed": 1}, False, ("marker_sweep", "m2"))
+    assert command[command.index("train"):] == [
+        "train", "base.yaml", "--quiet", "--run-dir", "trials/t000", "--allow-import",
+        "marker_sweep", "--allow-import", "m2", "--set", "seed=1"]

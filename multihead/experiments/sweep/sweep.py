@@ -333,10 +333,13 @@ def thread_env(threads: int | None) -> dict[str, str]:
 
 
 def trial_command(base_config: str, run_dir: str, overrides: Mapping[str, Any],
-                  resume: bool) -> list[str]:
-    """The `multihead train` command line of one trial."""
+                  resume: bool, allow_import: Sequence[str] = ()) -> list[str]:
+    """The `multihead train` command line of one trial (`allow_import`: the sweep's own
+    `--allow-import` modules, passed on)."""
     cmd = [sys.executable, "-m", "multihead", "train", base_config, "--quiet"]
     cmd += ["--resume", run_dir] if resume else ["--run-dir", run_dir]
+    for module in allow_import:
+        cmd += ["--allow-import", module]
     for assignment in as_sets(overrides):
         cmd += ["--set", assignment]
     return cmd
@@ -414,12 +417,13 @@ class _Running:
 class LocalBackend:
     """Runs each trial as a `multihead train` process on this machine."""
 
-    def __init__(self, threads: int | None) -> None:
+    def __init__(self, threads: int | None, allow_import: Sequence[str] = ()) -> None:
         self.threads = threads
+        self.allow_import = tuple(allow_import)
 
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
-        command = trial_command(base, run_dir, overrides, resume)
+        command = trial_command(base, run_dir, overrides, resume, self.allow_import)
         log = open(log_path, "a", encoding="utf-8")
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
@@ -466,6 +470,7 @@ class Sweep:
         self.index = index
         self.stream = stream
         self.objective = Objective(index["objective"], index["direction"])
+        self.allow_import: tuple[str, ...] = ()  # modules the trials' configs may import
 
     # paths
     @property
@@ -567,7 +572,8 @@ class Sweep:
             if trial["status"] != "done":
                 continue
             tags |= set(final_metrics({"eval": trial["metrics"]}))
-            config = load_config(os.path.join(self.run_dir(trial), "config.yaml"))
+            config = load_config(os.path.join(self.run_dir(trial), "config.yaml"),
+                                 allow_import=self.allow_import)
             for key, value in run_hparams(config, as_sets(trial["overrides"])).items():
                 seen.setdefault(key, []).append(value)
         if tags:
@@ -603,7 +609,8 @@ def create_sweep(sweep_dir: str, base_raw: Mapping[str, Any], trials: Sequence[M
     return sweep
 
 
-def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], SweepSpec]:
+def load_base(config_path: str, sets: Sequence[str],
+              allow_import: Sequence[str] = ()) -> tuple[dict[str, Any], SweepSpec]:
     """The raw config with `sets` applied, without its `sweep:` section, and that section parsed."""
     try:
         with open(config_path, encoding="utf-8") as fh:
@@ -619,7 +626,7 @@ def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], Sw
         spec = sweep_spec(section)
     except ConfigError as err:
         raise ConfigError(f"{config_path}: {err}") from None
-    from_dict(base, config_path)  # the base config itself must be valid
+    from_dict(base, config_path, allow_import)  # the base config itself must be valid
     return base, spec
 
 
@@ -648,14 +655,14 @@ def resolve_threads(text: str, jobs: int) -> int | None:
 
 
 def make_backend(name: str, threads: int | None, address: str | None = None,
-                 num_cpus: int | None = None) -> Any:
+                 num_cpus: int | None = None, allow_import: Sequence[str] = ()) -> Any:
     if name == "local":
         if address:
             raise ConfigError("--ray-address: only used with --backend ray")
-        return LocalBackend(threads)
+        return LocalBackend(threads, allow_import)
     from multihead.experiments.sweep.ray_backend import RayBackend
 
-    return RayBackend(threads, address=address, num_cpus=num_cpus)
+    return RayBackend(threads, address=address, num_cpus=num_cpus, allow_import=allow_import)
 
 
 def _heads(base: Mapping[str, Any]) -> list[str]:
@@ -669,6 +676,7 @@ def cmd_sweep(args: Any) -> int:
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
     threads = resolve_threads(args.threads, args.jobs)
+    allow_import = tuple(getattr(args, "allow_import", None) or ())
     if args.resume:
         if args.config or args.grid or args.sample or args.set:
             raise ConfigError("--resume SWEEP_DIR: the trials are those of its sweep.json; give no "
@@ -678,7 +686,7 @@ def cmd_sweep(args: Any) -> int:
     else:
         if not args.config:
             raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
-        base, spec = load_base(args.config, args.set or [])
+        base, spec = load_base(args.config, args.set or [], allow_import)
         for text in args.grid or []:
             key, values = parse_grid_arg(text)
             if key in spec.keys():
@@ -715,7 +723,8 @@ def cmd_sweep(args: Any) -> int:
     if stream is not None:
         print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
               f"{threads or 'default'} threads each)", file=stream)
-    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus)
+    sweep.allow_import = allow_import
+    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus, allow_import)
     if search == "optuna":
         from multihead.experiments.sweep.search import run_optuna
 
