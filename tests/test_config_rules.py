@@ -134,6 +134,11 @@ def test_validate_runs_every_head_on_a_tiny_batch(tmp_path, capsys):
     assert code == 2 and "model.heads.y1.loss: a sparse cross-entropy takes integer class labels" \
         in err, err
     assert err.count("\n") == 1
+    code, err = _validate(tmp_path, capsys, sets=[
+        "model.heads.y1.loss=categorical_crossentropy",
+        "model.heads.y1.layers={class_name: Dense, config: {units: 3}}"])
+    assert code == 2 and "model.heads.y1.loss: cannot compute it on a batch" in err, err
+    assert err.count("\n") == 1
 
 
 def test_recursive_aliases_are_refused_at_once():
