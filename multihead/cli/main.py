@@ -468,7 +468,8 @@ def _add_commands(sub: Any) -> None:
 
     def allow_import(p: argparse.ArgumentParser) -> None:
         p.add_argument("--allow-import", action="append", metavar="MODULE",
-                       help="let env.id 'MODULE:Env' import MODULE (repeatable)")
+                       help="let env.id 'MODULE:Env' or data.function 'MODULE:function' "
+                            "(data.kind: python) import MODULE (repeatable)")
 
     train = _command(sub, "train", True, help="train from an experiment config and write a run directory")
     with_config(train)
@@ -522,6 +523,10 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("config", nargs="?", help="experiment YAML file (may hold a sweep: section)")
     sweep.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value for every trial (repeatable)")
+    sweep.add_argument("--allow-import", action="append", metavar="MODULE",
+                       help="let the trials' env.id 'MODULE:Env' or data.function "
+                            "'MODULE:function' import MODULE (repeatable; give it again with "
+                            "--resume)")
     sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2",
                        help="an axis: one trial per value, product with the other axes (repeatable)")
     sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",

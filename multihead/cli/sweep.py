@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.run.directory import default_run_dir
@@ -50,14 +50,14 @@ def resolve_threads(text: str, jobs: int) -> int | None:
 
 
 def make_backend(name: str, threads: int | None, address: str | None = None,
-                 num_cpus: int | None = None) -> Any:
+                 num_cpus: int | None = None, allow_import: Sequence[str] = ()) -> Any:
     if name == "local":
         if address:
             raise ConfigError("--ray-address: only used with --backend ray")
-        return LocalBackend(threads)
+        return LocalBackend(threads, allow_import)
     from multihead.experiments.sweep.ray_backend import RayBackend  # imports ray: only when used
 
-    return RayBackend(threads, address=address, num_cpus=num_cpus)
+    return RayBackend(threads, address=address, num_cpus=num_cpus, allow_import=allow_import)
 
 
 def _heads(base: Mapping[str, Any]) -> list[str]:
@@ -97,11 +97,12 @@ def cmd_sweep(args: Any) -> int:
 def _sweep(args: Any, sweep_dir: str) -> int:
     stream = None if args.quiet else sys.stderr
     threads = resolve_threads(args.threads, args.jobs)
+    allow_import = tuple(getattr(args, "allow_import", None) or ())
     if args.resume:
         sweep = Sweep(sweep_dir, read_index(sweep_dir), stream)
         search = sweep.index.get("search", "grid")
     else:
-        base, spec = load_base(args.config, args.set or [])
+        base, spec = load_base(args.config, args.set or [], allow_import)
         for text in args.grid or []:
             key, values = parse_grid_arg(text)
             if key in spec.keys():
@@ -140,15 +141,17 @@ def _sweep(args: Any, sweep_dir: str) -> int:
                 from multihead.experiments.sweep.search import save_space
 
                 save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
-            return _run(args, sweep, search, threads, stream)
-    return _run(args, sweep, search, threads, stream)
+            return _run(args, sweep, search, threads, stream, allow_import)
+    return _run(args, sweep, search, threads, stream, allow_import)
 
 
-def _run(args: Any, sweep: Sweep, search: str, threads: int | None, stream: Any) -> int:
+def _run(args: Any, sweep: Sweep, search: str, threads: int | None, stream: Any,
+         allow_import: tuple[str, ...]) -> int:
     if stream is not None:
         print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
               f"{threads or 'default'} threads each)", file=stream)
-    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus)
+    sweep.allow_import = allow_import
+    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus, allow_import)
     if search == "optuna":
         from multihead.experiments.sweep.search import run_optuna
 

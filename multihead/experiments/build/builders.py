@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import keras
+import tensorflow as tf
 import yaml
 
 from multihead import _keras_internals as internals
@@ -114,9 +115,18 @@ def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
         model = MultiHeadModel(trunk, heads)
         model.build(input_shape)
         model.partition  # noqa: B018 - validates the trunk/head partition now
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"model: {str(err).splitlines()[0]}") from None
+    except (ValueError, TypeError, NotImplementedError) as err:  # NotImplementedError: no call()
+        raise ConfigError(f"model: {_first_line(err)}") from None
+    except (tf.errors.ResourceExhaustedError, MemoryError) as err:
+        raise ConfigError(f"model: its weights do not fit in memory ({type(err).__name__}: "
+                          f"{_first_line(err)}); use fewer units") from None
     return model
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an error that says something (Keras starts some with a blank line)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def named_inputs_trunk(trunk: keras.layers.Layer, input_shape: Mapping[str, Any]) -> keras.Model:

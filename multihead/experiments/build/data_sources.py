@@ -3,9 +3,12 @@ files (`npz`, `csv`, `tfrecord`) or Python function (`python`).
 
 Every source is read into arrays once and then checked by the same code, so a config and a
 script read data identically and equal data gives bitwise-equal training whatever the file
-format. The checks name the config key: a missing file, array or column, a wrong dtype, rows
-of different lengths, a head without a target or a target without a head, and NaN under
-`data.on_nan` (`error`, `drop` the rows, or `keep` them).
+format. The checks name the config key and the file: a missing file, array or column, a wrong
+dtype (text, complex numbers, integer labels beyond int32, floats beyond float32), no rows,
+rows of different lengths, a head without a target or a target without a head, and NaN or inf
+under `data.on_nonfinite` (`error`, `drop` the rows, or `keep` them; `on_nan` is its former
+name). Sizes are checked before anything is allocated: an `.npz` array's header, a tfrecord's
+`data.shapes`.
 
 Example:
     >>> import multihead as mh
@@ -22,12 +25,16 @@ import math
 import os
 import re
 import sys
+import zipfile
+import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
+from multihead.experiments.config.rules import check_data_function
+from multihead.experiments.config.sizes import memory_bytes
 from multihead.experiments.config.schema import (
     ConfigError,
     DataConfig,
@@ -38,10 +45,15 @@ from multihead.experiments.config.schema import (
 #: The default `data.features` of file sources.
 DEFAULT_FEATURES = "x"
 _CSV_BATCH = 4096
+#: Elements parsed per tfrecord batch at most (the batch shrinks for large examples).
+_TFRECORD_BATCH_ELEMENTS = 1 << 24
+_INT32 = np.iinfo(np.int32)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
-              seed: int = 0) -> MultiTaskData | dict[str, MultiTaskData]:
+              seed: int = 0, *, allow_import: Sequence[str] = ()
+              ) -> MultiTaskData | dict[str, MultiTaskData]:
     """Reads the data a config's `data:` section describes, checked against `heads`.
 
     Args:
@@ -49,6 +61,8 @@ def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
             "features": ["a", "b"], "targets": {"y": "label"}}`), or a `DataConfig`.
         heads: the model's head names; each needs exactly one target.
         seed: used when the section has no `seed` (the holdout split, generators).
+        allow_import: modules a `kind: python` section may import and call (its
+            `function: module:function`); any other module is refused before it is imported.
 
     Returns:
         The train and eval splits; inputs are float32 arrays (or a dict of them for named
@@ -59,6 +73,7 @@ def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
         ConfigError: one line naming the `data.` key at fault.
     """
     data = section if isinstance(section, DataConfig) else data_from_dict(dict(section), heads)
+    check_data_function(data, allow_import, "data", ConfigError)
     return _load(data, list(heads), seed if data.seed is None else data.seed)
 
 
@@ -121,15 +136,17 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
     else:
         train = _read_split(data, data.train or "train", "data.train", heads)
         evaluation = None if data.eval is None else _read_split(data, data.eval, "data.eval", heads)
-    train = _checked(train, heads, data.on_nan, "data.train")
+    policy = data.on_nonfinite or data.on_nan or "error"
+    train = _checked(train, heads, policy, "data.train")
     if evaluation is None:
         train, evaluation = _holdout(train, data.holdout, seed)
     else:
-        evaluation = _checked(evaluation, heads, data.on_nan, "data.eval")
+        evaluation = _checked(evaluation, heads, policy, "data.eval")
         _check_same_shapes(train, evaluation)
     for split, where in ((train, "data.train"), (evaluation, "data.eval")):
         if _rows(split) == 0:
-            raise ConfigError(f"{where}: no rows left (after data.on_nan: {data.on_nan}); give more data")
+            raise ConfigError(f"{where}: no rows left (after data.on_nonfinite: {policy}); give "
+                              "more data")
     kinds = {h: CLASSIFICATION if np.issubdtype(train[1][h].dtype, np.integer) else REGRESSION
              for h in heads}
     return MultiTaskData(x_train=train[0], y_train=train[1], x_eval=evaluation[0],
@@ -203,8 +220,8 @@ def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
 def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, dict]:
     """One file -> `(inputs, {head: labels})`."""
     features, targets = _specs(data, heads)
-    if data.kind != "tfds" and not os.path.isfile(path):
-        raise ConfigError(f"{where}: no such file {path!r}")
+    if data.kind != "tfds":
+        _check_file(path, where)
     needed = list(dict.fromkeys(_names(features) + _names(targets)))
     if data.kind == "tfds":
         table = _read_tfds(data, path, where)
@@ -215,6 +232,11 @@ def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tu
     else:
         table = _read_tfrecord(path, where, needed, data.dtypes, data.shapes)
     source = f"{where} ({path})"
+    for name in needed:
+        if name in table and np.ndim(table[name]) > 0 and len(table[name]) == 0:
+            what = {"npz": "array", "csv": "column"}.get(data.kind, "feature")
+            raise ConfigError(f"{where}: {path!r} has no rows ({what} {name!r} is empty); give a "
+                              "file with examples")
 
     def select(spec: Any, key: str, label: bool) -> np.ndarray:
         columns = []
@@ -261,8 +283,7 @@ def read_inputs(data: DataConfig, path: str, where: str = "--data",
     if kind != "npz" and data.kind != kind:
         raise ConfigError(f"{where}: a {kind} file needs a run trained on kind {kind} (its columns "
                           f"are data.features); this run's data kind is {data.kind!r}: give an .npz")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{where}: no such file {path!r}")
+    _check_file(path, where)
     if data.kind == kind and data.features is not None:  # laid out as the training files
         features: Any = data.features
     elif input_names is not None:
@@ -290,9 +311,21 @@ def read_inputs(data: DataConfig, path: str, where: str = "--data",
     return select(features)
 
 
+def _check_file(path: str, where: str) -> None:
+    if os.path.isdir(path):
+        raise ConfigError(f"{where}: {path!r} is a directory; give the data file")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{where}: no such file {path!r}")
+
+
 def _numeric(array: np.ndarray, where: str, label: bool) -> np.ndarray:
-    """Features as float32; labels as int32 (integer labels) or float32; columns as `(n, 1)`."""
+    """Features as float32; labels as int32 (integer labels) or float32; columns as `(n, 1)`.
+    A value the conversion would change (an imaginary part, an integer label beyond int32, a
+    float beyond float32) is an error, never silently dropped, wrapped or made infinite."""
     array = np.asarray(array)
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise ConfigError(f"{where}: has complex dtype {array.dtype}; give real numbers (e.g. the "
+                          "real and imaginary parts as two columns)")
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number)
                                      or array.dtype == np.bool_):
         raise ConfigError(f"{where}: has dtype {array.dtype}, expected numbers")
@@ -301,19 +334,65 @@ def _numeric(array: np.ndarray, where: str, label: bool) -> np.ndarray:
     if array.ndim == 1:
         array = array[:, None]
     if label and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        if array.size and np.issubdtype(array.dtype, np.integer) and \
+                (array.min() < _INT32.min or array.max() > _INT32.max):
+            bad = int(np.argmax(((array < _INT32.min) | (array > _INT32.max)).reshape(len(array), -1).any(1)))
+            raise ConfigError(f"{where}: integer label {array.reshape(len(array), -1)[bad].tolist()} "
+                              f"(row {bad}) is beyond the int32 range labels are read as "
+                              f"[{_INT32.min}, {_INT32.max}]; give class indices")
         return array.astype(np.int32)
+    if np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize > 4 and array.size:
+        finite = np.abs(np.where(np.isfinite(array), array, 0))
+        if finite.max() > _FLOAT32_MAX:
+            bad = int(np.argmax((finite > _FLOAT32_MAX).reshape(len(array), -1).any(1)))
+            raise ConfigError(f"{where}: row {bad} holds a value beyond the float32 range "
+                              f"(|x| <= {_FLOAT32_MAX:.4g}) the data is read as; rescale the data")
     return array.astype(np.float32)
 
 
 def _read_npz(path: str, where: str) -> dict[str, np.ndarray]:
+    """Every array of an `.npz`, each header read and checked first: an object (ragged)
+    array, or a shape whose data the file does not hold or memory cannot, is refused before
+    anything is allocated."""
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{where}: {path!r} is not a complete .npz file (no zip directory: "
+                          "truncated, or not written with numpy.savez)")
     try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.filename.endswith(".npy"):
+                    with archive.open(info) as member:
+                        _check_npy_header(member, info, path, where)
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
-    except ValueError as err:  # object (ragged) arrays need pickle
-        raise ConfigError(f"{where}: {path!r} holds an object array (ragged rows?): "
-                          f"{str(err).splitlines()[0]}") from None
-    except (OSError, EOFError) as err:
-        raise ConfigError(f"{where}: cannot read {path!r} as .npz ({str(err).splitlines()[0]})") from None
+    except ConfigError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as err:
+        raise ConfigError(f"{where}: cannot read {path!r} as .npz (corrupt or truncated: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+
+def _check_npy_header(member: Any, info: zipfile.ZipInfo, path: str, where: str) -> None:
+    name = info.filename[:-4]
+    try:
+        version = np.lib.format.read_magic(member)
+        shape, _, dtype = (np.lib.format.read_array_header_1_0(member) if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0(member))
+    except ValueError as err:
+        raise ConfigError(f"{where}: array {name!r} of {path!r} has a corrupt header "
+                          f"({str(err).splitlines()[0]})") from None
+    if dtype.hasobject:
+        raise ConfigError(f"{where}: array {name!r} of {path!r} is an object array (ragged rows?); "
+                          "give numeric arrays of one shape")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > info.file_size:
+        raise ConfigError(f"{where}: array {name!r} of {path!r} declares shape {tuple(shape)} "
+                          f"({nbytes:.3g} bytes) but the file holds {info.file_size} bytes of it "
+                          "(corrupt or truncated)")
+    if nbytes > memory_bytes():
+        raise ConfigError(f"{where}: array {name!r} of {path!r} has shape {tuple(shape)}: "
+                          f"{nbytes / 2**30:.1f} GiB, more than this machine's memory "
+                          f"({memory_bytes() / 2**30:.1f} GiB)")
 
 
 def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
@@ -322,8 +401,11 @@ def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str
     Every column is decoded (unused ones as strings), so a row with a missing or extra field
     fails; an empty float field is NaN, an empty integer field an error.
     """
-    with open(path, encoding="utf-8", newline="") as fh:
-        header = next(csv.reader(fh), None)
+    try:  # utf-8-sig: a byte-order mark is not part of the first column's name
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            header = next(csv.reader(fh), None)
+    except UnicodeDecodeError as err:
+        raise ConfigError(_not_utf8(path, where, err)) from None
     if not header:
         raise ConfigError(f"{where}: {path!r} is empty; a CSV file needs a header row")
     for column in dtypes:
@@ -359,7 +441,28 @@ def _csv_problem(path: str, where: str, header: list[str], needed: list[str],
                  dtypes: Mapping[str, str]) -> str | None:
     """The first ragged row or unparsable value, found by reading the file again in Python
     (only after tf.data reported a problem)."""
-    with open(path, encoding="utf-8", newline="") as fh:
+    try:
+        return _first_csv_problem(path, where, header, needed, dtypes)
+    except UnicodeDecodeError as err:
+        return _not_utf8(path, where, err)
+
+
+def _not_utf8(path: str, where: str, err: UnicodeDecodeError) -> str:
+    """The line and column of the first byte that is not UTF-8 (the decoder's own offset is
+    within the chunk it read)."""
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return (f"{where}: {path!r} is not UTF-8 text (byte {raw[bad.start]:#04x} at line "
+                        f"{line}, column {bad.start + 1}); save it as UTF-8")
+    return f"{where}: {path!r} is not UTF-8 text ({err.reason}); save it as UTF-8"
+
+
+def _first_csv_problem(path: str, where: str, header: list[str], needed: list[str],
+                       dtypes: Mapping[str, str]) -> str | None:
+    with open(path, encoding="utf-8-sig", newline="") as fh:
         for line, row in enumerate(csv.reader(fh), start=1):
             if line == 1 or not row:
                 continue
@@ -388,7 +491,12 @@ def _read_tfrecord(path: str, where: str, needed: list[str], dtypes: Mapping[str
         dtype = dtypes.get(name, "float32")
         spec[name] = tf.io.FixedLenFeature(shapes.get(name, []),
                                            tf.float32 if dtype.startswith("float") else tf.int64)
-    ds = tf.data.TFRecordDataset(path).batch(_CSV_BATCH).map(
+    elements = sum(math.prod(shapes.get(name, [])) for name in needed)
+    if elements * 8 > memory_bytes():  # data.shapes is bounded at load; this is the reader's own rule
+        raise ConfigError(f"data.shapes: one example of {path!r} would take {elements * 8 / 2**30:.1f} "
+                          f"GiB, more than this machine's memory")
+    batch = max(1, min(_CSV_BATCH, _TFRECORD_BATCH_ELEMENTS // max(1, elements)))
+    ds = tf.data.TFRecordDataset(path).batch(batch).map(
         lambda records: tf.io.parse_example(records, spec),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in needed}
@@ -407,6 +515,9 @@ def _read_tfrecord(path: str, where: str, needed: list[str], dtypes: Mapping[str
                           f"(data.dtypes, data.shapes): {message}") from None
     except tf.errors.DataLossError as err:
         raise ConfigError(f"{where}: {path!r} is not a TFRecord file ({str(err.message).splitlines()[0]})") from None
+    except UnicodeDecodeError:  # TF's error quotes the undecodable payload
+        raise ConfigError(f"{where}: {path!r} holds records that are not tf.train.Example "
+                          "protos; write them with tf.io.TFRecordWriter") from None
     out = {}
     for name, store in parts.items():
         array = np.concatenate(store) if store else np.zeros([0] + shapes.get(name, []), np.float32)
@@ -511,8 +622,8 @@ def _check_rows(arrays: Mapping[str, np.ndarray], where: str, source: str) -> No
                           + ", ".join(f"{n}: {k}" for n, k in lengths.items()))
 
 
-def _checked(split: tuple[Any, dict], heads: list[str], on_nan: str, where: str) -> tuple[Any, dict]:
-    """Heads vs targets, equal row counts, and the NaN policy."""
+def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str) -> tuple[Any, dict]:
+    """Heads vs targets, equal row counts, and the non-finite policy (NaN, +inf, -inf)."""
     x, y = split
     for head in y:
         if head not in heads:
@@ -528,13 +639,15 @@ def _checked(split: tuple[Any, dict], heads: list[str], on_nan: str, where: str)
     bad = np.zeros(len(next(iter(named.values()))), bool)
     for name, array in named.items():
         if np.issubdtype(array.dtype, np.floating):
-            rows = np.isnan(array.reshape(len(array), -1)).any(axis=1)
-            if rows.any() and on_nan == "error":
-                raise ConfigError(f"data.on_nan: {where} has NaN in the {name} ({int(rows.sum())} "
-                                  f"rows, first row {int(np.argmax(rows))}); clean the data or set "
-                                  "data.on_nan: drop (or keep)")
+            rows = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            if rows.any() and policy == "error":
+                first = int(np.argmax(rows))
+                what = "NaN" if np.isnan(array[first]).any() else "inf"
+                raise ConfigError(f"data.on_nonfinite: {where} has NaN or inf in the {name} "
+                                  f"({int(rows.sum())} rows, first row {first}: {what}); clean "
+                                  "the data or set data.on_nonfinite: drop (or keep)")
             bad |= rows
-    if on_nan == "drop" and bad.any():
+    if policy == "drop" and bad.any():
         keep = ~bad
         x = tf.nest.map_structure(lambda a: a[keep], _inputs_tree(x))
         y = {h: y[h][keep] for h in heads}

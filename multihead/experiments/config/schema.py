@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -50,18 +51,30 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
 
 
 def _field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None,
-           minimum: float | None = None, doc: str = "") -> Any:
-    meta = {"choices": choices, "minimum": minimum, "doc": doc}
+           minimum: float | None = None, maximum: float | None = None, doc: str = "") -> Any:
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         value = default
         return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
+#: Bound on a scale-like number (data.scale, noise_std, aggregator options): beyond it float32
+#: losses and gradients overflow.
+MAGNITUDE_MAX = 1e6
+#: Bound on a loss coefficient (entropy_coef): larger ones drown the loss they are added to.
+COEFFICIENT_MAX = 100.0
+#: Parallel environments of an actor-critic run (each a gymnasium instance in this process).
+MAX_ENVS = 4096
+#: Steps of one actor-critic rollout.
+MAX_ROLLOUT = 100_000
+
 DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "multidigits")
 FILE_KINDS = ("npz", "csv", "tfrecord")
 #: Kinds whose examples are a table of named columns/arrays, read with features and targets.
 TABLE_KINDS = FILE_KINDS + ("tfds",)
+#: `data.on_nonfinite`: what a non-finite value in the data does.
+NONFINITE_POLICIES = ("error", "drop", "keep")
 
 
 @dataclasses.dataclass
@@ -80,8 +93,9 @@ class DataConfig:
     eval_size: int = _field(2000, minimum=1)
     input_dim: int = _field(100, minimum=1, doc="mmoe/mixed only; other kinds take it from the data")
     num_sinusoids: int = _field(10, minimum=0)
-    scale: float = _field(1.0)
-    noise_std: float = _field(0.1, minimum=0)
+    scale: float = _field(1.0, minimum=-MAGNITUDE_MAX, maximum=MAGNITUDE_MAX,
+                          doc="c, the norm of every task weight vector")
+    noise_std: float = _field(0.1, minimum=0, maximum=MAGNITUDE_MAX)
     classification: Union[list[str], None] = _field(None, doc="tasks binarised (mixed variant)")
     seed: Union[int, None] = _field(None, doc="data seed (generators, holdout split); default: "
                                               "the top-level seed")
@@ -108,8 +122,12 @@ class DataConfig:
                                                   "tf.data.Dataset; or {train: ..., eval: ...}")
     options: dict[str, Any] = _field({}, doc="python: keyword arguments of the function; "
                                              "multidigits: its options (docs/data.md)")
-    on_nan: str = _field("error", choices=("error", "drop", "keep"),
-                         doc="NaN in features or labels: error, drop the rows, or keep them")
+    on_nonfinite: Union[str, None] = _field(
+        None, choices=NONFINITE_POLICIES,
+        doc="NaN or +-inf in features or labels: error (default), drop the rows, or keep them")
+    on_nan: Union[str, None] = _field(None, choices=NONFINITE_POLICIES,
+                                      doc="the former name of on_nonfinite (same values, same "
+                                          "meaning: inf counts too)")
     per_head: dict[str, Any] = _field({}, doc="head -> a data section of its own (one dataset "
                                               "per head); then the source keys above are unused")
     sampling: str = _field("all", choices=("all", "uniform", "proportional", "temperature"),
@@ -268,9 +286,9 @@ class DQNConfig:
     buffer_size: int = _field(50000, minimum=1)
     learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
     train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
-    gamma: float = _field(0.99, minimum=0)
-    epsilon_start: float = _field(1.0, minimum=0)
-    epsilon_end: float = _field(0.05, minimum=0)
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    epsilon_start: float = _field(1.0, minimum=0, maximum=1)
+    epsilon_end: float = _field(0.05, minimum=0, maximum=1)
     epsilon_decay_steps: int = _field(10000, minimum=1, doc="linear decay, in environment steps")
     target_every: Union[int, None] = _field(None, minimum=1, doc="hard sync period in updates (default 500)")
     target_tau: Union[float, None] = _field(None, doc="Polyak rate in (0, 1] instead of target_every")
@@ -284,10 +302,11 @@ class ActorCriticConfig:
 
     policy_head: str = _field("policy", doc="logits head, one output per action; loss set by the task")
     value_head: str = _field("value", doc="state-value head (1 output); its loss compares V(s) to the return")
-    num_envs: int = _field(8, minimum=1)
-    n_steps: int = _field(5, minimum=1, doc="rollout length per update (n-step returns)")
-    gamma: float = _field(0.99, minimum=0)
-    entropy_coef: float = _field(0.01, minimum=0)
+    num_envs: int = _field(8, minimum=1, maximum=MAX_ENVS)
+    n_steps: int = _field(5, minimum=1, maximum=MAX_ROLLOUT,
+                          doc="rollout length per update (n-step returns)")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    entropy_coef: float = _field(0.01, minimum=0, maximum=COEFFICIENT_MAX)
     normalize_advantages: bool = _field(False)
     value_target_every: Union[int, None] = _field(None, minimum=1, doc="V_target hard sync period in updates")
     value_target_tau: Union[float, None] = _field(None, doc="V_target Polyak rate in (0, 1]")
@@ -400,19 +419,20 @@ def _build(cls: type, raw: Any, path: str) -> Any:
             continue
         value = _convert(hints[name], raw[name], where)
         choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
+        maximum = field.metadata.get("maximum")
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         # `choices` constrain strings, `minimum` numbers (a key may allow both, e.g. "auto" or 20)
-        if choices is not None and not number:
+        if choices is not None and not number and value is not None:
             check_choice(value, where, choices, error=ConfigError)
-        if minimum is not None and number:
-            check_bounds(value, where, minimum=minimum, error=ConfigError)
+        if (minimum is not None or maximum is not None) and number:
+            check_bounds(value, where, minimum=minimum, maximum=maximum, error=ConfigError)
         values[name] = value
     return cls(**values)
 
 
 def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """Validates a parsed config; errors are prefixed with `source`. `allow_import`: modules
-    an `env.id` of the form `module:Env` may import."""
+    an `env.id` (`module:Env`) or a `data.function` (`module:function`) may import."""
     from multihead.experiments.config.rules import check_rules
 
     try:
@@ -576,6 +596,9 @@ def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
 
 
 _DTYPES = ("float32", "float64", "int32", "int64")
+#: Values in one example of a tfrecord feature (`data.shapes`): the reader allocates them per
+#: record before it can check the file.
+EXAMPLE_ELEMENTS_MAX = 1 << 28
 
 
 def data_from_dict(raw: Any, heads: Sequence[str]) -> DataConfig:
@@ -592,7 +615,11 @@ _SAMPLING_KEYS = ("per_head", "sampling", "temperature", "sampling_weights", "se
 def check_data(data: DataConfig, heads: list[str]) -> None:
     """`data` keys against its kind and the heads; the files themselves are read by the builder.
     With `data.per_head`, each head's section is checked on its own and replaces the raw
-    mapping in `data.per_head`."""
+    mapping in `data.per_head`. `on_nan` (the former name) and `on_nonfinite` end equal."""
+    if data.on_nan is not None and data.on_nonfinite is not None and data.on_nan != data.on_nonfinite:
+        raise ConfigError(f"data.on_nan: {data.on_nan!r} differs from data.on_nonfinite "
+                          f"{data.on_nonfinite!r}; on_nan is its former name: give only on_nonfinite")
+    data.on_nonfinite = data.on_nan = data.on_nonfinite or data.on_nan or "error"
     _check_sampling(data, heads)
     if data.per_head:
         return
@@ -620,6 +647,8 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
         if getattr(data, key) and kind not in ("csv", "tfrecord"):
             raise ConfigError(f"data.{key}: only used with kind csv or tfrecord, but kind is "
                               f"{kind!r}; remove it")
+    if data.tasks is not None and kind in ("mmoe", "mixed"):
+        _check_tasks(data.tasks, heads)
     if data.options and kind not in ("python", "multidigits"):
         raise ConfigError(f"data.options: only used with kind python or multidigits, but kind is "
                           f"{kind!r}; remove it")
@@ -630,6 +659,10 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
     for feature, shape in data.shapes.items():
         for i, dim in enumerate(shape):
             check_int(dim, f"data.shapes.{feature}[{i}]", minimum=1, error=ConfigError)
+        if math.prod(shape) > EXAMPLE_ELEMENTS_MAX:
+            raise ConfigError(f"data.shapes.{feature}: {shape} is {math.prod(shape):.3g} values per "
+                              f"example, more than {EXAMPLE_ELEMENTS_MAX} (1 GiB of float32); "
+                              "give the shape of one example")
     if data.targets is not None:
         if not isinstance(data.targets, Mapping):
             raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
@@ -639,6 +672,21 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
             if head not in data.targets:
                 raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
                                   f"add data.targets.{head}")
+
+
+def _check_tasks(tasks: list[str], heads: list[str]) -> None:
+    """Every generated task has a head, except in a single-task baseline (one head trained on
+    the multi-task run's data, `train --only-head`), where the others are generated and
+    dropped so the kept head sees the same data."""
+    for i, task in enumerate(tasks):
+        if task in tasks[:i]:
+            raise ConfigError(f"data.tasks[{i}]: task {task!r} is listed twice")
+    if len(heads) > 1:
+        for i, task in enumerate(tasks):
+            if task not in heads:
+                raise ConfigError(f"data.tasks[{i}]: task {task!r} has no head (heads: {heads}); "
+                                  "add the head or remove the task (only a one-head baseline "
+                                  "may generate tasks it does not train)")
 
 
 def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:
@@ -663,7 +711,7 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
         return
     defaults = DataConfig()
     for field in dataclasses.fields(DataConfig):
-        if field.name not in _SAMPLING_KEYS + ("on_nan",) and \
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite") and \
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
                               f"source is data.per_head.<head>.{field.name}); move or remove it")
@@ -682,7 +730,8 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
             for key in _SAMPLING_KEYS[:-1]:  # a written config holds them at their defaults
                 if key in raw and raw[key] != getattr(defaults, key):
                     raise ConfigError(f"{where}.{key}: set it once in data, not per head")
-            raw = {"on_nan": data.on_nan, **raw}
+            if "on_nan" not in raw and "on_nonfinite" not in raw:
+                raw = {"on_nonfinite": data.on_nonfinite, **raw}
         section = _build(DataConfig, raw, where)
         try:
             check_data(section, [head])
@@ -799,7 +848,8 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
     Args:
         path: the YAML file.
         overrides: `a.b.c=value` strings applied in order before validation.
-        allow_import: modules an `env.id` of the form `module:Env` may import.
+        allow_import: modules the config may import: an `env.id` of the form `module:Env`,
+            a `data.function` (`kind: python`) `module:function`.
 
     Raises:
         ConfigError: one line naming the file, the key path and what is wrong.

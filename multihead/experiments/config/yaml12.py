@@ -149,6 +149,7 @@ def _expanded_size(node: Any) -> int:
     """Nodes of the document with every alias expanded, computed on the shared node graph
     (linear in its size) and stopping past `MAX_NODES`."""
     memo: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the current path: meeting one again is a cycle
     stack: list[tuple[Any, bool]] = [(node, False)]
     while stack:
         current, children_done = stack.pop()
@@ -160,9 +161,15 @@ def _expanded_size(node: Any) -> int:
         children = ([n for pair in current.value for n in pair]
                     if isinstance(current, yaml.MappingNode) else list(current.value))
         if not children_done:
+            if id(current) in open_nodes:
+                raise YAMLLimitError(f"an alias refers to a node that contains it (line "
+                                     f"{current.start_mark.line + 1}): a recursive structure "
+                                     "expands without end")
+            open_nodes.add(id(current))
             stack.append((current, True))
             stack.extend((c, False) for c in children if id(c) not in memo)
             continue
+        open_nodes.discard(id(current))
         memo[id(current)] = min(MAX_NODES + 1, 1 + sum(memo.get(id(c), 1) for c in children))
     return memo[id(node)]
 

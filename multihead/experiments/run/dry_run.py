@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -32,6 +33,27 @@ def _line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def _is_sparse_crossentropy(loss: Any) -> bool:
+    name = loss if isinstance(loss, str) else (
+        loss.get("class_name") if isinstance(loss, dict) else
+        type(loss).__name__ if isinstance(loss, keras.losses.Loss) else getattr(loss, "__name__", ""))
+    return str(name).replace("_", "").lower() in ("sparsecategoricalcrossentropy",
+                                                 "sparsecategoricalfocalcrossentropy")
+
+
+def _check_label_kind(loss: Any, labels: np.ndarray, head: str) -> None:
+    """A sparse cross-entropy reads labels as class indices: float labels with a fraction
+    (regression targets) would be truncated to classes without a word. All the training
+    labels are checked, not only the batch."""
+    labels = np.asarray(labels)
+    if _is_sparse_crossentropy(loss) and np.issubdtype(labels.dtype, np.floating) and \
+            labels.size and not np.all(np.mod(labels[np.isfinite(labels)], 1) == 0):
+        raise ConfigError(f"model.heads.{head}.loss: a sparse cross-entropy takes integer class "
+                          f"labels, but the labels of head {head!r} are {labels.dtype} values with a "
+                          "fraction (regression targets); use a regression loss such as mse, or "
+                          "give class indices (data.dtypes: int32)")
+
+
 def dry_run(runner: Any) -> None:
     """Checks a prepared supervised runner (`data`, `model`, `objectives`) on `BATCH` examples.
 
@@ -46,6 +68,9 @@ def dry_run(runner: Any) -> None:
     else:
         x = _first(data.x_train, BATCH)
         y = {head: np.asarray(labels)[:BATCH] for head, labels in data.y_train.items()}
+    for head, objective in objectives.items():
+        train = data[head] if isinstance(data, dict) else data
+        _check_label_kind(objective.loss, train.y_train[head], head)
     try:
         with tf.GradientTape(persistent=True) as tape:
             outputs = model(x, training=False)

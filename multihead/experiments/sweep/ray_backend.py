@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.sweep.sweep import _die_with_parent, thread_env, trial_command, trial_env
@@ -43,13 +43,14 @@ class RayBackend:
     """
 
     def __init__(self, threads: int | None, address: str | None = None,
-                 num_cpus: int | None = None) -> None:
+                 num_cpus: int | None = None, allow_import: Sequence[str] = ()) -> None:
         try:
             import ray
         except ImportError:
             raise ConfigError("--backend ray needs Ray: pip install 'multihead[ray]'") from None
         self._ray = ray
         self.threads = threads
+        self.allow_import = tuple(allow_import)
         self._owns = not ray.is_initialized()
         if self._owns:
             if address is None:
@@ -63,7 +64,8 @@ class RayBackend:
 
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
-        command = trial_command(os.path.abspath(base), os.path.abspath(run_dir), overrides, resume)
+        command = trial_command(os.path.abspath(base), os.path.abspath(run_dir), overrides, resume,
+                                self.allow_import)
         return self._task.options(num_cpus=self.threads or 1).remote(
             command, self._env, os.path.abspath(log_path))
 

@@ -213,10 +213,13 @@ def thread_env(threads: int | None) -> dict[str, str]:
 
 
 def trial_command(base_config: str, run_dir: str, overrides: Mapping[str, Any],
-                  resume: bool) -> list[str]:
-    """The `multihead train` command line of one trial."""
+                  resume: bool, allow_import: Sequence[str] = ()) -> list[str]:
+    """The `multihead train` command line of one trial (`allow_import`: the sweep's own
+    `--allow-import` modules, passed on)."""
     cmd = [sys.executable, "-m", "multihead", "train", base_config, "--quiet"]
     cmd += ["--resume", run_dir] if resume else ["--run-dir", run_dir]
+    for module in allow_import:
+        cmd += ["--allow-import", module]
     for assignment in as_sets(overrides):
         cmd += ["--set", assignment]
     return cmd
@@ -300,12 +303,13 @@ class _Running:
 class LocalBackend:
     """Runs each trial as a `multihead train` process on this machine."""
 
-    def __init__(self, threads: int | None) -> None:
+    def __init__(self, threads: int | None, allow_import: Sequence[str] = ()) -> None:
         self.threads = threads
+        self.allow_import = tuple(allow_import)
 
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
-        command = trial_command(base, run_dir, overrides, resume)
+        command = trial_command(base, run_dir, overrides, resume, self.allow_import)
         log = open(log_path, "a", encoding="utf-8")
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
@@ -352,6 +356,7 @@ class Sweep:
         self.index = index
         self.stream = stream
         self.objective = SweepObjective(index["objective"], index["direction"])
+        self.allow_import: tuple[str, ...] = ()  # modules the trials' configs may import
 
     # paths
     @property
@@ -453,7 +458,7 @@ class Sweep:
             if trial["status"] != "done":
                 continue
             tags |= set(final_metrics({"eval": trial["metrics"]}))
-            config = read_run_config(self.run_dir(trial))
+            config = read_run_config(self.run_dir(trial), self.allow_import)
             for key, value in run_hparams(config, as_sets(trial["overrides"])).items():
                 seen.setdefault(key, []).append(value)
         if tags:
@@ -498,7 +503,8 @@ def create_sweep(sweep_dir: str, base_raw: Mapping[str, Any], trials: Sequence[M
     return sweep
 
 
-def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], SweepSpec]:
+def load_base(config_path: str, sets: Sequence[str],
+              allow_import: Sequence[str] = ()) -> tuple[dict[str, Any], SweepSpec]:
     """The raw config with `sets` applied, without its `sweep:` section, and that section parsed."""
     try:
         with open(config_path, encoding="utf-8") as fh:
@@ -514,5 +520,5 @@ def load_base(config_path: str, sets: Sequence[str]) -> tuple[dict[str, Any], Sw
         spec = sweep_spec(section)
     except ConfigError as err:
         raise ConfigError(f"{config_path}: {err}") from None
-    from_dict(base, config_path)  # the base config itself must be valid
+    from_dict(base, config_path, allow_import)  # the base config itself must be valid
     return base, spec
