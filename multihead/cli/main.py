@@ -345,7 +345,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
     if not args.out.endswith(".npz"):
         raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
-    run = load_run(args.run_dir, checkpoint=args.checkpoint)
+    run = load_run(args.run_dir, checkpoint=args.checkpoint, allow_import=args.allow_import or ())
     heads = _heads_arg(args, run.model)
     inputs = read_inputs(run.config.data, args.data, input_names=_input_names(run.model))
     try:
@@ -458,6 +458,7 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", metavar="NAME",
                          help="final (default), latest, best, ckpt-<step> or a checkpoint path")
     predict.add_argument("--batch-size", type=int, default=1024, help="examples per call")
+    allow_import(predict)
     predict.set_defaults(func=cmd_predict)
 
     validate = sub.add_parser("validate", help="check a config and build its model, without training")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -99,7 +99,7 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
 
 
 def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
-             trainer: bool = False) -> LoadedRun:
+             trainer: bool = False, allow_import: Sequence[str] = ()) -> LoadedRun:
     """Rebuilds a finished supervised run's model from its `config.yaml` and restores a checkpoint.
 
     Args:
@@ -107,6 +107,9 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
         checkpoint: `final` (default), `latest`, `best`, `ckpt-<step>` or a checkpoint path.
         trainer: also rebuild the run's `Trainer` (objectives, optimizers, step), restored
             from the checkpoint, e.g. to evaluate with the run's losses and metrics.
+        allow_import: modules the run's config may import (a `data.function` of `kind:
+            python`, an `env.id` `module:Env`); any other is refused before it is imported,
+            since a run directory may come from someone else.
 
     Returns:
         The rebuilt run. `run.trainer.evaluate(data.eval, batch_size=config.train.batch_size)`
@@ -121,7 +124,7 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
     saved = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(saved):
         raise ConfigError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
-    config = load_config(saved)
+    config = load_config(saved, allow_import=allow_import)
     if config.task != "supervised":
         raise ConfigError(f"{run_dir!r}: task {config.task!r}; load_run rebuilds supervised runs")
     path = run_checkpoint(run_dir, checkpoint)
