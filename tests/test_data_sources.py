@@ -305,6 +305,14 @@ def test_data_kind_python_needs_allow_import_and_imports_nothing_without_it(
     capsys.readouterr()
     assert main([command, str(config), *extra, "--allow-import", name]) == 0
     assert marker.exists()
+    if command == "validate":  # the single-task baseline validates its config again
+        from multihead.experiments.run.single_task import only_head
+
+        raw = yaml.safe_load(config.read_text())
+        baseline = only_head(from_dict(raw, allow_import=[name]), "y1", allow_import=[name])
+        assert baseline.data.function == f"{name}:arrays" and list(baseline.model.heads) == ["y1"]
+        with pytest.raises(ConfigError, match=f"--allow-import {name}"):
+            only_head(from_dict(raw, allow_import=[name]), "y1")
 
 
 def test_per_head_python_sections_and_the_api_need_allow_import(tmp_path, monkeypatch):

@@ -47,7 +47,8 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
     if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
         from multihead.experiments.run.single_task import only_head
 
-        config = only_head(config, args.only_head, source=f"{args.config}: --only-head")
+        config = only_head(config, args.only_head, source=f"{args.config}: --only-head",
+                           allow_import=args.allow_import or ())
     return config
 
 

@@ -17,19 +17,21 @@ differ from it only in the heads it trains, so:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from multihead._checks import suggest
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, to_dict
 
 
-def only_head(config: ExperimentConfig, head: str, source: str = "--only-head") -> ExperimentConfig:
+def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
+              allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """The single-task baseline of `config`: `head` alone (see the module docstring).
 
     Args:
         config: a validated multi-task config.
         head: the head to keep.
         source: what errors are prefixed with.
+        allow_import: the modules `config` was allowed to import (it is validated again).
 
     Returns:
         A new validated config; `config` is not changed.
@@ -68,4 +70,4 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head") 
         if monitor and monitor != "eval/mean_loss" and monitor.split("/")[1] != head:
             raise ConfigError(f"{source} {head!r}: callbacks.{name}.monitor is {monitor!r}, a head "
                               f"the baseline drops; add --set callbacks.{name}.monitor=eval/{head}/loss")
-    return from_dict(raw, f"{source} {head}")
+    return from_dict(raw, f"{source} {head}", allow_import)
