@@ -1,5 +1,6 @@
 """The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
-`predict`.
+`predict`, `sweep` (in `multihead.cli.sweep`) and `compare`. Nothing in the package imports
+this package; its module-level imports load no TensorFlow, so `--help` answers at once.
 
 Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
 with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
@@ -19,6 +20,7 @@ import tempfile
 from typing import Any, Sequence
 
 
+from multihead.cli import quiet
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config, to_dict
 from multihead.experiments.run.directory import default_run_dir
 
@@ -30,16 +32,9 @@ class UsageError(Exception):
 
 
 def _write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from multihead._boundary import write_atomic
+
+    write_atomic(path, text)
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
@@ -58,12 +53,7 @@ def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
 
     try:
         runner = tasks.prepare(config)
-        # validate runs what train would run first; not under a strategy: eager work on
-        # distributed variables outside the step can wait on the other workers' collectives
-        if config.task == "supervised" and getattr(runner, "strategy", None) is None:
-            from multihead.experiments.run.dry_run import dry_run
-
-            dry_run(runner)
+        runner.check()  # validate runs what train would run first
         return runner
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}") from None
@@ -109,8 +99,6 @@ _RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep",
 
 def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> str:
     """The run directory to resume, after checking it matches CONFIG; nothing is written."""
-    import inspect
-
     from multihead.io.checkpoints import CheckpointManager
 
     run_dir = args.resume
@@ -118,12 +106,16 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
         raise UsageError("--run-dir and --resume name different directories; --resume RUN_DIR "
                          "continues RUN_DIR in place")
     saved = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(saved):
+    if not os.path.isdir(run_dir) or not os.path.lexists(saved):
         raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    from multihead._boundary import BoundaryError, read_text
     from multihead.experiments.config.schema import parse_yaml
+    from multihead.experiments.config.yaml12 import MAX_BYTES
 
-    with open(saved, encoding="utf-8") as fh:
-        before = _flat(parse_yaml(fh.read(), saved) or {})
+    try:
+        before = _flat(parse_yaml(read_text(run_dir, "config.yaml", limit=MAX_BYTES), saved) or {})
+    except BoundaryError as err:
+        raise UsageError(f"--resume: {err}") from None
     now = _flat(to_dict(config))
     for key in sorted(set(before) | set(now)):
         if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
@@ -131,12 +123,13 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
                 f"--resume: {args.config} differs from {saved} at {key} ({before.get(key)!r} -> "
                 f"{now.get(key)!r}); only {', '.join(_RESUMABLE_CHANGES)} may change on resume"
             )
-    if "resume" not in inspect.signature(runner.run).parameters:
+    if not runner.resumable:
         raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
     for name in ("checkpoints", "train", "eval", "best"):  # a run's folders are its own
         if os.path.islink(os.path.join(run_dir, name)):
             raise UsageError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
                              "folders must be inside it (copy the target in its place)")
+    _check_own_files(run_dir)
     latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
@@ -146,6 +139,26 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
             f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"
         )
     return run_dir
+
+
+def _check_own_files(run_dir: str) -> None:
+    """Before a resume writes anything: no symlink among the checkpoint files (a save would
+    write through it) and a `best/best.json` that names a checkpoint of the run."""
+    from multihead._boundary import BoundaryError
+    from multihead.io.best_checkpoint import BestCheckpoint
+
+    for name in ("checkpoints", "best"):
+        folder = os.path.join(run_dir, name)
+        if not os.path.isdir(folder):
+            continue
+        links = sorted(e.name for e in os.scandir(folder) if e.is_symlink())
+        if links:
+            raise UsageError(f"--resume {run_dir!r}: {name}/{links[0]} is a symlink; a run's "
+                             "checkpoints must be inside it (remove it or copy the target in its place)")
+    try:
+        BestCheckpoint.read(os.path.join(run_dir, "best"))
+    except BoundaryError as err:
+        raise UsageError(f"--resume: {err}") from None
 
 
 def _latest_checkpoint(directory: str) -> str | None:
@@ -166,11 +179,11 @@ def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
 
 
 def _lock(run_dir: str) -> Any:
-    from multihead.experiments.run.guard import RunLock, RunLocked
+    from multihead.experiments.run.guard import RunLock, RunLocked, RunLockError
 
     try:
         return RunLock(run_dir)
-    except RunLocked as err:
+    except (RunLocked, RunLockError) as err:
         raise UsageError(str(err)) from None
 
 
@@ -192,13 +205,12 @@ def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: st
     """Runs `runner` in `run_dir` (locked by the caller) under the run-directory rules:
     status.json, a stop at a step boundary on SIGINT/SIGTERM, and nothing deleted that a
     step wrote."""
-    import inspect
     import traceback
 
     from multihead.experiments.run.guard import (
         RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
 
-    takes = "extra_callbacks" in inspect.signature(runner.run).parameters
+    takes = runner.resumable  # it stops at a step boundary and can be resumed
     watch = RunWatch(immediate=not takes)
     kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
     if resume:
@@ -293,31 +305,37 @@ def _heads_arg(args: argparse.Namespace, model: Any) -> list[str]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from multihead.experiments.run.load import read_run_config, run_checkpoint
     from multihead.io.checkpoints import restore_checkpoint
     from multihead.io.export import export_saved_model
 
     run_dir, saved = args.run_dir, os.path.join(args.run_dir, "config.yaml")
-    if not os.path.isfile(saved):
-        raise UsageError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
-    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir!r}: not a directory; is it a multihead run directory?")
+    if os.path.islink(args.out) or (os.path.lexists(args.out) and (
+            not os.path.isdir(args.out) or os.listdir(args.out))):
         raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
-    config = load_config(saved, allow_import=args.allow_import or ())
-    if config.task == "supervised":  # the input the run recorded, whatever its data source
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UsageError(f"OUT {args.out!r}: directory {os.path.dirname(os.path.abspath(args.out))!r} "
+                         "does not exist")
+    config = read_run_config(run_dir, allow_import=args.allow_import or ())
+    if config.task == "supervised":  # the input the run recorded: its data is never built
         from multihead.experiments.build.builders import build_model
         from multihead.experiments.run.load import run_input_shape
 
-        model = build_model(config, run_input_shape(run_dir, config))
+        path = run_checkpoint(run_dir)  # the one rule predict and load_run use
+        model = build_model(config, run_input_shape(run_dir))
     else:
         model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
     if model is None:
         raise UsageError(f"task {config.task!r} has no model to export")
     chosen = _heads_arg(args, model)
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    path = _latest_checkpoint(ckpt_dir)
-    if path is None and os.path.exists(os.path.join(ckpt_dir, "final.index")):
-        path = os.path.join(ckpt_dir, "final")
-    if path is None:
-        raise UsageError(f"{run_dir!r}: no checkpoint in {ckpt_dir} to export")
+    if config.task != "supervised":
+        try:
+            path = run_checkpoint(run_dir)
+        except ConfigError:
+            raise UsageError(f"{run_dir!r}: no checkpoint in {os.path.join(run_dir, 'checkpoints')} "
+                             "to export") from None
     try:
         restore_checkpoint(path, model, parts=["trunk"] + [f"heads/{h}" for h in chosen])
         signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
@@ -346,6 +364,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
     if not args.out.endswith(".npz"):
         raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
+    if os.path.islink(args.out) or (os.path.lexists(args.out) and not os.path.isfile(args.out)):
+        raise UsageError(f"--out {args.out!r}: exists and is not a regular file (a directory, a "
+                         "symlink, ...); choose another path")
     run = load_run(args.run_dir, checkpoint=args.checkpoint, allow_import=args.allow_import or ())
     heads = _heads_arg(args, run.model)
     inputs = read_inputs(run.config.data, args.data, input_names=_input_names(run.model))
@@ -373,11 +394,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         return _train_resume(args, config, runner)
     run_dir = args.run_dir or default_run_dir(args.config)
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise UsageError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
     if os.path.exists(run_dir) and os.listdir(run_dir):
         raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
     from multihead.experiments.run.guard import LOCK_FILE
 
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--run-dir {run_dir!r}: cannot create it ({err.strerror})") from None
     with _lock(run_dir):
         if set(os.listdir(run_dir)) - {LOCK_FILE}:  # another process wrote it meanwhile
             raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
@@ -419,7 +445,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"multihead {importlib.metadata.version('multihead')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_commands(sub)
+    return parser
 
+
+def _command(sub: Any, name: str, tensorflow: bool, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand with `--verbose`; `tensorflow`: it needs TensorFlow, imported quietly
+    before it runs (the parser itself imports none)."""
+    command = sub.add_parser(name, **kwargs)
+    command.add_argument("--verbose", action="store_true",
+                         help="show TensorFlow's start-up and C++ log lines (CUDA probing, absl)")
+    command.set_defaults(tensorflow=tensorflow)
+    return command
+
+
+def _add_commands(sub: Any) -> None:
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -432,7 +472,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="let env.id 'MODULE:Env' or data.function 'MODULE:function' "
                             "(data.kind: python) import MODULE (repeatable)")
 
-    train = sub.add_parser("train", help="train from an experiment config and write a run directory")
+    train = _command(sub, "train", True, help="train from an experiment config and write a run directory")
     with_config(train)
     train.add_argument("--run-dir", help="where to write the run (default runs/<config>-<time>)")
     train.add_argument("--quiet", action="store_true", help="no progress output")
@@ -442,14 +482,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
     train.set_defaults(func=cmd_train)
 
-    export = sub.add_parser("export", help="write a run's model as a SavedModel, a signature per head")
+    export = _command(sub, "export", True, help="write a run's model as a SavedModel, a signature per head")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
     export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
     allow_import(export)
     export.set_defaults(func=cmd_export)
 
-    predict = sub.add_parser("predict", help="a finished run's outputs on new data, as .npz")
+    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz")
     predict.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     predict.add_argument("--data", required=True, metavar="FILE",
                          help=".npz (input arrays by name, x by default), or .csv / .tfrecord laid "
@@ -462,24 +502,25 @@ def _parser() -> argparse.ArgumentParser:
     allow_import(predict)
     predict.set_defaults(func=cmd_predict)
 
-    validate = sub.add_parser("validate", help="check a config and build its model, without training")
+    validate = _command(sub, "validate", True, help="check a config and build its model, without training")
     with_config(validate)
     validate.set_defaults(func=cmd_validate)
 
     _add_sweep_parser(sub)
     _add_compare_parser(sub)
 
-    rep = sub.add_parser("report", help="per-head losses, gradient norms and conflicts of a run")
+    # report reads event files with tensorboard's loader, which uses TensorFlow when installed
+    rep = _command(sub, "report", True, help="per-head losses, gradient norms and conflicts of a run")
     rep.add_argument("run_dir", help="a run directory (with train/ event files)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")
     rep.set_defaults(func=cmd_report)
-    return parser
 
 
 def _add_sweep_parser(sub: Any) -> None:
-    """`multihead sweep`: its options; the command lives in multihead/experiments/sweep/sweep.py."""
-    sweep = sub.add_parser("sweep", help="many runs from one config: a grid, random draws or an "
+    """`multihead sweep`: its options; the command lives in multihead/cli/sweep.py."""
+    # the sweep process writes the HParams experiment summary with TensorFlow's writer
+    sweep = _command(sub, "sweep", True, help="many runs from one config: a grid, random draws or an "
                                          "Optuna search, in parallel, resumable")
     sweep.add_argument("config", nargs="?", help="experiment YAML file (may hold a sweep: section)")
     sweep.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -516,7 +557,7 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--quiet", action="store_true", help="no progress lines")
 
     def run(args: argparse.Namespace) -> int:
-        from multihead.experiments.sweep.sweep import cmd_sweep
+        from multihead.cli.sweep import cmd_sweep
 
         return cmd_sweep(args)
 
@@ -525,7 +566,7 @@ def _add_sweep_parser(sub: Any) -> None:
 
 def _add_compare_parser(sub: Any) -> None:
     """`multihead compare`: runs and sweeps side by side, Δm% against single-task baselines."""
-    compare = sub.add_parser("compare", help="per-head metrics of runs and sweeps, mean ± std over "
+    compare = _command(sub, "compare", False, help="per-head metrics of runs and sweeps, mean ± std over "
                                              "seeds, Δm%% against single-task baselines")
     compare.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP", help="run or sweep directories")
     compare.add_argument("--baseline", nargs="+", default=[], metavar="RUN",
@@ -555,7 +596,10 @@ def _add_compare_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    quiet.configure(args.verbose)
     try:
+        if args.tensorflow:
+            quiet.import_tensorflow(args.verbose)
         return args.func(args)
     except (ConfigError, UsageError) as err:
         print(f"multihead: error: {err}", file=sys.stderr)

@@ -27,10 +27,9 @@ from multihead._checks import (
     describe,
     suggest,
 )
+from multihead.experiments.config.errors import ConfigError
+from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 
-
-class ConfigError(ValueError):
-    """A config value is missing, unknown or of the wrong type; the message says where."""
 
 
 # -- YAML ------------------------------------------------------------------------------
@@ -220,14 +219,14 @@ class CheckpointConfig:
 
 
 _MODES = ("auto", "min", "max")
-_MONITOR_DOC = "eval/<head>/<metric> (loss or one of the head's metrics) or eval/mean_loss"
+_MONITOR_DOC = f"{FORMS} (<metric>: loss or one of the head's metrics)"
 
 
 @dataclasses.dataclass
 class EarlyStoppingConfig:
     """`callbacks.early_stopping:` stop when an evaluation metric stops improving."""
 
-    monitor: str = _field("eval/mean_loss", doc=_MONITOR_DOC)
+    monitor: str = _field(MEAN_LOSS, doc=_MONITOR_DOC)
     patience: int = _field(3, minimum=1, doc="evaluations in a row without improvement")
     min_delta: float = _field(0.0, minimum=0, doc="the amount an evaluation must beat the best by")
     mode: str = _field("auto", choices=_MODES, doc="auto: min for losses, max for accuracies")
@@ -238,7 +237,7 @@ class EarlyStoppingConfig:
 class BestCheckpointConfig:
     """`callbacks.best_checkpoint:` keep the checkpoint of the best evaluation in `RUN_DIR/best/`."""
 
-    monitor: str = _field("eval/mean_loss", doc=_MONITOR_DOC)
+    monitor: str = _field(MEAN_LOSS, doc=_MONITOR_DOC)
     mode: str = _field("auto", choices=_MODES)
     min_delta: float = _field(0.0, minimum=0)
 
@@ -446,8 +445,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         config.train.trunk = _check_trunk(config)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
-        if config.sweep is not None:  # its own module: the rules of sweeps live with sweeps
-            from multihead.experiments.sweep.sweep import sweep_spec
+        if config.sweep is not None:  # its own module: the rules of the sweep section
+            from multihead.experiments.config.sweep_section import sweep_spec
 
             sweep_spec(config.sweep)
         check_data(config.data, list(config.model.heads))
@@ -536,7 +535,7 @@ def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
         seen[entry.head] = where
         check_bounds(entry.factor, f"{where}.factor", minimum=0, maximum=1, min_open=True,
                      max_open=True, error=ConfigError, hint="e.g. 0.5 halves the rate")
-        entry.monitor = _check_monitor(config, entry.monitor or f"eval/{entry.head}/loss",
+        entry.monitor = _check_monitor(config, entry.monitor or str(MetricKey(entry.head, "loss")),
                                        entry.mode, f"{where}.monitor")
     for name in ("early_stopping", "best_checkpoint"):
         section = getattr(callbacks, name)
@@ -553,22 +552,22 @@ def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
 def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str) -> str:
     """A callback's `monitor` naming a head and a metric the evaluation reports, with the
     metric as the evaluation names it (`eval/y1/mae` -> `eval/y1/mean_absolute_error`)."""
-    parts = monitor.split("/")
     heads = list(config.model.heads)
-    if monitor != "eval/mean_loss":
-        if len(parts) != 3 or parts[0] != "eval" or not all(parts[1:]):
-            raise ConfigError(f"{path}: must be eval/<head>/<metric> or eval/mean_loss, got "
-                              f"{monitor!r}")
-        head, metric = parts[1], parts[2]
+    try:
+        key = MetricKey.parse(monitor)
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if not key.is_mean_loss:
+        head, metric = key.head, key.metric
         if head not in heads:
             raise ConfigError(f"{path}: the model has no head {head!r} (in {monitor!r})"
                               f"{suggest(head, heads)}; its heads are {heads}")
         names = _metric_names(config, head)
         if metric not in names:
-            available = [f"eval/{head}/{n}" for n in dict.fromkeys(names.values())] + ["eval/mean_loss"]
+            available = [str(MetricKey(head, n)) for n in dict.fromkeys(names.values())] + [MEAN_LOSS]
             raise ConfigError(f"{path}: the evaluation of head {head!r} has no metric {metric!r}"
                               f"{suggest(metric, names)}; available: {', '.join(available)}")
-        monitor = f"eval/{head}/{names[metric]}"
+        monitor = str(MetricKey(head, names[metric]))
     from multihead.core.callbacks import MonitoredQuantity  # TF import: only when used
 
     try:

@@ -14,9 +14,9 @@ metric counts positive:
 
 over the N (head, metric) pairs that both the group and the baselines report, M_i the
 group's mean final metric and B_i the baselines' mean. Lower Δm% is better; 0 is parity
-with single-task training. Directions come from the metric's name (`loss`, errors and
-crossentropies are lower-better; accuracy, AUC, precision, recall, F1, R² and IoU are
-higher-better); metrics of unknown direction are left out and listed in `skipped`, or
+with single-task training. Directions come from the metric's name
+(`multihead.monitoring.metric_key.metric_direction`: `loss`, errors and crossentropies are
+lower-better; accuracy, AUC, precision, recall, F1, R² and IoU are higher-better); metrics of unknown direction are left out and listed in `skipped`, or
 given with `directions={"metric": "min" | "max"}`.
 """
 
@@ -31,13 +31,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from multihead.experiments.config.schema import ConfigError
+from multihead._boundary import BoundaryError, inside, read_json, read_text
+from multihead.experiments.config.schema import ConfigError, parse_yaml
+from multihead.experiments.config.yaml12 import MAX_BYTES
+from multihead.monitoring.metric_key import metric_direction
 
 #: Hyperparameters that only reseed a run: runs differing only in these are one group.
 SEED_KEYS = ("seed", "data.seed", "train.trunk.seed")
-_HIGHER = ("accuracy", "auc", "precision", "recall", "f1", "r2", "iou")
-_LOWER = ("loss", "error", "mae", "mse", "rmse", "crossentropy", "hinge", "divergence",
-          "log_cosh", "poisson", "logcosh")
 
 
 class CompareError(ConfigError):
@@ -48,12 +48,7 @@ def direction(metric: str, directions: Mapping[str, str] | None = None) -> str |
     """`min` (lower is better), `max`, or None (unknown) for a metric name."""
     if directions and metric in directions:
         return directions[metric]
-    name = metric.lower()
-    if any(word in name for word in _LOWER):
-        return "min"
-    if any(word in name for word in _HIGHER) or name in ("acc", "r2_score"):
-        return "max"
-    return None
+    return metric_direction(metric)
 
 
 def delta_m(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],
@@ -216,32 +211,44 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 def run_dirs(path: str | os.PathLike[str]) -> list[str]:
     """The finished run directories of a run or sweep directory (a sweep's done trials)."""
     path = os.fspath(path)
-    index = os.path.join(path, "sweep.json")
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as fh:
-            trials = json.load(fh)["trials"]
-        return [os.path.join(path, t["run_dir"]) for t in trials if t["status"] == "done"]
-    if os.path.isfile(os.path.join(path, "metrics.json")):
+    if os.path.lexists(os.path.join(path, "sweep.json")):
+        from multihead.experiments.sweep.index import check_trial_dirs
+
+        try:  # the trials' run_dir must stay in the sweep: it is read below
+            index = read_json(path, "sweep.json")
+            check_trial_dirs(path, index.get("trials"))
+            return [inside(path, t["run_dir"]) for t in index["trials"] if t["status"] == "done"]
+        except BoundaryError as err:
+            raise CompareError(str(err)) from None
+    if os.path.lexists(os.path.join(path, "metrics.json")):
         return [path]
     raise CompareError(f"{path!r}: neither a finished run (metrics.json) nor a sweep (sweep.json)")
 
 
 def load_result(run_dir: str, directions: Mapping[str, str] | None = None) -> RunResult:
     """A finished run's config and evaluations."""
+    try:  # regular files of the run only, read within bounds (a FIFO, a symlink, a bomb: one line)
+        metrics = read_json(run_dir, "metrics.json")
+        text = read_text(run_dir, "config.yaml", limit=MAX_BYTES)
+    except BoundaryError as err:
+        raise CompareError(str(err)) from None
+    config = parse_yaml(text, os.path.join(run_dir, "config.yaml")) or {}
+    if not isinstance(config, dict):
+        raise CompareError(f"{os.path.join(run_dir, 'config.yaml')}: the config must be a mapping")
+    where = os.path.join(run_dir, "metrics.json")
     try:
-        with open(os.path.join(run_dir, "metrics.json"), encoding="utf-8") as fh:
-            metrics = json.load(fh)
-        with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as fh:
-            config = yaml.safe_load(fh) or {}
-    except OSError as err:
-        raise CompareError(f"{run_dir!r}: cannot read {err.filename} ({err.strerror})") from None
-    final = {h: {m: float(v) for m, v in values.items()} for h, values in (metrics.get("eval") or {}).items()
-             if isinstance(values, dict)}
-    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for entry in metrics.get("evals") or []:
-        for head, values in entry["eval"].items():
-            for metric, value in values.items():
-                curves.setdefault(head, {}).setdefault(metric, []).append((int(entry["step"]), float(value)))
+        final = {str(h): {str(m): _number(v) for m, v in values.items()}
+                 for h, values in _mapping(metrics.get("eval") or {}).items() if isinstance(values, dict)}
+        curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        for entry in metrics.get("evals") or []:
+            for head, values in _mapping(_mapping(entry)["eval"]).items():
+                for metric, value in _mapping(values).items():
+                    step = entry["step"]
+                    if isinstance(step, bool) or not isinstance(step, int):
+                        raise TypeError(f"step {step!r}")
+                    curves.setdefault(head, {}).setdefault(metric, []).append((step, _number(value)))
+    except (TypeError, KeyError, AttributeError) as err:
+        raise CompareError(f"{where}: not a metrics record of a finished run ({err})") from None
     best: dict[str, dict[str, float]] = {}
     for head, values in final.items():
         for metric, value in values.items():
@@ -249,6 +256,18 @@ def load_result(run_dir: str, directions: Mapping[str, str] | None = None) -> Ru
             pick = max if direction(metric, directions) == "max" else min
             best.setdefault(head, {})[metric] = pick(seen)
     return RunResult(run_dir, _flat(config), final, best, curves)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
 
 
 def _mean_std(trees: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:

@@ -12,7 +12,7 @@ on the rollout.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -50,8 +50,10 @@ class ActorCriticRunner(RLRunner):
         """V_target, or None when the returns bootstrap from V itself."""
         return self.task.targets.get(self.ac.value_head)
 
-    def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
+    def run(self, run_dir: str | None, verbose: bool = True, resume: bool = False,
+            extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         """See `RLRunner`. Returns `RLRun.finish`'s metrics and the last loss of each head."""
+        self.refuse_resume(resume, extra_callbacks)
         ac, task, seed = self.ac, self.task, self.task.config.seed
         logits = head_outputs(task.model, ac.policy_head)
         run = RLRun(task, run_dir, verbose, greedy_policy(logits), num_envs=ac.num_envs,

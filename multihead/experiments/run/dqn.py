@@ -10,7 +10,7 @@ one environment, store transitions, train on replay minibatches.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -46,9 +46,11 @@ class DQNRunner(RLRunner):
         """The target network of the Q head."""
         return self.task.targets[self.dqn.head]
 
-    def run(self, run_dir: str | None, verbose: bool = True) -> dict[str, Any]:
+    def run(self, run_dir: str | None, verbose: bool = True, resume: bool = False,
+            extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         """See `RLRunner`. Returns `RLRun.finish`'s metrics, the last TD loss and the mean
         of the last 100."""
+        self.refuse_resume(resume, extra_callbacks)
         dqn, task, seed = self.dqn, self.task, self.task.config.seed
         greedy = greedy_policy(head_outputs(task.model, dqn.head))
         run = RLRun(task, run_dir, verbose, greedy, num_envs=1, env_seed=seed)

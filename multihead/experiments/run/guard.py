@@ -25,11 +25,13 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import tempfile
 import threading
 import types
 from typing import Any
 
+from multihead._boundary import read_json
 from multihead.core.callbacks import Callback
 
 LOCK_FILE = ".lock"
@@ -43,6 +45,11 @@ _STATUS_RESERVE = 2048
 
 class RunLocked(Exception):
     """Another process holds the run directory's lock."""
+
+
+class RunLockError(Exception):
+    """The lock file cannot be taken: not a directory, unwritable, or `.lock` is not a
+    regular file (a symlink, a directory)."""
 
 
 class RunInterrupted(Exception):
@@ -67,12 +74,24 @@ class RunLock:
 
     Raises:
         RunLocked: another process holds it (the message names its pid).
+        RunLockError: the lock file cannot be opened or is not a regular file.
     """
 
     def __init__(self, run_dir: str) -> None:
         self.path = os.path.join(run_dir, LOCK_FILE)
-        # O_NOFOLLOW: a symlink planted as the lock file is not followed out of the directory.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # O_NOFOLLOW: a symlink planted as the lock file is not followed out of the directory;
+        # O_NONBLOCK: a FIFO planted there is not waited on.
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC |
+                         os.O_NONBLOCK, 0o644)
+        except OSError as err:
+            why = "it is a symlink" if err.errno == errno.ELOOP else err.strerror
+            raise RunLockError(f"{self.path}: cannot take the run directory's lock ({why}); "
+                               "remove it or choose another directory") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunLockError(f"{self.path}: not a regular file; remove it or choose another "
+                               "directory")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -151,9 +170,8 @@ def write_status(run_dir: str, status: str, *, step: int | None = None,
 
 def read_status(run_dir: str) -> dict[str, Any] | None:
     """The run's `status.json`, or None if it has none (or it is unreadable)."""
-    try:
-        with open(os.path.join(run_dir, STATUS_FILE), encoding="utf-8") as fh:
-            return json.load(fh)
+    try:  # a regular file of the run only: a FIFO or a symlink there is not followed
+        return read_json(run_dir, STATUS_FILE, limit=1 << 20)
     except (OSError, ValueError):
         return None
 

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import yaml
 
 from multihead.experiments.config.schema import ExperimentConfig, parse_yaml
+
+if TYPE_CHECKING:  # annotation only
+    from multihead.experiments.run.runner import Runner
 
 HParamValue = bool | int | float | str
 
@@ -148,11 +151,11 @@ def write_experiment(sweep_dir: str, hparams: Mapping[str, Sequence[HParamValue]
         writer.close()
 
 
-def log_run_hparams(run_dir: str, config: ExperimentConfig, runner: Any, metrics: Mapping[str, Any],
+def log_run_hparams(run_dir: str, config: ExperimentConfig, runner: Runner, metrics: Mapping[str, Any],
                     overrides: Sequence[str] = ()) -> None:
     """`write_run_hparams` for a finished `multihead train` run, when it writes TensorBoard
     events and this process is the chief (the other workers of a multi-worker run write nothing)."""
     from multihead.core.distribute import is_chief
 
-    if config.log.tensorboard and is_chief(getattr(runner, "strategy", None)):
+    if config.log.tensorboard and is_chief(runner.strategy):
         write_run_hparams(run_dir, config, metrics, overrides)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 
 import keras
 import numpy as np
@@ -191,6 +191,18 @@ class RLRunner:
     `run_dir` (None writes nothing), and returns the metrics written to `metrics.json`."""
 
     task: RLTask
+    #: RL runs take no step callbacks and cannot resume; they train on one device.
+    resumable: ClassVar[bool] = False
+    strategy: ClassVar[Any] = None
+
+    def check(self) -> None:
+        """Nothing left to check: `prepare` built the environments, model and objectives."""
+
+    @staticmethod
+    def refuse_resume(resume: bool, extra_callbacks: Sequence[Any]) -> None:
+        """The `Runner` arguments an RL run does not take, refused."""
+        if resume or extra_callbacks:
+            raise ValueError("an RL run takes no resume or extra_callbacks (its runner is not resumable)")
 
     @property
     def model(self) -> MultiHeadModel:

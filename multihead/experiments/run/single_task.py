@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from multihead._checks import suggest
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, to_dict
+from multihead.monitoring.metric_key import MetricKey
 
 
 def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
@@ -67,7 +68,7 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
     for name in ("early_stopping", "best_checkpoint"):
         section = callbacks.get(name)
         monitor = section.get("monitor") if section else None
-        if monitor and monitor != "eval/mean_loss" and monitor.split("/")[1] != head:
+        if monitor and MetricKey.parse(monitor).head not in (None, head):
             raise ConfigError(f"{source} {head!r}: callbacks.{name}.monitor is {monitor!r}, a head "
-                              f"the baseline drops; add --set callbacks.{name}.monitor=eval/{head}/loss")
+                              f"the baseline drops; add --set callbacks.{name}.monitor={MetricKey(head, 'loss')}")
     return from_dict(raw, f"{source} {head}", allow_import)

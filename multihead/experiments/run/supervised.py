@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import keras
 import tensorflow as tf
@@ -24,9 +24,11 @@ from multihead.experiments.build.builders import (
 from multihead.io.checkpoints import CheckpointManager, save_checkpoint
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.build.data_sources import input_spec
+from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
+from multihead._boundary import write_atomic
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective
@@ -45,6 +47,14 @@ class SupervisedRunner:
     objectives: dict[str, Objective]
     trunk: Any = "per_head"
     strategy: Any = None
+    resumable: ClassVar[bool] = True
+
+    def check(self) -> None:
+        """One forward and backward pass on a few examples (`dry_run`), so what train would
+        run first fails now. Not under a strategy: eager work on distributed variables
+        outside the step can wait on the other workers' collectives."""
+        if self.strategy is None:
+            dry_run(self)
 
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
             extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -155,8 +165,8 @@ def write_inputs(run_dir: str, data: MultiTaskData | dict[str, MultiTaskData]) -
     x = _tree(data.x_train)
     tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, INPUTS_FILE), "w", encoding="utf-8") as fh:
-        json.dump(tree, fh, indent=2)
+    # Atomic: a full disk leaves no inputs.json rather than an empty one.
+    write_atomic(os.path.join(run_dir, INPUTS_FILE), json.dumps(tree, indent=2))
 
 
 def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],

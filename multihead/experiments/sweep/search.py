@@ -17,7 +17,9 @@ import time
 from typing import Any
 
 from multihead.experiments.config.schema import ConfigError
-from multihead.experiments.sweep.sweep import Sweep, SweepSpec, trial_outcome
+from multihead.experiments.config.sweep_section import SweepSpec
+from multihead.experiments.sweep.sweep import Sweep, trial_outcome
+from multihead.monitoring.metric_key import MetricKey
 
 
 def save_space(sweep: Sweep, spec: SweepSpec, n_trials: int, seed: int) -> None:
@@ -58,15 +60,15 @@ def intermediate_values(run_dir: str, objective: str) -> dict[int, float]:
         scalars = read_scalars(directory)
     except Exception:  # noqa: BLE001 - a record being written; read again at the next poll
         return {}
-    if objective == "eval/mean_loss":
+    key = MetricKey.parse(objective)
+    if key.is_mean_loss:
         series = [s for tag, s in scalars.items() if tag.startswith("loss/")]
         if not series:
             return {}
         steps = set.intersection(*[{int(x) for x in s.steps} for s in series])
         return {step: math.fsum(float(s.values[list(s.steps).index(step)]) for s in series) / len(series)
                 for step in sorted(steps)}
-    _, head, metric = objective.split("/")
-    found = scalars.get(f"{metric}/{head}")
+    found = scalars.get(key.tag)
     return {} if found is None else {int(s): float(v) for s, v in zip(found.steps, found.values)}
 
 

@@ -41,62 +41,37 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
+from multihead._boundary import BoundaryError, inside, read_json, write_atomic
 from multihead._checks import describe, suggest
+from multihead.experiments.sweep.index import INDEX, TRIALS, check_index, check_trial_dirs, read_index
+from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
+from multihead.experiments.config.sweep_section import (
+    DISTRIBUTIONS,
+    Distribution,
+    SweepSpec,
+    distribution,
+    sweep_spec,
+)
 
-INDEX = "sweep.json"
 BASE_CONFIG = "config.yaml"
-TRIALS = "trials"
 LOGS = "logs"
-DISTRIBUTIONS = ("choice", "uniform", "loguniform", "int")
 #: Keys of `metrics.json` that are measurements of time, not results.
 TIMING_KEYS = ("wall_time_s", "steps_per_s")
 
 
 # -- axes and trials -------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Distribution:
-    """One random axis: `choice` (values), or `uniform` / `loguniform` / `int` (low, high)."""
-
-    kind: str
-    values: tuple[Any, ...]
-
-    def sample(self, rng: Any) -> Any:
-        if self.kind == "choice":
-            return self.values[int(rng.integers(len(self.values)))]
-        low, high = self.values
-        if self.kind == "uniform":
-            return float(rng.uniform(low, high))
-        if self.kind == "loguniform":
-            return float(math.exp(rng.uniform(math.log(low), math.log(high))))
-        return int(rng.integers(low, high + 1))
-
-
-@dataclasses.dataclass
-class SweepSpec:
-    """The axes of a sweep: `grid` (product), `zip` (stepped together), `random` draws."""
-
-    grid: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
-    zip: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
-    random: dict[str, Distribution] = dataclasses.field(default_factory=dict)
-    count: int = 0
-    seed: int = 0
-
-    def keys(self) -> list[str]:
-        return list(dict.fromkeys([*self.grid, *self.zip, *self.random]))
 
 
 def _split_values(text: str) -> list[str]:
@@ -138,85 +113,7 @@ def parse_sample_arg(text: str) -> tuple[str, Distribution]:
         values = [parse_yaml(v, source=f"--sample {text!r}") for v in _split_values(rest)]
     else:
         values = [parse_yaml(v, source=f"--sample {text!r}") for v in rest.split(":")]
-    return key.strip(), _distribution({kind: values}, f"--sample {text!r}")
-
-
-def _distribution(raw: Any, path: str) -> Distribution:
-    if isinstance(raw, list):
-        raw = {"choice": raw}
-    if not isinstance(raw, Mapping) or len(raw) != 1:
-        raise ConfigError(f"{path}: expected a list of values or one of {{choice: [...]}}, "
-                          f"{{uniform: [low, high]}}, {{loguniform: [low, high]}}, {{int: [low, high]}}; "
-                          f"got {describe(raw)}")
-    (kind, values), = raw.items()
-    if kind not in DISTRIBUTIONS:
-        raise ConfigError(f"{path}: unknown distribution {kind!r}{suggest(kind, DISTRIBUTIONS)}; "
-                          f"use one of {', '.join(DISTRIBUTIONS)}")
-    if not isinstance(values, list) or not values:
-        raise ConfigError(f"{path}.{kind}: expected a non-empty list, got {describe(values)}")
-    if kind != "choice":
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        if len(values) != 2 or not numbers or not values[0] < values[1]:
-            raise ConfigError(f"{path}.{kind}: expected [low, high] numbers with low < high, "
-                              f"got {values!r}")
-        if kind == "loguniform" and values[0] <= 0:
-            raise ConfigError(f"{path}.loguniform: low must be > 0, got {values[0]!r}")
-        if kind == "int" and not all(isinstance(v, int) for v in values):
-            raise ConfigError(f"{path}.int: expected integers [low, high], got {values!r}")
-    return Distribution(kind, tuple(values))
-
-
-def _axis_values(raw: Any, path: str) -> list[Any]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{path}: expected a non-empty list of values, got {describe(raw)}")
-    return list(raw)
-
-
-def sweep_spec(raw: Any, path: str = "sweep") -> SweepSpec:
-    """The validated `sweep:` section of a config (see the module docstring)."""
-    if raw is None:
-        return SweepSpec()
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{path}: expected a mapping with grid, zip and/or random, got {describe(raw)}")
-    known = ("grid", "zip", "random")
-    for key in raw:
-        if key not in known:
-            raise ConfigError(f"{path}.{key}: unknown key{suggest(str(key), known)}; use grid, zip or random")
-    spec = SweepSpec()
-    for section in ("grid", "zip"):
-        axes = raw.get(section) or {}
-        if not isinstance(axes, Mapping):
-            raise ConfigError(f"{path}.{section}: expected a mapping KEY.PATH -> [values], got {describe(axes)}")
-        getattr(spec, section).update({str(k): _axis_values(v, f"{path}.{section}.{k}") for k, v in axes.items()})
-    lengths = {k: len(v) for k, v in spec.zip.items()}
-    if len(set(lengths.values())) > 1:
-        raise ConfigError(f"{path}.zip: paired axes need equal lengths, got {lengths}")
-    random = raw.get("random")
-    if random is not None:
-        where = f"{path}.random"
-        if not isinstance(random, Mapping):
-            raise ConfigError(f"{where}: expected {{count: N, seed: S, axes: {{...}}}}, got {describe(random)}")
-        for key in random:
-            if key not in ("count", "seed", "axes"):
-                raise ConfigError(f"{where}.{key}: unknown key{suggest(str(key), ('count', 'seed', 'axes'))}")
-        count, seed = random.get("count"), random.get("seed", 0)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ConfigError(f"{where}.count: expected an integer >= 1, got {describe(count)}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"{where}.seed: expected an integer, got {describe(seed)}")
-        axes = random.get("axes")
-        if not isinstance(axes, Mapping) or not axes:
-            raise ConfigError(f"{where}.axes: expected a mapping KEY.PATH -> distribution, got {describe(axes)}")
-        spec.random = {str(k): _distribution(v, f"{where}.axes.{k}") for k, v in axes.items()}
-        spec.count, spec.seed = count, seed
-    seen: dict[str, str] = {}
-    for section in ("grid", "zip", "random"):
-        for key in getattr(spec, section):
-            if key in seen:
-                raise ConfigError(f"{path}.{section}.{key}: already an axis in {path}.{seen[key]}; "
-                                  "give each key once")
-            seen[key] = section
-    return spec
+    return key.strip(), distribution({kind: values}, f"--sample {text!r}")
 
 
 def trial_overrides(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -253,59 +150,42 @@ def split_sweep_section(raw: dict[str, Any]) -> tuple[dict[str, Any], Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Objective:
+class SweepObjective:
     """What "best" means: `eval/mean_loss` or `eval/<head>/<metric>` of the final evaluation."""
 
-    name: str = "eval/mean_loss"
+    name: str = MEAN_LOSS
     direction: str = "minimize"
 
     def value(self, evaluation: Mapping[str, Mapping[str, float]]) -> float | None:
-        if self.name == "eval/mean_loss":
+        key = MetricKey.parse(self.name)
+        if key.is_mean_loss:
             losses = [v["loss"] for v in evaluation.values() if "loss" in v]
             return math.fsum(losses) / len(losses) if losses else None
-        _, head, metric = self.name.split("/")
-        value = evaluation.get(head, {}).get(metric)
+        value = evaluation.get(key.head, {}).get(key.metric)
         return None if value is None else float(value)
 
     def better(self, a: float, b: float) -> bool:
         return a < b if self.direction == "minimize" else a > b
 
 
-def check_objective(name: str, direction: str, heads: Sequence[str]) -> Objective:
+def check_objective(name: str, direction: str, heads: Sequence[str]) -> SweepObjective:
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"--direction {direction!r}: use minimize or maximize")
-    parts = name.split("/")
-    if name != "eval/mean_loss":
-        if len(parts) != 3 or parts[0] != "eval" or not all(parts):
-            raise ConfigError(f"--objective {name!r}: must be eval/<head>/<metric> or eval/mean_loss")
-        if parts[1] not in heads:
-            raise ConfigError(f"--objective {name!r}: the model has no head {parts[1]!r}"
-                              f"{suggest(parts[1], heads)}; its heads are {list(heads)}")
-    return Objective(name, direction)
+    try:
+        key = MetricKey.parse(name)
+    except ValueError:
+        raise ConfigError(f"--objective {name!r}: must be {FORMS}") from None
+    if not key.is_mean_loss and key.head not in heads:
+        raise ConfigError(f"--objective {name!r}: the model has no head {key.head!r}"
+                          f"{suggest(key.head, heads)}; its heads are {list(heads)}")
+    return SweepObjective(name, direction)
 
 
 # -- the index -------------------------------------------------------------------------
 
 
 def _write_json(path: str, tree: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(tree, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def read_index(sweep_dir: str) -> dict[str, Any]:
-    path = os.path.join(sweep_dir, INDEX)
-    if not os.path.isfile(path):
-        raise ConfigError(f"--resume {sweep_dir!r}: no {INDEX} there; is it a multihead sweep directory?")
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    write_atomic(path, json.dumps(tree, indent=2) + "\n")
 
 
 # -- running trials --------------------------------------------------------------------
@@ -386,23 +266,29 @@ def last_error(log_text: str) -> str:
 def resumable(run_dir: str) -> bool:
     """A run directory with a periodic checkpoint to continue from."""
     directory = os.path.join(run_dir, "checkpoints")
-    return os.path.isfile(os.path.join(directory, "checkpoint"))
+    return not os.path.islink(directory) and os.path.isfile(os.path.join(directory, "checkpoint"))
 
 
 def trial_outcome(run_dir: str, returncode: int, log_text: str,
-                  objective: Objective) -> dict[str, Any]:
+                  objective: SweepObjective) -> dict[str, Any]:
     """status, error, metrics and objective of a finished trial process."""
     metrics_path = os.path.join(run_dir, "metrics.json")
     if returncode != 0 or not os.path.isfile(metrics_path):
         return {"status": "failed", "error": last_error(log_text) if returncode != 0 else
                 "the trial exited without writing metrics.json", "metrics": None, "objective": None}
-    with open(metrics_path, encoding="utf-8") as fh:
-        metrics = json.load(fh)
-    evaluation = metrics.get("eval") or {}
+    try:
+        metrics = read_json(run_dir, "metrics.json")
+        evaluation = metrics.get("eval") or {}
+        if not isinstance(evaluation, dict) or not all(
+                isinstance(v, dict) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                            for x in v.values()) for v in evaluation.values()):
+            raise BoundaryError(f"{metrics_path}: eval must map heads to {{metric: number}}")
+    except BoundaryError as err:
+        return {"status": "failed", "error": str(err), "metrics": None, "objective": None}
     for head, values in evaluation.items():
         for name, value in values.items():
             if isinstance(value, float) and not math.isfinite(value):
-                return {"status": "failed", "error": f"eval/{head}/{name} is {value} (non-finite)",
+                return {"status": "failed", "error": f"{MetricKey(head, name)} is {value} (non-finite)",
                         "metrics": evaluation, "objective": None}
     return {"status": "done", "error": None, "metrics": evaluation, "objective": objective.value(evaluation)}
 
@@ -469,7 +355,7 @@ class Sweep:
         self.sweep_dir = sweep_dir
         self.index = index
         self.stream = stream
-        self.objective = Objective(index["objective"], index["direction"])
+        self.objective = SweepObjective(index["objective"], index["direction"])
         self.allow_import: tuple[str, ...] = ()  # modules the trials' configs may import
 
     # paths
@@ -478,10 +364,10 @@ class Sweep:
         return os.path.join(self.sweep_dir, BASE_CONFIG)
 
     def run_dir(self, trial: Mapping[str, Any]) -> str:
-        return os.path.join(self.sweep_dir, trial["run_dir"])
+        return inside(self.sweep_dir, trial["run_dir"], where=f"trial {trial['id']}: run_dir")
 
     def log_path(self, trial: Mapping[str, Any]) -> str:
-        return os.path.join(self.sweep_dir, LOGS, f"{trial['id']}.log")
+        return inside(self.sweep_dir, f"{LOGS}/{trial['id']}.log", where=f"trial {trial['id']}: log")
 
     def save(self) -> None:
         _write_json(os.path.join(self.sweep_dir, INDEX), self.index)
@@ -522,16 +408,16 @@ class Sweep:
 
     def launch(self, backend: Any, trial: dict[str, Any]) -> Any:
         """Starts `trial` on `backend` (resuming its run directory if it was interrupted)."""
-        run_dir = self.run_dir(trial)
+        run_dir = self.run_dir(trial)  # checked inside the sweep (no symlink, no '..')
         resume = resumable(run_dir)
-        if os.path.exists(run_dir) and not resume:
+        if os.path.lexists(run_dir) and not resume:
             shutil.rmtree(run_dir)  # an interrupted start with nothing to continue from
         trial.update(status="running", error=None, metrics=None, objective=None)
         return backend.start(self.base, run_dir, self.log_path(trial), trial["overrides"], resume)
 
     def run(self, backend: Any, jobs: int, poll_s: float = 0.2) -> dict[str, Any]:
         """Runs every trial that is not done, `jobs` at a time; returns the index."""
-        os.makedirs(os.path.join(self.sweep_dir, LOGS), exist_ok=True)
+        os.makedirs(inside(self.sweep_dir, LOGS), exist_ok=True)
         todo = self._todo()
         running: list[tuple[dict[str, Any], Any]] = []
         self.report_progress()
@@ -563,8 +449,8 @@ class Sweep:
     def finish(self) -> None:
         """The HParams experiment summary of the done trials at the sweep directory: every
         hyperparameter their runs logged (with the values seen) and their final metrics."""
-        from multihead.experiments.config.schema import load_config
         from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
+        from multihead.experiments.run.load import read_run_config
 
         seen: dict[str, list[Any]] = {}
         tags: set[str] = set()
@@ -572,15 +458,26 @@ class Sweep:
             if trial["status"] != "done":
                 continue
             tags |= set(final_metrics({"eval": trial["metrics"]}))
-            config = load_config(os.path.join(self.run_dir(trial), "config.yaml"),
-                                 allow_import=self.allow_import)
+            config = read_run_config(self.run_dir(trial), self.allow_import)
             for key, value in run_hparams(config, as_sets(trial["overrides"])).items():
                 seen.setdefault(key, []).append(value)
         if tags:
             write_experiment(self.sweep_dir, seen, sorted(tags))
 
 
-def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search: str = "grid") -> dict[str, Any]:
+def check_new_dir(sweep_dir: str) -> None:
+    """A new sweep goes into a new or empty directory (its own lock file aside)."""
+    from multihead.experiments.run.guard import LOCK_FILE
+
+    if os.path.lexists(sweep_dir) and not os.path.isdir(sweep_dir):
+        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not a directory; choose "
+                          "another path")
+    if os.path.exists(sweep_dir) and set(os.listdir(sweep_dir)) - {LOCK_FILE}:
+        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
+                          "directory or --resume it")
+
+
+def new_index(trials: Sequence[Mapping[str, Any]], objective: SweepObjective, search: str = "grid") -> dict[str, Any]:
     keys = list(dict.fromkeys(k for t in trials for k in t))
     return {
         "version": 1,
@@ -596,14 +493,11 @@ def new_index(trials: Sequence[Mapping[str, Any]], objective: Objective, search:
 
 
 def create_sweep(sweep_dir: str, base_raw: Mapping[str, Any], trials: Sequence[Mapping[str, Any]],
-                 objective: Objective, stream: TextIO | None = None, search: str = "grid") -> Sweep:
+                 objective: SweepObjective, stream: TextIO | None = None, search: str = "grid") -> Sweep:
     """Writes a new sweep directory (base config and index, nothing run yet)."""
-    if os.path.exists(sweep_dir) and os.listdir(sweep_dir):
-        raise ConfigError(f"--sweep-dir {sweep_dir!r} exists and is not empty; choose another "
-                          "directory or --resume it")
+    check_new_dir(sweep_dir)
     os.makedirs(os.path.join(sweep_dir, TRIALS), exist_ok=True)
-    with open(os.path.join(sweep_dir, BASE_CONFIG), "w", encoding="utf-8") as fh:
-        yaml.safe_dump(dict(base_raw), fh, sort_keys=False)
+    write_atomic(os.path.join(sweep_dir, BASE_CONFIG), yaml.safe_dump(dict(base_raw), sort_keys=False))
     sweep = Sweep(sweep_dir, new_index(trials, objective, search), stream)
     sweep.save()
     return sweep
@@ -628,114 +522,3 @@ def load_base(config_path: str, sets: Sequence[str],
         raise ConfigError(f"{config_path}: {err}") from None
     from_dict(base, config_path, allow_import)  # the base config itself must be valid
     return base, spec
-
-
-# -- the command -----------------------------------------------------------------------
-
-
-def _default_sweep_dir(config_path: str) -> str:
-    from multihead.experiments.run.directory import default_run_dir
-
-    return default_run_dir(config_path, prefix="sweep-")
-
-
-def resolve_threads(text: str, jobs: int) -> int | None:
-    """`--threads`: auto (`max(1, cores // jobs)`), none (TensorFlow's default) or a count."""
-    if text == "auto":
-        return threads_per_trial(jobs)
-    if text == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"--threads {text!r}: use auto, none or a count >= 1")
-    return value
-
-
-def make_backend(name: str, threads: int | None, address: str | None = None,
-                 num_cpus: int | None = None, allow_import: Sequence[str] = ()) -> Any:
-    if name == "local":
-        if address:
-            raise ConfigError("--ray-address: only used with --backend ray")
-        return LocalBackend(threads, allow_import)
-    from multihead.experiments.sweep.ray_backend import RayBackend
-
-    return RayBackend(threads, address=address, num_cpus=num_cpus, allow_import=allow_import)
-
-
-def _heads(base: Mapping[str, Any]) -> list[str]:
-    heads = (base.get("model") or {}).get("heads") or {}
-    return [str(h) for h in heads]
-
-
-def cmd_sweep(args: Any) -> int:
-    """`multihead sweep` (see `multihead sweep --help` and docs/sweeps.md)."""
-    stream = None if args.quiet else sys.stderr
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
-    threads = resolve_threads(args.threads, args.jobs)
-    allow_import = tuple(getattr(args, "allow_import", None) or ())
-    if args.resume:
-        if args.config or args.grid or args.sample or args.set:
-            raise ConfigError("--resume SWEEP_DIR: the trials are those of its sweep.json; give no "
-                              "CONFIG, --grid, --sample or --set")
-        sweep = Sweep(args.resume, read_index(args.resume), stream)
-        search = sweep.index.get("search", "grid")
-    else:
-        if not args.config:
-            raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
-        base, spec = load_base(args.config, args.set or [], allow_import)
-        for text in args.grid or []:
-            key, values = parse_grid_arg(text)
-            if key in spec.keys():
-                raise ConfigError(f"--grid {text!r}: {key} is already an axis of the sweep")
-            spec.grid[key] = values
-        for text in args.sample or []:
-            key, distribution = parse_sample_arg(text)
-            if key in spec.keys():
-                raise ConfigError(f"--sample {text!r}: {key} is already an axis of the sweep")
-            spec.random[key] = distribution
-        if args.sample:
-            spec.count, spec.seed = args.trials or 10, args.search_seed
-        objective = check_objective(args.objective, args.direction, _heads(base))
-        search = args.search
-        if search == "optuna":
-            if not spec.random:
-                raise ConfigError("--search optuna: give the search space with --sample KEY=KIND:... "
-                                  "or sweep.random.axes")
-            if spec.grid or spec.zip:
-                raise ConfigError("--search optuna: searches the --sample / sweep.random axes only; "
-                                  "remove --grid and sweep.grid/zip")
-            trials: list[dict[str, Any]] = []
-        else:
-            if not spec.keys():
-                raise ConfigError(f"{args.config}: no axes to sweep; give --grid KEY=V1,V2 "
-                                  "(repeatable) or a sweep: section")
-            trials = trial_overrides(spec)
-        sweep = create_sweep(args.sweep_dir or _default_sweep_dir(args.config), base, trials,
-                             objective, stream, search=search)
-        if search == "optuna":
-            from multihead.experiments.sweep.search import save_space
-
-            save_space(sweep, spec, n_trials=args.trials or 10, seed=args.search_seed)
-    if stream is not None:
-        print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
-              f"{threads or 'default'} threads each)", file=stream)
-    sweep.allow_import = allow_import
-    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus, allow_import)
-    if search == "optuna":
-        from multihead.experiments.sweep.search import run_optuna
-
-        index = run_optuna(sweep, backend, args.jobs)
-    else:
-        index = sweep.run(backend, args.jobs)
-    failed = [t for t in index["trials"] if t["status"] == "failed"]
-    for trial in failed:
-        print(f"{trial['id']} failed: {trial['error']}", file=sys.stderr)
-    best = sweep.best()
-    print(f"wrote {sweep.sweep_dir} ({len(index['trials'])} trials, {len(failed)} failed"
-          + (f"; best {sweep.objective.name} {best['objective']:.6g}: {best['id']} "
-             f"{' '.join(as_sets(best['overrides']))}" if best else "") + ")")
-    return 1 if failed else 0
