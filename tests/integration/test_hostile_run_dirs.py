@@ -370,8 +370,12 @@ def test_no_command_builds_the_data_of_a_run_without_inputs_json(run, tmp_path):
         assert "inputs.json" in line or "--allow-import" in line, line
     sys.path.insert(0, str(tmp_path / "mods"))
     try:
-        with pytest.raises(ConfigError, match="inputs.json: missing"):
+        with pytest.raises(ConfigError, match="--allow-import evil_data"):
             mh.load_run(run)
+        # Even with the module allowed, load_run learns input shapes from inputs.json only: it
+        # never builds the run's data, so nothing is imported.
+        with pytest.raises(ConfigError, match="inputs.json: missing"):
+            mh.load_run(run, allow_import=["evil_data"])
     finally:
         sys.path.remove(str(tmp_path / "mods"))
     assert not marker.exists() and "evil_data" not in sys.modules
