@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from multihead.cli import quiet
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config, to_dict
 from multihead.experiments.run.directory import default_run_dir
+from multihead.monitoring.metric_key import FORMS, MEAN_LOSS
 
 EXIT_BAD_INPUT = 2
 
@@ -538,8 +539,8 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--search", choices=("grid", "optuna"), default="grid",
                        help="grid: the axes' trials; optuna: an Optuna search over --sample axes")
     sweep.add_argument("--search-seed", type=int, default=0, help="seed of the random draws / Optuna sampler")
-    sweep.add_argument("--objective", default="eval/mean_loss",
-                       help="eval/<head>/<metric> or eval/mean_loss (best so far, Optuna's value)")
+    sweep.add_argument("--objective", default=MEAN_LOSS,
+                       help=f"{FORMS} (best so far, Optuna's value)")
     sweep.add_argument("--direction", default="minimize", help="minimize or maximize the objective")
     sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<config>-<time>)")
     sweep.add_argument("--resume", metavar="SWEEP_DIR",
