@@ -9,7 +9,21 @@ import os as _os
 # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides real output.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from multihead.aggregation.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
+from multihead.aggregation import (  # noqa: E402
+    AGGREGATORS,
+    LOSS_WEIGHTINGS,
+    Aggregation,
+    Aggregator,
+    Buffered,
+    BufferedAggregator,
+    CoordinatewiseAggregator,
+    GramianWeighting,
+    LossWeighting,
+    StatefulGramianWeighting,
+    StateSpec,
+    Weighting,
+    aggregate,
+)
 from multihead.io.checkpoint_file import CheckpointMismatchError, CheckpointReadError  # noqa: E402
 from multihead.io.best_checkpoint import BestCheckpoint  # noqa: E402
 from multihead.io.checkpoints import checkpoint_parts, restore_checkpoint, save_checkpoint  # noqa: E402
@@ -51,6 +65,16 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATORS",
     "Aggregation",
+    "Aggregator",
+    "Buffered",
+    "BufferedAggregator",
+    "CoordinatewiseAggregator",
+    "GramianWeighting",
+    "LOSS_WEIGHTINGS",
+    "LossWeighting",
+    "StateSpec",
+    "StatefulGramianWeighting",
+    "Weighting",
     "BestCheckpoint",
     "CGC",
     "Callback",
