@@ -763,7 +763,7 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
                    "loss weighting" in text and trunk.loss_weighting is not None) else
                "loss_weighting" if "TrunkPolicy.loss_weighting" in text else
                "aggregator" if "TrunkPolicy.aggregator" in text else "options")
-        raise ConfigError(f"train.trunk.{key}: {err}") from None
+        raise ConfigError(f"train.trunk.{key}: {text.removeprefix(f'TrunkPolicy.{key}: ')}") from None
     if config.train.schedule != "simultaneous":
         raise ConfigError(f"train.schedule: trunk aggregation needs simultaneous, got "
                           f"{config.train.schedule!r}; or set train.trunk: per_head")
