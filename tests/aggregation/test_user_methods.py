@@ -99,7 +99,7 @@ def _state_keys(prefix):
 
 
 def test_user_methods_train_through_a_config(tmp_path):
-    from multihead.experiments.cli import main
+    from multihead.cli.main import main
 
     docs_methods()   # registers the classes, as a user's import would
     config = tmp_path / "exp.yaml"
@@ -114,7 +114,8 @@ def test_user_methods_train_through_a_config(tmp_path):
 
 
 def test_a_config_names_only_registered_classes(tmp_path):
-    from multihead.experiments.config import ConfigError, from_dict, parse_yaml
+    from multihead.experiments.config.errors import ConfigError
+    from multihead.experiments.config.schema import from_dict, parse_yaml
 
     raw = parse_yaml(CONFIG.replace("STEPS", "5").replace("docs>NormBalance", "os>system"))
     with pytest.raises(ConfigError, match="train.trunk.aggregator: 'os>system' is not a registered"):
@@ -126,7 +127,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from aggregation.docs_methods import docs_methods
 docs_methods()
-from multihead.experiments.cli import main
+from multihead.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
