@@ -162,9 +162,10 @@ class LossWeighting(tf.Module):
 
     @property
     def label(self) -> str:
-        """The name used in messages."""
-        return str(getattr(type(self), "name", None) if isinstance(getattr(type(self), "name", None), str)
-                   else type(self).__name__)
+        """The name used in messages: a built-in's config name (its class attribute `name`,
+        which shadows `tf.Module.name`), else the class name."""
+        name = getattr(type(self), "name", None)
+        return name if isinstance(name, str) else type(self).__name__
 
     def build(self, num_heads: int) -> None:
         """Creates the state for `num_heads` heads, once."""
