@@ -4,8 +4,8 @@ For each dataset, trains over seeds 0..S-1:
 - the single-task baselines: `multihead train CONFIG --only-head HEAD`, one per head;
 - `per_head` (no aggregation: each head's optimizer updates trunk + its own head);
 - every method of `multihead.core.trunk_update.TRUNK_AGGREGATORS` (the gradient aggregators of
-  `multihead.aggregation.aggregators.AGGREGATORS` and the loss weightings of
-  `multihead.aggregation.loss_weighting.LOSS_WEIGHTINGS`, read at run time, so methods added
+  `multihead.AGGREGATORS` and the loss weightings of
+  `multihead.LOSS_WEIGHTINGS`, read at run time, so methods added
   to the registries are included), as `--set train.trunk={optimizer: Adam(1e-3), aggregator:
   NAME, options: ...}`.
 

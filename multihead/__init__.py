@@ -17,9 +17,19 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "AGGREGATORS": "multihead.aggregation.aggregators",
-    "Aggregation": "multihead.aggregation.aggregators",
-    "aggregate": "multihead.aggregation.aggregators",
+    "AGGREGATORS": "multihead.aggregation",
+    "LOSS_WEIGHTINGS": "multihead.aggregation",
+    "Aggregation": "multihead.aggregation",
+    "Aggregator": "multihead.aggregation",
+    "Buffered": "multihead.aggregation",
+    "BufferedAggregator": "multihead.aggregation",
+    "CoordinatewiseAggregator": "multihead.aggregation",
+    "GramianWeighting": "multihead.aggregation",
+    "LossWeighting": "multihead.aggregation",
+    "StatefulGramianWeighting": "multihead.aggregation",
+    "StateSpec": "multihead.aggregation",
+    "Weighting": "multihead.aggregation",
+    "aggregate": "multihead.aggregation",
     "CheckpointMismatchError": "multihead.io.checkpoint_file",
     "CheckpointReadError": "multihead.io.checkpoint_file",
     "BestCheckpoint": "multihead.io.best_checkpoint",
@@ -72,9 +82,19 @@ _EXPORTS = {
 }
 
 if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from multihead.aggregation.aggregators import AGGREGATORS
-    from multihead.aggregation.aggregators import Aggregation
-    from multihead.aggregation.aggregators import aggregate
+    from multihead.aggregation import AGGREGATORS
+    from multihead.aggregation import LOSS_WEIGHTINGS
+    from multihead.aggregation import Aggregation
+    from multihead.aggregation import Aggregator
+    from multihead.aggregation import Buffered
+    from multihead.aggregation import BufferedAggregator
+    from multihead.aggregation import CoordinatewiseAggregator
+    from multihead.aggregation import GramianWeighting
+    from multihead.aggregation import LossWeighting
+    from multihead.aggregation import StatefulGramianWeighting
+    from multihead.aggregation import StateSpec
+    from multihead.aggregation import Weighting
+    from multihead.aggregation import aggregate
     from multihead.io.checkpoint_file import CheckpointMismatchError
     from multihead.io.checkpoint_file import CheckpointReadError
     from multihead.io.best_checkpoint import BestCheckpoint
@@ -144,6 +164,16 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATORS",
     "Aggregation",
+    "Aggregator",
+    "Buffered",
+    "BufferedAggregator",
+    "CoordinatewiseAggregator",
+    "GramianWeighting",
+    "LOSS_WEIGHTINGS",
+    "LossWeighting",
+    "StateSpec",
+    "StatefulGramianWeighting",
+    "Weighting",
     "BestCheckpoint",
     "CGC",
     "Callback",

@@ -19,7 +19,8 @@ import scipy.optimize
 import tensorflow as tf
 
 import multihead as mh
-from multihead.aggregation import aggregators as agg
+from multihead import aggregation as agg
+from multihead.aggregation import coordinatewise, solvers
 
 KS = range(2, 9)
 MATRICES_PER_K = 20
@@ -294,7 +295,7 @@ def test_mgda_active_set_solver_agrees_with_the_exact_qp_to_1e_6_at_any_k():
             if seed >= 2:  # a 1e4x spread of the gradient norms
                 g = g * np.logspace(0, 4, k)[np.random.default_rng(seed).permutation(k)][:, None]
             if k <= 8:
-                w = agg.simplex_qp_active_set(tf.constant(g @ g.T)).numpy()
+                w = solvers.simplex_qp_active_set(tf.constant(g @ g.T)).numpy()
             else:
                 w = mh.aggregate(g, "mgda", dtype="float64").weights.numpy()
             got, want = w @ g, ref_mgda(g) @ g
@@ -303,7 +304,7 @@ def test_mgda_active_set_solver_agrees_with_the_exact_qp_to_1e_6_at_any_k():
     for k in (5, 13):
         for case, g in _degenerate(k).items():
             if k <= 8:
-                weights = agg.simplex_qp_active_set(tf.constant(g @ g.T)).numpy()
+                weights = solvers.simplex_qp_active_set(tf.constant(g @ g.T)).numpy()
             else:
                 weights = mh.aggregate(g, "mgda", dtype="float64", solver="exact").weights.numpy()
             assert np.all(np.isfinite(weights)), (k, case)
@@ -400,7 +401,8 @@ def ref_nash_mtl(g, state, update_weights_every=1, max_norm=1.0):
 
 
 def ref_gradvac(g, rho_t, beta=0.5):
-    """LibMTL's GradVac (whole model), heads in the fixed order 0..K-1."""
+    """LibMTL's current GradVac (whole model, after its commit d2d84fa: the goal moves for
+    every visited pair), heads in the fixed order 0..K-1."""
     k = len(g)
     rho_t = rho_t.copy()
     pc = g.copy()
@@ -414,7 +416,7 @@ def ref_gradvac(g, rho_t, beta=0.5):
                                               - rho * np.sqrt(1 - rho_t[i, j] ** 2))
                      / (np.linalg.norm(g[j]) * np.sqrt(1 - rho_t[i, j] ** 2) + 1e-8))
                 pc[i] = pc[i] + w * g[j]
-                rho_t[i, j] = (1 - beta) * rho_t[i, j] + beta * rho
+            rho_t[i, j] = (1 - beta) * rho_t[i, j] + beta * rho
     return pc.sum(axis=0), rho_t
 
 
@@ -459,7 +461,7 @@ def _sequence(k, seed):
 @functools.lru_cache(maxsize=None)
 def _stateful_fn(name, k, dtype, options):
     aggregator = agg.get_aggregator(name, num_heads=k, **dict(options))
-    if not aggregator.state:   # stateless (FairGrad): the same harness, no state
+    if not aggregator.state_spec():   # stateless (FairGrad): the same harness, no state
         return tf.function(lambda gram, state: aggregator(gram)._replace(state={})), aggregator
     return tf.function(lambda gram, state: aggregator(gram, state=state)), aggregator
 
@@ -612,13 +614,13 @@ def test_trimmed_mean_with_repeated_values_and_outliers_equals_sorting(dtype):
         g = np.random.default_rng(k).integers(-2, 3, (k, 200)).astype(dtype)
         g[:, 0] = 1.0                                           # every value equal
         for t in range(0, (k + 1) // 2):
-            got = agg.trimmed_mean_combine(tf.constant(g), t).numpy()
+            got = coordinatewise.trimmed_mean_combine(tf.constant(g), t).numpy()
             want = ref_trimmed_mean(g.astype(np.float64), min(t, (k - 1) // 2))
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"K={k} t={t}")
     # Outliers are dropped without touching the kept values' precision: 1e30 and inf rows
     # (a summed-then-subtracted mean would give 0 or nan here).
     g = np.array([[1e30, -np.inf], [1.0, 2.0], [1.5, 2.5], [2.0, 3.0], [-1e30, np.inf]], dtype)
-    np.testing.assert_array_equal(agg.trimmed_mean_combine(tf.constant(g), 1).numpy(),
+    np.testing.assert_array_equal(coordinatewise.trimmed_mean_combine(tf.constant(g), 1).numpy(),
                                   np.array([1.5, 2.5], dtype))
 
 

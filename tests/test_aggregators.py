@@ -7,7 +7,8 @@ import pytest
 import scipy.optimize
 
 import multihead as mh
-from multihead.aggregation import aggregators as agg
+from multihead import aggregation as agg
+from multihead.aggregation import coordinatewise, solvers
 
 
 def _np(x):
@@ -231,7 +232,7 @@ def test_box_qp_equals_brute_force_over_active_sets():
     a = rng.standard_normal((4, 4))
     q = (a @ a.T + 0.1 * np.eye(4)).astype(np.float32)
     lower = rng.standard_normal((3, 4)).astype(np.float32)
-    got = _np(agg.box_qp(q, lower))
+    got = _np(solvers.box_qp(q, lower))
     for p in range(3):
         best = None
         for free in itertools.product([0, 1], repeat=4):  # KKT candidates, checked by hand

@@ -177,3 +177,30 @@ def test_the_cli_is_on_top_nothing_in_the_package_imports_it():
     assert "multihead.cli.main" in graph["multihead.__main__"]
     setup = (PACKAGE.parent / "setup.py").read_text()
     assert '"multihead = multihead.cli.main:main"' in setup
+
+
+def _string_constants(node: ast.AST) -> list[str]:
+    """The string constants a comparison operand is or contains (`x in ("a", "b")`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for e in node.elts for s in _string_constants(e)]
+    return []
+
+
+def test_core_never_compares_a_method_name_to_a_string():
+    """Core asks what an aggregation method is (its base, its capabilities), never what it is
+    called: no `==`, `!=`, `in` or `not in` against the name of a registered method."""
+    from multihead.aggregation import AGGREGATORS, LOSS_WEIGHTINGS
+
+    names = set(AGGREGATORS) | set(LOSS_WEIGHTINGS)
+    found = []
+    for path in sorted((PACKAGE / "core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            for text in (s for o in operands for s in _string_constants(o)):
+                if text in names:
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {text!r}")
+    assert not found, found

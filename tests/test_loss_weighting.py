@@ -5,12 +5,13 @@ import pytest
 import tensorflow as tf
 
 from multihead.aggregation import loss_weighting as lw
+from multihead.aggregation.registry import check_loss_weighting_options, make_loss_weighting
 
 
 def test_uncertainty_weights_and_log_variance_gradient():
     # Kendall et al.: L = sum_k exp(-s_k) L_k / 2 + s_k / 2, so dL/ds_k = (1 - exp(-s_k) L_k) / 2.
     # s = (0, log 2), L = (3, 1): weights (1/2, 1/4); dL/ds = ((1 - 3)/2, (1 - 1/2)/2) = (-1, 1/4).
-    scheme = lw.UncertaintyWeighting(2)
+    scheme = lw.UncertaintyWeighting(num_heads=2)
     scheme.log_vars.assign([0.0, np.log(2.0)])
     losses = tf.constant([3.0, 1.0])
     np.testing.assert_allclose(scheme.weights(losses).numpy(), [0.5, 0.25], rtol=1e-6)
@@ -31,7 +32,7 @@ def test_dwa_weights_formula():
 
 
 def test_dwa_state_averages_periods_and_waits_two_of_them():
-    scheme = lw.DWAWeighting(3, temperature=2.0, period=2)
+    scheme = lw.DWAWeighting(num_heads=3, temperature=2.0, period=2)
     rng = np.random.default_rng(0)
     steps = rng.uniform(0.5, 2.0, (9, 3)).astype(np.float32)
     for t, losses in enumerate(steps):
@@ -72,7 +73,7 @@ def test_gradnorm_update_2d_by_hand():
 
 
 def test_gradnorm_state_equals_reference_over_steps():
-    scheme = lw.GradNormWeighting(4, alpha=1.5, learning_rate=0.05)
+    scheme = lw.GradNormWeighting(num_heads=4, alpha=1.5, learning_rate=0.05)
     rng = np.random.default_rng(1)
     w, initial = np.ones(4), None
     for _ in range(6):
@@ -94,15 +95,15 @@ def test_gradnorm_state_equals_reference_over_steps():
 ])
 def test_bad_scheme_or_option_is_a_clear_error(name, options, match):
     with pytest.raises(ValueError, match=match):
-        lw.make_loss_weighting(name, 2, **options)
+        make_loss_weighting(name, 2, **options)
 
 
 def test_state_is_in_checkpointed_variables(tmp_path):
-    scheme = lw.DWAWeighting(2, period=1)
+    scheme = lw.DWAWeighting(num_heads=2, period=1)
     for losses in ([1.0, 2.0], [2.0, 1.0], [0.5, 0.5]):
         scheme.update(tf.constant(losses), None)
     path = tf.train.Checkpoint(w=scheme).write(str(tmp_path / "dwa"))
-    fresh = lw.DWAWeighting(2, period=1)
+    fresh = lw.DWAWeighting(num_heads=2, period=1)
     tf.train.Checkpoint(w=fresh).read(path).assert_consumed()
     np.testing.assert_array_equal(fresh.weights(tf.ones(2)).numpy(),
                                   scheme.weights(tf.ones(2)).numpy())
@@ -119,7 +120,7 @@ def test_gls_weights_are_the_gradient_of_the_geometric_mean():
 
 
 def test_stch_warmup_then_smooth_tchebycheff_against_numpy():
-    scheme = lw.STCHWeighting(3, mu=0.5, warmup_steps=2)
+    scheme = lw.STCHWeighting(num_heads=3, mu=0.5, warmup_steps=2)
     rng = np.random.default_rng(1)
     steps = rng.uniform(0.2, 3.0, (5, 3)).astype(np.float32)
     for t, losses in enumerate(steps):
@@ -136,7 +137,7 @@ def test_stch_warmup_then_smooth_tchebycheff_against_numpy():
 
 def test_imtl_l_weights_and_scale_gradient():
     # objective sum exp(s) L - s: weights exp(s); d/ds = exp(s) L - 1.
-    scheme = lw.IMTLLWeighting(2)
+    scheme = lw.IMTLLWeighting(num_heads=2)
     scheme.loss_scale.assign([0.0, np.log(2.0)])
     losses = tf.constant([3.0, 0.25])
     np.testing.assert_allclose(scheme.weights(losses).numpy(), [1.0, 2.0], rtol=1e-6)
@@ -171,7 +172,7 @@ def test_famo_weights_over_steps_equal_the_authors_update():
     rng = np.random.default_rng(2)
     steps = rng.uniform(0.2, 3.0, (8, 3)).astype(np.float32)
     steps[4:, 0] *= 0.1   # one task's loss drops fast: its weight must fall
-    scheme = lw.FAMOWeighting(3, w_lr=0.3, gamma=1e-3)
+    scheme = lw.FAMOWeighting(num_heads=3, w_lr=0.3, gamma=1e-3)
     got = []
     for losses in steps:
         got.append(scheme.weights(tf.constant(losses)).numpy())
@@ -180,7 +181,7 @@ def test_famo_weights_over_steps_equal_the_authors_update():
 
 
 def test_rlw_weights_are_a_softmax_of_normal_draws_from_its_own_generator():
-    scheme = lw.RLWWeighting(4, seed=7)
+    scheme = lw.RLWWeighting(num_heads=4, seed=7)
     rng = tf.random.Generator.from_seed(7)
     for _ in range(3):
         z = rng.normal([4]).numpy()
@@ -194,4 +195,4 @@ def test_rlw_weights_are_a_softmax_of_normal_draws_from_its_own_generator():
 ])
 def test_bad_new_scheme_options_are_refused(name, options):
     with pytest.raises(ValueError, match=f"loss weighting {name!r}"):
-        lw.check_loss_weighting_options(name, **options)
+        check_loss_weighting_options(name, **options)

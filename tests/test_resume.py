@@ -167,11 +167,12 @@ def _tensors(prefix):
             if not key.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "run/"))}
 
 
-def _killed_after_a_checkpoint(config, stopped):
+def _killed_after_a_checkpoint(config, stopped, launcher=("-m", "multihead")):
     """Starts `multihead train config` in `stopped`, SIGKILLs it once it has written a
-    checkpoint; returns the step of its newest checkpoint."""
+    checkpoint; returns the step of its newest checkpoint. `launcher`: the Python arguments
+    that run the CLI (a script that registers user classes first, for instance)."""
     state_file = stopped / "checkpoints" / "checkpoint"
-    proc = subprocess.Popen([sys.executable, "-m", "multihead", "train", str(config),
+    proc = subprocess.Popen([sys.executable, *launcher, "train", str(config),
                              "--run-dir", str(stopped), "--quiet"], env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -179,7 +179,7 @@ def _weighted_reference(model, scheme, batches):
     """Uncertainty / DWA / GradNorm by hand (numpy state), sum of weighted gradients on the trunk."""
     heads, trunk_opt = _head_opts(), _trunk_opt()
     trunk_vars = model.trunk_variables
-    log_vars = tf.Variable(tf.zeros([3]))
+    log_vars = tf.Variable(tf.fill([3], -0.5))   # UW's initial log-variance (LibMTL's)
     for h in HEADS:
         heads[h].build(model.head_variables(h))
     trunk_opt.build(trunk_vars + ([log_vars] if scheme == "uncertainty" else []))

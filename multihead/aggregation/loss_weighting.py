@@ -38,10 +38,6 @@ from typing import Any
 
 import tensorflow as tf
 
-#: Names accepted by `make_loss_weighting`.
-LOSS_WEIGHTINGS = ("uncertainty", "gradnorm", "dwa", "gls", "stch", "imtl_l", "famo", "rlw")
-
-
 # -- pure math -------------------------------------------------------------------------
 
 
@@ -141,22 +137,67 @@ def adam_update(param: tf.Tensor, grad: tf.Tensor, m: tf.Tensor, v: tf.Tensor, t
 
 
 class LossWeighting(tf.Module):
-    """Base class: per-head loss weights computed from variables owned by the scheme.
+    """Base of the loss weightings: per-head loss weights from state the scheme owns.
 
-    Subclasses set `needs_grad_norms` when `update` uses gradient norms.
+    A weighting scales each aggregated head's task loss by `weights(losses)[k]` before
+    gradients are taken, then the trunk update's aggregator combines the weighted heads'
+    trunk gradients (the `sum` by default; any aggregator composes). Options are
+    constructor arguments; variables are created in `create_state(num_heads)`, called
+    once by `build` when the number of heads is known (by the trunk update), and are
+    checkpointed as `trunk_update/weighting/<attribute>`. Trainable variables are
+    descended by the trunk optimizer along `objective(losses)`; the others change in
+    `update` after the step. Built-ins set the class attribute `name` (their config
+    name); to name a user class in a config, register it with
+    `keras.saving.register_keras_serializable` and give `get_config`.
+
+    Set `needs_grad_norms = True` when `update` reads the heads' unweighted trunk
+    gradient norms.
     """
 
     needs_grad_norms = False
 
-    def __init__(self, num_heads: int, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None) -> None:
         super().__init__(name=name)
+        self.num_heads: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The name used in messages: a built-in's config name (its class attribute `name`,
+        which shadows `tf.Module.name`), else the class name."""
+        name = getattr(type(self), "name", None)
+        return name if isinstance(name, str) else type(self).__name__
+
+    def build(self, num_heads: int) -> None:
+        """Creates the state for `num_heads` heads, once."""
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
+        if self.num_heads is not None:
+            raise ValueError(
+                f"loss weighting {self.label!r} is already built for {self.num_heads} heads (it "
+                "holds one run's state); give each Trainer its own instance")
         self.num_heads = num_heads
+        self.create_state(num_heads)
+
+    def _build_now(self, num_heads: int | None) -> None:
+        if num_heads is not None:
+            self.build(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
+        """Creates the scheme's variables (none by default)."""
+        del num_heads
+
+    def get_config(self) -> dict[str, Any]:
+        """The constructor's keyword options (Keras serialization)."""
+        return dict(getattr(self, "_options", {}))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LossWeighting:
+        """A new, unbuilt instance from `get_config()`'s output."""
+        return cls(**config)
 
     def weights(self, losses: tf.Tensor) -> tf.Tensor:
         """`(K,)` weights for the task losses `losses` (called inside the gradient tape)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement weights(losses)")
 
     def objective(self, losses: tf.Tensor) -> tf.Tensor | None:
         """Scalar the scheme's trainable variables descend (None: they have none)."""
@@ -176,13 +217,24 @@ class UncertaintyWeighting(LossWeighting):
     `s_k / 2` term keeps the variances from growing without bound.
 
     Args:
-        num_heads: K.
-        initial_log_var: starting `s_k`.
+        initial_log_var: starting `s_k` (LibMTL's -0.5, its `loss_scale` initial value).
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
-    def __init__(self, num_heads: int, initial_log_var: float = 0.0) -> None:
-        super().__init__(num_heads, name="uncertainty")
-        self.log_vars = tf.Variable(tf.fill([num_heads], float(initial_log_var)), name="log_vars")
+    name = "uncertainty"
+
+    def __init__(self, initial_log_var: float = -0.5, num_heads: int | None = None) -> None:
+        super().__init__(name="uncertainty")
+        if (isinstance(initial_log_var, bool) or not isinstance(initial_log_var, (int, float))
+                or not math.isfinite(initial_log_var)):
+            raise ValueError(f"loss weighting 'uncertainty': initial_log_var must be a number, "
+                             f"got {initial_log_var!r}")
+        self.initial_log_var = float(initial_log_var)
+        self._options = {"initial_log_var": initial_log_var}
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
+        self.log_vars = tf.Variable(tf.fill([num_heads], self.initial_log_var), name="log_vars")
 
     def weights(self, losses: tf.Tensor) -> tf.Tensor:
         del losses
@@ -199,15 +251,24 @@ class DWAWeighting(LossWeighting):
     first two periods use weight 1.
 
     Args:
-        num_heads: K.
-        temperature: T (the paper uses 2).
-        period: steps averaged into one "epoch" loss.
+        temperature: T (the paper uses 2), > 0.
+        period: steps averaged into one "epoch" loss, an integer >= 1.
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
-    def __init__(self, num_heads: int, temperature: float = 2.0, period: int = 1) -> None:
-        super().__init__(num_heads, name="dwa")
+    name = "dwa"
+
+    def __init__(self, temperature: float = 2.0, period: int = 1,
+                 num_heads: int | None = None) -> None:
+        super().__init__(name="dwa")
+        _positive("dwa", "temperature", temperature)
+        _positive("dwa", "period", period, integer=True)
         self.temperature = float(temperature)
         self.period = int(period)
+        self._options = {"temperature": temperature, "period": period}
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
         self.loss_sum = tf.Variable(tf.zeros([num_heads]), trainable=False, name="loss_sum")
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="count")
         self.last = tf.Variable(tf.zeros([num_heads]), trainable=False, name="last")
@@ -242,17 +303,25 @@ class GradNormWeighting(LossWeighting):
     `learning_rate` each training step, then are renormalised to sum to K.
 
     Args:
-        num_heads: K.
-        alpha: the asymmetry hyperparameter (the paper uses 0.12 to 3; 1.5 is common).
-        learning_rate: step size of the weights.
+        alpha: the asymmetry hyperparameter (the paper uses 0.12 to 3; 1.5 is common), > 0.
+        learning_rate: step size of the weights, > 0.
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
+    name = "gradnorm"
     needs_grad_norms = True
 
-    def __init__(self, num_heads: int, alpha: float = 1.5, learning_rate: float = 0.025) -> None:
-        super().__init__(num_heads, name="gradnorm")
+    def __init__(self, alpha: float = 1.5, learning_rate: float = 0.025,
+                 num_heads: int | None = None) -> None:
+        super().__init__(name="gradnorm")
+        _positive("gradnorm", "alpha", alpha)
+        _positive("gradnorm", "learning_rate", learning_rate)
         self.alpha = float(alpha)
         self.learning_rate = float(learning_rate)
+        self._options = {"alpha": alpha, "learning_rate": learning_rate}
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
         self.loss_weights = tf.Variable(tf.ones([num_heads]), trainable=False, name="loss_weights")
         self.initial_losses = tf.Variable(tf.zeros([num_heads]), trainable=False,
                                           name="initial_losses")
@@ -277,8 +346,11 @@ class GLSWeighting(LossWeighting):
     the geometric mean of the task losses, `(prod_k L_k)^(1/K)`. Stateless; the losses
     must be positive."""
 
-    def __init__(self, num_heads: int) -> None:
-        super().__init__(num_heads, name="gls")
+    name = "gls"
+
+    def __init__(self, num_heads: int | None = None) -> None:
+        super().__init__(name="gls")
+        self._build_now(num_heads)
 
     def weights(self, losses: tf.Tensor) -> tf.Tensor:
         return gls_weights(tf.stop_gradient(losses))
@@ -294,15 +366,25 @@ class STCHWeighting(LossWeighting):
     be positive.
 
     Args:
-        num_heads: K.
-        mu: the smoothing parameter (LibMTL's `STCH_mu`, default 1.0).
-        warmup_steps: steps of the `sum log L` warmup that estimates the nadir point.
+        mu: the smoothing parameter (LibMTL's `STCH_mu`, default 1.0), > 0.
+        warmup_steps: steps of the `sum log L` warmup that estimates the nadir point, >= 1.
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
-    def __init__(self, num_heads: int, mu: float = 1.0, warmup_steps: int = 100) -> None:
-        super().__init__(num_heads, name="stch")
+    name = "stch"
+
+    def __init__(self, mu: float = 1.0, warmup_steps: int = 100,
+                 num_heads: int | None = None) -> None:
+        super().__init__(name="stch")
+        _positive("stch", "mu", mu)
+        # 0 would leave the nadir point undefined (no losses averaged).
+        _positive("stch", "warmup_steps", warmup_steps, integer=True)
         self.mu = float(mu)
         self.warmup_steps = int(warmup_steps)
+        self._options = {"mu": mu, "warmup_steps": warmup_steps}
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
         self.loss_sum = tf.Variable(tf.zeros([num_heads]), trainable=False, name="loss_sum")
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="count")
 
@@ -329,11 +411,16 @@ class IMTLLWeighting(LossWeighting):
     and the `-s_k` term drives `exp(s_k) L_k` toward 1 (equal scaled losses).
 
     Args:
-        num_heads: K.
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
-    def __init__(self, num_heads: int) -> None:
-        super().__init__(num_heads, name="imtl_l")
+    name = "imtl_l"
+
+    def __init__(self, num_heads: int | None = None) -> None:
+        super().__init__(name="imtl_l")
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
         self.loss_scale = tf.Variable(tf.zeros([num_heads]), name="loss_scale")
 
     def weights(self, losses: tf.Tensor) -> tf.Tensor:
@@ -355,15 +442,26 @@ class FAMOWeighting(LossWeighting):
     is 0, the authors' default.
 
     Args:
-        num_heads: K.
-        w_lr: Adam's learning rate on the logits (the authors' default 0.025).
-        gamma: Adam's weight decay on the logits (the authors' default 1e-5).
+        w_lr: Adam's learning rate on the logits (the authors' and LibMTL's 0.025), > 0.
+        gamma: Adam's weight decay on the logits, >= 0 (LibMTL's `FAMO_w_gamma`, 1e-3).
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
-    def __init__(self, num_heads: int, w_lr: float = 0.025, gamma: float = 1e-5) -> None:
-        super().__init__(num_heads, name="famo")
+    name = "famo"
+
+    def __init__(self, w_lr: float = 0.025, gamma: float = 1e-3,
+                 num_heads: int | None = None) -> None:
+        super().__init__(name="famo")
+        _positive("famo", "w_lr", w_lr)
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not (
+                math.isfinite(gamma) and gamma >= 0):
+            raise ValueError(f"loss weighting 'famo': gamma must be a number >= 0, got {gamma!r}")
         self.w_lr = float(w_lr)
         self.gamma = float(gamma)
+        self._options = {"w_lr": w_lr, "gamma": gamma}
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
         zeros = tf.zeros([num_heads])
         self.logits = tf.Variable(zeros, trainable=False, name="logits")
         self.m = tf.Variable(zeros, trainable=False, name="m")
@@ -397,13 +495,20 @@ class RLWWeighting(LossWeighting):
     checkpoint holds its state and a resumed run draws the same weights).
 
     Args:
-        num_heads: K.
-        seed: the generator's seed (the trunk policy's `seed`).
+        seed: the generator's seed (by name in a policy: the trunk policy's `seed`).
+        num_heads: K, to build now (else the trunk update builds it).
     """
 
-    def __init__(self, num_heads: int, seed: int = 0) -> None:
-        super().__init__(num_heads, name="rlw")
-        self.rng = tf.random.Generator.from_seed(seed)
+    name = "rlw"
+
+    def __init__(self, seed: int = 0, num_heads: int | None = None) -> None:
+        super().__init__(name="rlw")
+        self.seed = seed
+        self._options = {"seed": seed}
+        self._build_now(num_heads)
+
+    def create_state(self, num_heads: int) -> None:
+        self.rng = tf.random.Generator.from_seed(self.seed)
 
     def weights(self, losses: tf.Tensor) -> tf.Tensor:
         del losses
@@ -417,65 +522,3 @@ def _positive(name: str, key: str, value: Any, integer: bool = False) -> None:
             f"loss weighting {name!r}: {key} must be a positive {'integer' if integer else 'number'}, "
             f"got {value!r}"
         )
-
-
-_OPTIONS = {
-    "uncertainty": {"initial_log_var": 0.0},
-    "gradnorm": {"alpha": 1.5, "learning_rate": 0.025},
-    "dwa": {"temperature": 2.0, "period": 1},
-    "gls": {}, "stch": {"mu": 1.0, "warmup_steps": 100}, "imtl_l": {},
-    "famo": {"w_lr": 0.025, "gamma": 1e-5}, "rlw": {},
-}
-
-
-def check_loss_weighting_options(name: str, **options: Any) -> dict[str, Any]:
-    """Validates a scheme's name and options; returns the options with defaults filled in."""
-    if name not in _OPTIONS:
-        raise ValueError(f"unknown loss weighting {name!r}; choose one of {list(LOSS_WEIGHTINGS)}")
-    known = _OPTIONS[name]
-    for key in options:
-        if key not in known:
-            raise ValueError(f"loss weighting {name!r} has no option {key!r}; its options are {sorted(known)}")
-    merged = {**known, **options}
-    if name == "uncertainty":
-        value = merged["initial_log_var"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"loss weighting 'uncertainty': initial_log_var must be a number, got {value!r}")
-    elif name == "gradnorm":
-        _positive(name, "alpha", merged["alpha"])
-        _positive(name, "learning_rate", merged["learning_rate"])
-    elif name == "dwa":
-        _positive(name, "temperature", merged["temperature"])
-        _positive(name, "period", merged["period"], integer=True)
-    elif name == "stch":
-        _positive(name, "mu", merged["mu"])
-        # 0 would leave the nadir point undefined (no losses averaged).
-        _positive(name, "warmup_steps", merged["warmup_steps"], integer=True)
-    elif name == "famo":
-        _positive(name, "w_lr", merged["w_lr"])
-        gamma = merged["gamma"]
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not (
-                math.isfinite(gamma) and gamma >= 0):
-            raise ValueError(f"loss weighting 'famo': gamma must be a number >= 0, got {gamma!r}")
-    return merged
-
-
-def make_loss_weighting(name: str, num_heads: int, seed: int = 0,
-                        **options: Any) -> LossWeighting:
-    """A fresh loss-weighting scheme `name` for `num_heads` heads.
-
-    Args:
-        name: one of `LOSS_WEIGHTINGS`.
-        num_heads: the number of heads it weights.
-        seed: the seed of `rlw`'s generator.
-        **options: `initial_log_var` (uncertainty); `alpha`, `learning_rate`
-            (gradnorm); `temperature`, `period` (dwa); `mu`, `warmup_steps` (stch);
-            `w_lr`, `gamma` (famo).
-    """
-    merged = check_loss_weighting_options(name, **options)
-    if name == "rlw":
-        return RLWWeighting(num_heads, seed=seed)
-    cls = {"uncertainty": UncertaintyWeighting, "gradnorm": GradNormWeighting,
-           "dwa": DWAWeighting, "gls": GLSWeighting, "stch": STCHWeighting,
-           "imtl_l": IMTLLWeighting, "famo": FAMOWeighting}[name]
-    return cls(num_heads, **merged)

@@ -452,7 +452,7 @@ class Trainer:
                     "it inside `with strategy.scope():` or give its name (e.g. 'adam')")
         policy = self.trunk_update.policy if self.trunk_update is not None else None
         if policy is not None and (policy.rep_grad or policy.is_loss_weighting):
-            what = "rep_grad=True" if policy.rep_grad else f"aggregator={policy.aggregator!r}"
+            what = "rep_grad=True" if policy.rep_grad else f"loss_weighting={policy.loss_weighting!r}"
             raise ValueError(
                 f"trunk aggregation with {what} is not supported with a strategy yet; use a "
                 "gradient aggregator (sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl) "

@@ -11,7 +11,7 @@ small interface (`weigh`, `replica_gradients`, `apply`):
   own variables only; one trunk optimizer, built on the trunk variables (plus a
   loss weighting's trainable variables, e.g. uncertainty log-variances), applies
   `d = sum_k w_k g_k`, the aggregate of the heads' trunk gradients `g_k`
-  (weights `w` from `multihead.aggregation.aggregators`), plus the gradient of
+  (weights `w` from a `multihead.aggregation` method), plus the gradient of
   the trunk's own regularisation losses (added once, not aggregated).
 
 Two ways to get the `g_k` of an aggregate:
@@ -43,18 +43,19 @@ import tensorflow as tf
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, describe
 from multihead.core import updates
-from multihead.aggregation.aggregators import (
+from multihead.aggregation.base import Aggregator, BufferedAggregator
+from multihead.aggregation.buffered import db_mtl_loss_factor
+from multihead.aggregation.dispatch import run as run_aggregator, step_draws
+from multihead.aggregation.loss_weighting import LossWeighting
+from multihead.aggregation.registry import (
     AGGREGATORS,
-    REP_GRAD_AGGREGATORS,
-    Aggregator,
-    db_mtl_loss_factor,
-    get_aggregator,
-)
-from multihead.aggregation.loss_weighting import (
     LOSS_WEIGHTINGS,
-    LossWeighting,
-    check_loss_weighting_options,
+    REP_GRAD_AGGREGATORS,
+    AggregatorSpec,
+    LossWeightingSpec,
+    from_registered,
     make_loss_weighting,
+    resolve_aggregator,
 )
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
 from multihead.monitoring import tags
@@ -81,20 +82,17 @@ class TrunkPolicy:
         >>> policy = mh.TrunkPolicy(optimizer="adam", aggregator="pcgrad")
         >>> policy = mh.TrunkPolicy(aggregator="cagrad", options={"c": 0.5})
         >>> policy = mh.TrunkPolicy(aggregator="mgda", rep_grad=True)   # MGDA-UB
+        >>> policy = mh.TrunkPolicy(aggregator="pcgrad", loss_weighting="uncertainty")
 
     Args:
         optimizer: the trunk optimizer (Keras object, name or serialization dict).
-        aggregator: a gradient aggregator (`sum`, `mean`, `weights`, `pcgrad`,
-            `mgda`, `cagrad`, `upgrad`, `imtl`, `dualproj`, `aligned_mtl`, `config`,
-            `krum`; see `multihead.aggregation.aggregators`) or a loss weighting
-            (`uncertainty`, `gradnorm`, `dwa`, `gls`, `stch`, `imtl_l`, `famo`,
-            `rlw`, whose trunk aggregate is the sum of the weighted heads'
-            gradients). Also `nash_mtl`, `gradvac`, `fairgrad`, `sdmgrad`,
-            `random`, `graddrop`, `trimmed_mean`, and `moco`, `db_mtl`, `excess_mtl`,
-            which keep a running copy of the heads' trunk gradients (K x the trunk's
-            parameters, in `aggregator_state`).
-        options: the aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`,
-            `{"alpha": 1.5}`, ...).
+        aggregator: the gradient aggregator: a name from `multihead.AGGREGATORS`, an
+            instance of a `multihead.Aggregator` base (a user's method too), or
+            `{"class_name": "package>Name", "config": {...}}` naming a class registered
+            with `keras.saving.register_keras_serializable`. The name of a loss
+            weighting (`aggregator="uncertainty"`) means that loss weighting with `sum`.
+        options: a named aggregator's options (`{"weights": [...]}`, `{"c": 0.4}`, ...);
+            with a loss weighting's name as `aggregator`, that weighting's options.
         rep_grad: combine the heads' gradients at the trunk output (MGDA-UB).
         seed: seed of the random draws of `pcgrad`, `gradvac`, `random`,
             `graddrop` and `rlw` (a generator owned by this trainer, checkpointed
@@ -102,42 +100,97 @@ class TrunkPolicy:
         dtype: precision of the Gramian, the weights' solve and the aggregator's
             state: `"float32"` (default) or `"float64"`, for analysis (the
             combined gradient keeps the variables' dtype).
+        loss_weighting: a loss weighting that scales the heads' losses before the
+            aggregator combines their trunk gradients: a name from
+            `multihead.LOSS_WEIGHTINGS`, a `multihead.LossWeighting` instance (used by
+            one Trainer only: it holds that run's state), or a registered-class mapping.
+        loss_weighting_options: a named loss weighting's options.
     """
 
     optimizer: OptimizerSpec = "adam"
-    aggregator: str = "sum"
+    aggregator: AggregatorSpec = "sum"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     rep_grad: bool = False
     seed: int = 0
     dtype: str = "float32"
+    loss_weighting: LossWeightingSpec | None = None
+    loss_weighting_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_choice(self.aggregator, "TrunkPolicy.aggregator", TRUNK_AGGREGATORS)
-        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"))
         if not isinstance(self.options, Mapping):
             raise TypeError(f"TrunkPolicy.options: expected a mapping, got {describe(self.options)}")
+        if not isinstance(self.loss_weighting_options, Mapping):
+            raise TypeError("TrunkPolicy.loss_weighting_options: expected a mapping, got "
+                            f"{describe(self.loss_weighting_options)}")
+        if isinstance(self.aggregator, str) and self.aggregator in LOSS_WEIGHTINGS:
+            # `aggregator: uncertainty` (the form configs have used): that weighting under `sum`.
+            if self.loss_weighting is not None:
+                raise ValueError(f"TrunkPolicy.aggregator: {self.aggregator!r} is a loss weighting "
+                                 "and loss_weighting is given too; name an aggregator there")
+            object.__setattr__(self, "loss_weighting", self.aggregator)
+            object.__setattr__(self, "loss_weighting_options", dict(self.options))
+            object.__setattr__(self, "aggregator", "sum")
+            object.__setattr__(self, "options", {})
+        if isinstance(self.aggregator, str):
+            check_choice(self.aggregator, "TrunkPolicy.aggregator", TRUNK_AGGREGATORS)
+        elif not isinstance(self.aggregator, (Aggregator, Mapping)):
+            raise TypeError("TrunkPolicy.aggregator: expected a name, a multihead.Aggregator "
+                            f"instance or a registered-class mapping, got {describe(self.aggregator)}")
+        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"))
         check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False))
-        if self.is_loss_weighting:
-            check_loss_weighting_options(self.aggregator, **self.options)
-        else:
-            agg = get_aggregator(self.aggregator, **self.options)
-            if self.rep_grad and agg.buffers:
-                raise ValueError(
-                    f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it keeps a "
-                    "running copy of the heads' gradients of the trunk's variables (as LibMTL, "
-                    "which refuses it too); set rep_grad: false")
-            if self.rep_grad and not agg.rep_grad:
-                raise ValueError(
-                    f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it needs the "
-                    "heads' gradients in parameter space (its guarantee is about the update of the "
-                    "trunk's variables, not of its output); set rep_grad: false, or use one of "
-                    f"{list(REP_GRAD_AGGREGATORS + LOSS_WEIGHTINGS)}"
-                )
+        agg = resolve_aggregator(self.aggregator, self.options, what="TrunkPolicy.aggregator")
+        object.__setattr__(self, "_method", agg)
+        weighting = self.loss_weighting
+        if isinstance(weighting, str):
+            make_loss_weighting(weighting, **self.loss_weighting_options)  # validates, builds nothing
+        elif isinstance(weighting, Mapping):
+            from_registered(weighting, LossWeighting, "TrunkPolicy.loss_weighting")
+        elif weighting is not None and not isinstance(weighting, LossWeighting):
+            raise TypeError("TrunkPolicy.loss_weighting: expected a name, a multihead.LossWeighting "
+                            f"instance or a registered-class mapping, got {describe(weighting)}")
+        if weighting is not None and not isinstance(weighting, str) and self.loss_weighting_options:
+            raise ValueError("TrunkPolicy.loss_weighting_options: options go to the constructor "
+                             "of a loss weighting instance or in its mapping's config")
+        if weighting is not None and agg.log_losses:
+            raise ValueError(
+                f"trunk aggregator {agg.label!r} scales the losses itself (each head descends "
+                f"log(L + 1e-8)); it does not compose with the loss weighting {weighting!r}")
+        if self.rep_grad and agg.buffers:
+            raise ValueError(
+                f"trunk aggregator {agg.label!r} cannot use rep_grad=True: it keeps a "
+                "running copy of the heads' gradients of the trunk's variables (as LibMTL, "
+                "which refuses it too); set rep_grad: false")
+        if self.rep_grad and not agg.rep_grad:
+            raise ValueError(
+                f"trunk aggregator {agg.label!r} cannot use rep_grad=True: it needs the "
+                "heads' gradients in parameter space (its guarantee is about the update of the "
+                "trunk's variables, not of its output); set rep_grad: false, or use one of "
+                f"{list(REP_GRAD_AGGREGATORS + LOSS_WEIGHTINGS)}"
+            )
+
+    @property
+    def method(self) -> Aggregator:
+        """The validated aggregator (shared by every trunk update of this policy: a method
+        object holds options only; its state lives in each trunk update)."""
+        return self._method  # type: ignore[attr-defined]
 
     @property
     def is_loss_weighting(self) -> bool:
-        """True for the loss weightings (`LOSS_WEIGHTINGS`)."""
-        return self.aggregator in LOSS_WEIGHTINGS
+        """True when a loss weighting scales the heads' losses."""
+        return self.loss_weighting is not None
+
+    def build_loss_weighting(self, num_heads: int) -> LossWeighting | None:
+        """The loss weighting of one trunk update, built for `num_heads` heads (a fresh one
+        for a name or mapping; the instance given, built now, otherwise)."""
+        spec = self.loss_weighting
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            return make_loss_weighting(spec, num_heads, seed=self.seed, **self.loss_weighting_options)
+        weighting = (from_registered(spec, LossWeighting, "TrunkPolicy.loss_weighting")
+                     if isinstance(spec, Mapping) else spec)
+        weighting.build(num_heads)
+        return weighting
 
 
 def resolve_trunk(trunk: str | TrunkPolicy | Mapping[str, Any] | None) -> TrunkPolicy | None:
@@ -229,8 +282,12 @@ class _Aggregated:
 
         losses = None
         if self.aggregator.needs_losses and not self.aggregator.log_losses:  # MoCo
-            # The loss whose gradient each head's trunk gradient is: weight x loss.
+            # The loss whose gradient each head's trunk gradient is: weight x loss (x the
+            # loss weighting's factor, held constant, under one).
             losses = [h.weight(step) * fwd.losses[h.name] for h in agg]
+            if self.weighting is not None:
+                factors = fwd.extra[1]
+                losses = [loss * factors[self.heads.index(h.name)] for loss, h in zip(losses, agg)]
 
         def trunk_step(members: Sequence[int]) -> tf.Tensor:
             self._apply_trunk(engine, [agg[i] for i in members], [per_head[i] for i in members],
@@ -311,7 +368,7 @@ class _Aggregated:
                          factors: tf.Tensor | None, gram: tf.Tensor | None,
                          stacked: Sequence[tf.Tensor], projections: tf.Tensor,
                          trunk_grads: Sequence[tf.Tensor]) -> None:
-        random_order = self.aggregator.name == "pcgrad"  # the only one counting projections
+        random_order = self.aggregator.counts_projections
 
         def log() -> None:
             # Constant weights need no Gramian to step: compute it on logging steps only.
@@ -347,32 +404,29 @@ class _Aggregated:
         pairwise = k <= _PAIRWISE_MAX_HEADS
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
         dtype = tf.as_dtype(self.policy.dtype)
-        if aggregator.buffers:  # MoCo, DB-MTL, ExcessMTL: on the K x n blocks and their buffers
-            return self._combine_buffered(aggregator, names, stacked, sources, losses, dtype)
-        if aggregator.coordinatewise:  # GradDrop, TrimmedMean: coordinate by coordinate
-            combined = []
-            for block, t in zip(stacked, sources):
-                extra = {"noise": self.rng.uniform(block.shape[1:])} if aggregator.noise else {}
-                combined.append(tf.reshape(tf.cast(aggregator(tf.cast(block, dtype), **extra),
-                                                   block.dtype), tf.shape(t)))
-            return combined, (None, tf.constant(0, tf.int32), None), stacked
-        constant = aggregator.name in ("sum", "mean", "weights", "random")
-        needs_gram = not constant or (self.weighting is not None and self.weighting.needs_grad_norms)
-        gram = None
-        extra = {}
-        if aggregator.random_order:
-            extra["order"] = tf.argsort(self.rng.uniform([k, k]), axis=1)
-        if aggregator.noise == "normal":
-            extra["noise"] = self.rng.normal([k])
-        if aggregator.state:
-            extra["state"] = self.aggregator_state.read(self._indices(names))
-        if needs_gram:
-            gram = (_pairwise_gramian(per_head, dtype) if pairwise else _gramian(stacked, dtype))
-            result = aggregator(gram, **extra)
-        else:
-            result = aggregator(tf.zeros([k, k], dtype), **extra)
-        if aggregator.state:
-            self.aggregator_state.write(self._indices(names), result.state)
+        indices = self._indices(names)
+        state = self.aggregator_state if aggregator.stateful else None
+        buffered = isinstance(aggregator, BufferedAggregator)
+        result = run_aggregator(
+            aggregator, stacked, dtype,
+            gram=lambda: (_pairwise_gramian(per_head, dtype) if pairwise
+                          else _gramian(stacked, dtype)),
+            draws=step_draws(aggregator, self.rng, k),
+            block_noise=self.rng.uniform,
+            state=state.read(indices) if state is not None else None,
+            buffers=state.read_buffers(indices) if buffered else None,
+            losses=losses,
+            want_gram=self.weighting is not None and self.weighting.needs_grad_norms)
+        if state is not None:
+            state.write(indices, result.state)
+        if buffered:
+            state.write_buffers(indices, result.buffers)
+        if result.directions is not None:  # coordinate-wise and buffered methods: per block
+            combined = [tf.reshape(tf.cast(d, s.dtype), tf.shape(t))
+                        for d, s, t in zip(result.directions, stacked, sources)]
+            weights = None if result.weights is None else tf.cast(result.weights, tf.float32)
+            return combined, (weights, result.projections, None), stacked
+        gram = result.gram
         weights = result.weights
         if weights.dtype != tf.float32:  # float64 analysis: combine in the variables' dtype
             weights = tf.cast(weights, stacked[0].dtype if stacked else tf.float32)
@@ -385,25 +439,6 @@ class _Aggregated:
             combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
                         for s, t in zip(stacked, sources)]
         return combined, (weights, result.projections, gram), stacked
-
-    def _combine_buffered(self, aggregator: Aggregator, names: tuple[str, ...],
-                          stacked: list[tf.Tensor], sources: Sequence[Any],
-                          losses: tf.Tensor | None, dtype: tf.DType,
-                          ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, None],
-                                     list[tf.Tensor]]:
-        """A buffered aggregator's step on the per-variable `K x n` blocks: reads and
-        writes the rows of `names` in the state and the buffers."""
-        indices = self._indices(names)
-        state = self.aggregator_state
-        blocks = [s if s.dtype == dtype else tf.cast(s, dtype) for s in stacked]
-        result = aggregator(blocks, buffers=state.read_buffers(indices),
-                            losses=None if losses is None else tf.cast(losses, dtype),
-                            state=state.read(indices))
-        state.write(indices, result.state)
-        state.write_buffers(indices, result.buffers)
-        combined = [tf.reshape(tf.cast(d, s.dtype), tf.shape(t))
-                    for d, s, t in zip(result.directions, stacked, sources)]
-        return combined, (tf.cast(result.weights, tf.float32), result.projections, None), stacked
 
 
 class AggregatorState(tf.Module):
@@ -418,7 +453,7 @@ class AggregatorState(tf.Module):
     def __init__(self, aggregator: Aggregator, num_heads: int, dtype: str) -> None:
         super().__init__(name="aggregator_state")
         self._head_axes = self._no_dependency(
-            {key: spec.head_axes for key, spec in aggregator.state.items()})
+            {key: spec.head_axes for key, spec in aggregator.state_spec().items()})
         for key, value in aggregator.initial_state(num_heads).items():
             value = value.astype(dtype) if value.dtype.kind == "f" else value
             setattr(self, key, tf.Variable(value, trainable=False, name=key))
@@ -509,8 +544,8 @@ class TrunkUpdate(_Aggregated, tf.Module):
     Attributes:
         policy: the `TrunkPolicy`.
         optimizer: the trunk optimizer, built on `var_list`.
-        aggregator: the validated gradient aggregator (`sum` under a loss weighting).
-        weighting: the loss-weighting scheme, or None.
+        aggregator: the gradient aggregator (the policy's method object).
+        weighting: the loss weighting (this run's, with its variables), or None.
         heads: names of the aggregated heads (those that train the trunk), in order.
         rng: generator of PCGrad's projection orders.
         var_list: what the optimizer is built on (trunk + weighting variables).
@@ -525,15 +560,11 @@ class TrunkUpdate(_Aggregated, tf.Module):
         self.heads = tuple(heads)
         self.optimizer = optimizer
         k = len(self.heads)
-        if policy.is_loss_weighting:
-            self.aggregator: Aggregator = get_aggregator("sum", num_heads=k)
-            self.weighting: LossWeighting | None = make_loss_weighting(
-                policy.aggregator, k, seed=policy.seed, **policy.options)
-        else:
-            self.aggregator = get_aggregator(policy.aggregator, num_heads=k, **policy.options)
-            self.weighting = None
+        self.aggregator: Aggregator = policy.method
+        self.aggregator.check_heads(k)
+        self.weighting: LossWeighting | None = policy.build_loss_weighting(k)
         self.rng = tf.random.Generator.from_seed(policy.seed)
-        if self.aggregator.state:  # only then: stateless runs keep their checkpoint keys
+        if self.aggregator.stateful:  # only then: stateless runs keep their checkpoint keys
             self.aggregator_state = AggregatorState(self.aggregator, k, policy.dtype)
         # Not a dependency of this module itself (the optimizer already tracks its variables).
         self.var_list: tuple[keras.Variable, ...] = self._no_dependency(())
@@ -555,14 +586,8 @@ class TrunkUpdate(_Aggregated, tf.Module):
             if self.weighting is not None:
                 raise ValueError(
                     f"a step of some heads only ({list(names)}) cannot use the loss weighting "
-                    f"{self.policy.aggregator!r}: it weighs all {list(self.heads)} together")
-            options = dict(self.policy.options)
-            if "weights" in options:
-                options["weights"] = [options["weights"][self.heads.index(h)] for h in names]
-            # TrimmedMean's limit is checked on all heads; a step with fewer trims fewer.
-            count = None if self.policy.aggregator == "trimmed_mean" else len(names)
-            self._subsets[names] = get_aggregator(self.policy.aggregator, num_heads=count,
-                                                  **options)
+                    f"{self.weighting.label!r}: it weighs all {list(self.heads)} together")
+            self._subsets[names] = self.aggregator.for_heads(self._indices(names))
         return self._subsets[names]
 
     @classmethod

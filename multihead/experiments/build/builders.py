@@ -240,7 +240,9 @@ def build_trunk(config: ExperimentConfig) -> Any:
         raise ConfigError(f"train.trunk.optimizer: {err}") from None
     return TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
                        options=dict(trunk.options), rep_grad=trunk.rep_grad,
-                       seed=config.seed if trunk.seed is None else trunk.seed, dtype=trunk.dtype)
+                       seed=config.seed if trunk.seed is None else trunk.seed, dtype=trunk.dtype,
+                       loss_weighting=trunk.loss_weighting,
+                       loss_weighting_options=dict(trunk.loss_weighting_options))
 
 
 def build_strategy(config: ExperimentConfig) -> Any:

@@ -170,12 +170,14 @@ class TrunkConfig:
     """`train.trunk:` one trunk optimizer fed by an aggregate of the heads' trunk gradients."""
 
     optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
-    aggregator: str = _field("sum", doc="sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl, "
-                                        "dualproj, aligned_mtl, config, krum, nash_mtl, "
-                                        "gradvac, fairgrad, sdmgrad, random, graddrop, "
-                                        "trimmed_mean, uncertainty, gradnorm, dwa, gls, "
-                                        "stch, imtl_l, famo or rlw")
+    aggregator: Any = _field("sum", doc="a name in multihead.AGGREGATORS (a loss weighting's "
+                                        "name: that weighting with sum), or {class_name: "
+                                        "'pkg>Name', config: {...}} of a registered class")
     options: dict[str, Any] = _field({}, doc="the aggregator's options, e.g. {c: 0.4} for cagrad")
+    loss_weighting: Any = _field(None, doc="a name in multihead.LOSS_WEIGHTINGS, or {class_name: "
+                                           "'pkg>Name', config: {...}}; scales the losses, then "
+                                           "the aggregator combines")
+    loss_weighting_options: dict[str, Any] = _field({}, doc="the loss weighting's options")
     rep_grad: bool = _field(False, doc="combine at the trunk output (MGDA-UB style)")
     seed: Union[int, None] = _field(None, doc="PCGrad order seed; default: the top-level seed")
     dtype: str = _field("float32", doc="float32, or float64 for analysis (Gramian, solve, state)")
@@ -762,15 +764,18 @@ def _check_distribute(config: ExperimentConfig) -> None:
                           f"{dist.strategy}; set it to false")
     trunk = config.train.trunk
     if isinstance(trunk, TrunkConfig):
-        from multihead.aggregation.loss_weighting import LOSS_WEIGHTINGS  # TF import: only when used
+        from multihead.aggregation.registry import LOSS_WEIGHTINGS  # TF import: only when used
 
         if trunk.rep_grad:
             raise ConfigError("train.trunk.rep_grad: true is not supported with distribute."
                               f"strategy {dist.strategy}; set it to false")
-        if trunk.aggregator in LOSS_WEIGHTINGS:
+        if isinstance(trunk.aggregator, str) and trunk.aggregator in LOSS_WEIGHTINGS:
             raise ConfigError(f"train.trunk.aggregator: {trunk.aggregator} (a loss weighting) is "
                               f"not supported with distribute.strategy {dist.strategy}; use a "
                               "gradient aggregator such as sum, mean, pcgrad or mgda")
+        if trunk.loss_weighting is not None:
+            raise ConfigError(f"train.trunk.loss_weighting: not supported with distribute."
+                              f"strategy {dist.strategy}; remove it")
 
 
 def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
@@ -786,14 +791,27 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
     trunk = _build(TrunkConfig, raw, "train.trunk")
     from multihead.core.trunk_update import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
 
-    check_choice(trunk.aggregator, "train.trunk.aggregator", TRUNK_AGGREGATORS, error=ConfigError)
+    for key in ("aggregator", "loss_weighting"):
+        value = getattr(trunk, key)
+        if not (value is None and key == "loss_weighting") and not isinstance(value, (str, Mapping)):
+            raise ConfigError(f"train.trunk.{key}: expected a name or {{class_name: 'pkg>Name', "
+                              f"config: {{...}}}}, got {describe(value)}")
+    if isinstance(trunk.aggregator, str):
+        check_choice(trunk.aggregator, "train.trunk.aggregator", TRUNK_AGGREGATORS, error=ConfigError)
     try:
         TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
-                    options=trunk.options, rep_grad=trunk.rep_grad, dtype=trunk.dtype)
+                    options=trunk.options, rep_grad=trunk.rep_grad, dtype=trunk.dtype,
+                    loss_weighting=trunk.loss_weighting,
+                    loss_weighting_options=trunk.loss_weighting_options)
     except (ValueError, TypeError) as err:
-        key = ("rep_grad" if "rep_grad" in str(err) else
-               "dtype" if "TrunkPolicy.dtype" in str(err) else "options")
-        raise ConfigError(f"train.trunk.{key}: {err}") from None
+        text = str(err)
+        key = ("rep_grad" if "rep_grad" in text else
+               "dtype" if "TrunkPolicy.dtype" in text else
+               "loss_weighting_options" if "loss_weighting_options" in text or (
+                   "loss weighting" in text and trunk.loss_weighting is not None) else
+               "loss_weighting" if "TrunkPolicy.loss_weighting" in text else
+               "aggregator" if "TrunkPolicy.aggregator" in text else "options")
+        raise ConfigError(f"train.trunk.{key}: {text.removeprefix(f'TrunkPolicy.{key}: ')}") from None
     if config.train.schedule != "simultaneous":
         raise ConfigError(f"train.schedule: trunk aggregation needs simultaneous, got "
                           f"{config.train.schedule!r}; or set train.trunk: per_head")
@@ -806,12 +824,12 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
                 f"model.heads.{name}.every: must be 1 with trunk aggregation (every head that "
                 f"trains the trunk is aggregated every step), got {config.model.heads[name].every}"
             )
-    weights = trunk.options.get("weights") if trunk.aggregator == "weights" else None
-    if weights is not None and len(weights) != len(trunk_heads):
-        raise ConfigError(
-            f"train.trunk.options.weights: {len(weights)} weights for {len(trunk_heads)} heads "
-            f"that train the trunk {trunk_heads}; give one per head, in head order"
-        )
+    try:
+        TrunkPolicy(aggregator=trunk.aggregator, options=trunk.options).method.check_heads(
+            len(trunk_heads))
+    except ValueError as err:
+        raise ConfigError(f"train.trunk.options: {err} (heads that train the trunk: "
+                          f"{trunk_heads})") from None
     return trunk
 
 

@@ -43,6 +43,10 @@ def _scalar(value: Any) -> HParamValue:
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
 
 
+def _method_name(spec: Any) -> str:
+    return str(spec["class_name"]) if isinstance(spec, Mapping) else str(spec)
+
+
 def _optimizer(spec: Any) -> tuple[str, HParamValue | None]:
     """(class name, learning rate) of an optimizer given as a name or a serialization dict."""
     if isinstance(spec, str):
@@ -76,7 +80,10 @@ def run_hparams(config: ExperimentConfig, overrides: Sequence[str] = ()) -> dict
         values["train.trunk"] = trunk
     else:
         values["train.trunk"] = "aggregated"
-        values["train.trunk.aggregator"] = trunk.aggregator
+        # A user method is a {class_name, config} mapping: its registered name is the value.
+        values["train.trunk.aggregator"] = _method_name(trunk.aggregator)
+        if trunk.loss_weighting is not None:
+            values["train.trunk.loss_weighting"] = _method_name(trunk.loss_weighting)
         name, rate = _optimizer(trunk.optimizer)
         values["train.trunk.optimizer"] = name
         if rate is not None:
