@@ -40,6 +40,8 @@ from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint  # noqa:
 from multihead.core.sampling import TaskSampling  # noqa: E402
 from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
+from multihead.core.applier import PlannedUpdate  # noqa: E402
+from multihead.core.trunk_rule import HeadsPass, TrunkRule  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
 from multihead.experiments.data_sources import load_data  # noqa: E402
 from multihead.experiments.multidigits import multidigits  # noqa: E402
@@ -62,6 +64,7 @@ __all__ = [
     "DSelectK",
     "EarlyStopping",
     "ExportResult",
+    "HeadsPass",
     "History",
     "ImportReport",
     "LambdaCallback",
@@ -75,6 +78,7 @@ __all__ = [
     "Objective",
     "PLE",
     "Partition",
+    "PlannedUpdate",
     "ReduceLROnPlateau",
     "ReplayBuffer",
     "RunReport",
@@ -84,6 +88,7 @@ __all__ = [
     "TerminateOnNonFinite",
     "Trainer",
     "TrunkPolicy",
+    "TrunkRule",
     "__version__",
     "aggregate",
     "as_dataset",
