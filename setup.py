@@ -26,11 +26,12 @@ setup(
     ],
     extras_require={
         # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
+        # (its etils.epath imports importlib_resources without declaring it in current releases)
         # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe; hypothesis: fuzz suite
         "test": ["pytest", "hypothesis", "gymnasium", "matplotlib", "scipy", "scikit-learn",
-                 "tensorflow-datasets", "optuna", "ray", "pandas"],
+                 "tensorflow-datasets", "importlib_resources", "optuna", "ray", "pandas"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
-        "tfds": ["tensorflow-datasets"],  # data.kind: tfds, datasets prepared locally
+        "tfds": ["tensorflow-datasets", "importlib_resources"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
         "optuna": ["optuna"],  # multihead sweep --search optuna
@@ -39,5 +40,5 @@ setup(
         # API reference from the docstrings by static analysis (griffe): builds without importing TF.
         "docs": ["mkdocs~=1.6.1", "mkdocstrings~=1.0.8", "mkdocstrings-python~=2.0.11"],
     },
-    entry_points={"console_scripts": ["multihead = multihead.experiments.cli:main"]},
+    entry_points={"console_scripts": ["multihead = multihead.cli.main:main"]},
 )
