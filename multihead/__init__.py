@@ -72,6 +72,9 @@ _EXPORTS = {
     "StepResult": "multihead.core.trainer",
     "Trainer": "multihead.core.trainer",
     "TrunkPolicy": "multihead.core.trunk_update",
+    "TrunkRule": "multihead.core.trunk_rule",
+    "HeadsPass": "multihead.core.trunk_rule",
+    "PlannedUpdate": "multihead.core.applier",
     "copy_weights": "multihead.io.transfer",
     "load_data": "multihead.experiments.build.data_sources",
     "multidigits": "multihead.experiments.build.multidigits",
@@ -137,6 +140,9 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.core.trainer import StepResult
     from multihead.core.trainer import Trainer
     from multihead.core.trunk_update import TrunkPolicy
+    from multihead.core.trunk_rule import TrunkRule
+    from multihead.core.trunk_rule import HeadsPass
+    from multihead.core.applier import PlannedUpdate
     from multihead.io.transfer import copy_weights
     from multihead.experiments.build.data_sources import load_data
     from multihead.experiments.build.multidigits import multidigits
@@ -185,6 +191,7 @@ __all__ = [
     "DSelectK",
     "EarlyStopping",
     "ExportResult",
+    "HeadsPass",
     "History",
     "ImportReport",
     "LambdaCallback",
@@ -198,6 +205,7 @@ __all__ = [
     "Objective",
     "PLE",
     "Partition",
+    "PlannedUpdate",
     "ReduceLROnPlateau",
     "ReplayBuffer",
     "RunReport",
@@ -207,6 +215,7 @@ __all__ = [
     "TerminateOnNonFinite",
     "Trainer",
     "TrunkPolicy",
+    "TrunkRule",
     "__version__",
     "aggregate",
     "as_dataset",

@@ -144,7 +144,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # and when one of these is gone (then delete its row).
 KNOWN_CORE_CYCLES = [
     ["multihead.core.callbacks", "multihead.core.trainer"],
-    ["multihead.core.step", "multihead.core.trunk_update"],
 ]
 
 

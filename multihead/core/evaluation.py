@@ -6,9 +6,10 @@ mean) on batch `b` of `n_b` examples; so a short last batch counts for its size.
 The sum is kept in float64. Metrics are Keras metric objects owned by one
 `Evaluator` each, reset at the start of every evaluation.
 
-The loop over the batches runs in the graph (the data iterator is read with
-`get_next_as_optional`), so an evaluation is one call, traced once per dataset
-element spec, and the host reads one vector at the end.
+The loop over the batches runs in the graph (`multihead.core.compiled.fold_batches`,
+the in-graph loop over a data iterator that `multihead.core.compiled` gives the train
+step too), so an evaluation is one call, traced once per dataset element spec, and
+the host reads one vector at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from multihead.core.compiled import fold_batches
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import HeadLoss, LossSpec, MetricSpec, resolve_metric
 
@@ -252,13 +254,15 @@ class Evaluator:
         metrics = [m for h in self._heads for m in self.metrics[h]]
         for metric in metrics:
             metric.reset_state()
-        count = tf.constant(0.0, tf.float64)
-        totals = tf.zeros([len(self._heads)], tf.float64)
-        for batch in iterator:
+
+        def add(batch: Any, carry: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+            count, totals = carry
             inputs, targets = _split(batch)
             n = tf.cast(tf.shape(tf.nest.flatten(inputs)[0])[0], tf.float64)
-            totals += n * self._batch_losses(inputs, targets)
-            count += n
+            return count + n, totals + n * self._batch_losses(inputs, targets)
+
+        count, totals = fold_batches(iterator, add, (tf.constant(0.0, tf.float64),
+                                                     tf.zeros([len(self._heads)], tf.float64)))
         results = [tf.cast(tf.reshape(m.result(), []), tf.float64) for m in metrics]
         return tf.concat([[count], totals, tf.stack(results) if results else tf.zeros([0], tf.float64)],
                          axis=0)

@@ -26,10 +26,11 @@ from multihead.core.objectives import (
     resolve_optimizer,
 )
 from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
-from multihead.core.step import SCHEDULES, HeadUpdate, TrainStep, check_targets
+from multihead.core.step import SCHEDULES, TrainStep, check_targets
 from multihead.core.addresses import variable_addresses
 from multihead.core.sampling import TaskSampling, as_sampling
-from multihead.core.trunk_update import PerHeadTrunk, TrunkPolicy, TrunkUpdate
+from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk
+from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
 
 
 class StepResult(NamedTuple):
@@ -249,7 +250,7 @@ class _HeadStreams:
     def run(self, steps: int) -> _Steps:
         """`steps` steps."""
         if self._probabilities is None:
-            out = self.train_step.run(self._zipped, steps, per_head=True)
+            out = self.train_step.run(self._zipped, steps, own_batches=True)
             count = int(out.count)  # the streams never end (each was checked to have a batch)
             for position in self._positions.values():
                 position.advance(count)
@@ -494,7 +495,7 @@ class Trainer:
             addresses=addresses,
         )
 
-    def _build_heads(self) -> list[HeadUpdate]:
+    def _build_heads(self) -> list[HeadSpec]:
         heads = []
         for head, objective in self.objectives.items():
             aggregated = self.trunk_update is not None  # then the trunk has its own optimizer
@@ -510,7 +511,7 @@ class Trainer:
             else:
                 optimizer.build(var_list)
             self._weights[head] = _LossWeight(head, objective.weight)
-            heads.append(HeadUpdate(
+            heads.append(HeadSpec(
                 name=head,
                 loss=self.loss_fns[head],
                 optimizer=optimizer,

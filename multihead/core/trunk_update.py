@@ -1,12 +1,9 @@
-"""Trunk rules: how a step turns the heads' gradients into updates.
+"""The aggregated trunk rule: one trunk optimizer fed an aggregate of the heads' trunk gradients.
 
-The train step (`multihead.core.step.TrainStep`) computes every head's objective
-in one forward pass and hands the gradients to one of two rules, which share one
-small interface (`weigh`, `replica_gradients`, `apply`):
+`TrunkUpdate` implements `multihead.core.trunk_rule.TrunkRule` (the default rule,
+`PerHeadTrunk`, lives there): it returns planned updates, which the step's applier
+applies.
 
-* `PerHeadTrunk` (the default, `trunk="per_head"`): each head's optimizer
-  applies the head's gradient to its var_list, trunk + head, with its own slots:
-  exactly `minimize(loss_k, var_list=trunk + head_k)`.
 * `TrunkUpdate` (a `TrunkPolicy`): each head's optimizer is built on the head's
   own variables only; one trunk optimizer, built on the trunk variables (plus a
   loss weighting's trainable variables, e.g. uncertainty log-variances), applies
@@ -42,7 +39,6 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, describe
-from multihead.core import updates
 from multihead.aggregation.base import Aggregator, BufferedAggregator
 from multihead.aggregation.buffered import db_mtl_loss_factor
 from multihead.aggregation.dispatch import run as run_aggregator, step_draws
@@ -60,7 +56,8 @@ from multihead.aggregation.registry import (
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
-from multihead.core.step import Forward, HeadsDone, HeadUpdate, TrainStep, all_finite
+from multihead.core.applier import PlannedUpdate, all_finite
+from multihead.core.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, head_plans
 
 PER_HEAD = "per_head"
 
@@ -243,105 +240,108 @@ class _Aggregated:
         return ({h: factors[i] for i, h in enumerate(self.heads)},
                 (task, factors, self.weighting.objective(task)))
 
-    def replica_gradients(self, engine: TrainStep, heads: Sequence[HeadUpdate],
-                          objectives: Mapping[str, tf.Tensor], trunk_reg: Any,
-                          tape: tf.GradientTape) -> tuple[dict[str, list[Any]], Any]:
+    def scale_losses(self, weighted: Mapping[str, tf.Tensor]) -> LossScaling:
+        """Inside the forward pass: `weigh`'s factors, and under a loss weighting what it
+        saw and computed (the stacked weighted losses, its factors, its own objective)."""
+        factors, seen = self.weigh(weighted)
+        if seen is None:
+            return LossScaling(factors)
+        return LossScaling(factors, *seen)
+
+    def replica_gradients(self, heads: Sequence[HeadSpec], backward: Backward,
+                          trunk_reg: tf.Tensor | float, trunk_variables: Sequence[keras.Variable],
+                          ) -> tuple[dict[str, list[Any]], Any]:
         """Under a strategy: every head's gradient (aggregated heads: on trunk + own
         variables, from one backward pass) and the trunk regularization's."""
-        trunk_vars = list(engine.trunk_variables)
+        trunk_vars = list(trunk_variables)
         grads = {}
         for head in heads:
             if head.trains_trunk:
-                grads[head.name] = engine.gradients(head, objectives[head.name], tape,
-                                                    trunk_vars + list(head.var_list), len(trunk_vars))
+                grads[head.name] = backward.head(head, trunk_vars + list(head.var_list), len(trunk_vars))
             else:
-                grads[head.name] = engine.gradients(head, objectives[head.name], tape, head.var_list)
-        reg = None if isinstance(trunk_reg, float) else tape.gradient(trunk_reg, trunk_vars)
+                grads[head.name] = backward.head(head, head.var_list)
+        reg = None if isinstance(trunk_reg, float) else backward.gradient(trunk_reg, trunk_vars)
         return grads, reg
 
-    def apply(self, engine: TrainStep, heads: Sequence[HeadUpdate], fwd: Forward, step: tf.Tensor,
-              tape: tf.GradientTape | None = None, grads: Any = None, due: bool = True) -> HeadsDone:
+    def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """The trunk optimizer applies the aggregate of the heads' trunk gradients; each
         aggregated head's optimizer its own variables; the other heads as per head."""
-        agg = [h for h in heads if h.trains_trunk]
-        rest = [h for h in heads if not h.trains_trunk]
-        trunk_vars = list(engine.trunk_variables)
-        replica_grads, reg_grads = grads if grads is not None else (None, None)
+        p = heads_pass
+        agg = [h for h in p.heads if h.trains_trunk]
+        rest = [h for h in p.heads if not h.trains_trunk]
+        trunk_vars = list(p.trunk_variables)
+        replica_grads, reg_grads = p.given if p.given is not None else (None, None)
         rep_grad = self.policy.rep_grad and replica_grads is None
-        sources = tf.nest.flatten(fwd.features) if rep_grad else trunk_vars
+        sources = tf.nest.flatten(p.features) if rep_grad else trunk_vars
         n = len(sources)
-        per_head, own, finite = [], {}, {}
+        trunk_parts, own, finite = [], {}, {}
         for head in agg:  # one backward pass per head gives both parts
-            g = (replica_grads[head.name] if replica_grads is not None else engine.gradients(
-                head, fwd.objectives[head.name], tape, sources + list(head.var_list), n))
-            per_head.append(g[:n])
+            g = (replica_grads[head.name] if replica_grads is not None
+                 else p.backward.head(head, sources + list(head.var_list), n))
+            trunk_parts.append(g[:n])
             own[head.name] = g[n:]
-            finite[head.name] = all_finite(fwd.losses[head.name], g) if head.guarded else None
-        if reg_grads is None and tape is not None and not isinstance(fwd.trunk_reg, float):
-            reg_grads = tape.gradient(fwd.trunk_reg, trunk_vars)
+            finite[head.name] = all_finite(p.losses[head.name], g) if head.guarded else None
+        if reg_grads is None and p.backward is not None and not isinstance(p.trunk_reg, float):
+            reg_grads = p.backward.gradient(p.trunk_reg, trunk_vars)
 
         losses = None
         if self.aggregator.needs_losses and not self.aggregator.log_losses:  # MoCo
             # The loss whose gradient each head's trunk gradient is: weight x loss (x the
             # loss weighting's factor, held constant, under one).
-            losses = [h.weight(step) * fwd.losses[h.name] for h in agg]
+            losses = [h.weight(p.step) * p.losses[h.name] for h in agg]
             if self.weighting is not None:
-                factors = fwd.extra[1]
+                factors = p.scaling.weights
                 losses = [loss * factors[self.heads.index(h.name)] for loss, h in zip(losses, agg)]
 
-        def trunk_step(members: Sequence[int]) -> tf.Tensor:
-            self._apply_trunk(engine, [agg[i] for i in members], [per_head[i] for i in members],
-                              sources, fwd, tape, trunk_vars, reg_grads, rep_grad,
-                              None if losses is None else tf.stack([losses[i] for i in members]))
-            return tf.constant(True)
+        def trunk_gradients(members: Sequence[int]) -> list[Any]:
+            return self._trunk_gradients(
+                p, [agg[i] for i in members], [trunk_parts[i] for i in members], sources,
+                trunk_vars, reg_grads, rep_grad,
+                None if losses is None else tf.stack([losses[i] for i in members]))
 
-        guarded = [i for i, h in enumerate(agg) if h.guarded]
-        if agg and not guarded:
-            trunk_step(range(len(agg)))
-        elif agg:
-            self._trunk_without_bad(agg, finite, trunk_step)
-
-        updated, skipped = {}, {}
+        plans = [self._trunk_plan(agg, finite, trunk_gradients)] if agg else []
         for head in agg:  # head variables only: their var_list excludes the trunk
-            def apply_own(head: HeadUpdate = head) -> None:
-                engine.apply_head(head, own[head.name], head.var_list, fwd.losses[head.name])
+            plans.append(PlannedUpdate(head.optimizer, own[head.name], head.var_list, head.name,
+                                       head.guarded, p.losses[head.name], finite[head.name]))
+        return plans + head_plans(rest, p._replace(given=replica_grads))
 
-            updated[head.name], skipped[head.name] = engine.guarded(head, finite[head.name], apply_own)
-        more_updated, more_skipped = _per_head_updates(
-            engine, rest, fwd, step, tape, replica_grads, due)
-        updated.update(more_updated)
-        skipped.update(more_skipped)
-        return HeadsDone(updated, skipped)
-
-    def _trunk_without_bad(self, agg: Sequence[HeadUpdate], finite: Mapping[str, tf.Tensor | None],
-                           trunk_step: Callable[[Sequence[int]], tf.Tensor]) -> None:
+    def _trunk_plan(self, agg: Sequence[HeadSpec], finite: Mapping[str, tf.Tensor | None],
+                    trunk_gradients: Callable[[Sequence[int]], list[Any]]) -> PlannedUpdate:
         """The trunk update over the heads whose loss and gradient are finite: all of them;
         all but one (the aggregate of the others, as a step without it); else none."""
         k = len(agg)
+        everyone = list(range(k))
+        plan = PlannedUpdate(self.optimizer, lambda: trunk_gradients(everyone), self.var_list)
+        if not any(h.guarded for h in agg):
+            return plan
         ok = tf.stack([tf.constant(True) if finite[h.name] is None else finite[h.name] for h in agg])
         bad = k - tf.reduce_sum(tf.cast(ok, tf.int32))
-        skip = lambda: tf.constant(False)  # noqa: E731
+        if k == 1 or self.weighting is not None:  # a loss weighting weighs all heads or none
+            return plan._replace(when=tf.equal(bad, 0))
 
-        def one_bad() -> tf.Tensor:
-            if k == 1 or self.weighting is not None:
-                return skip()
-            branches = [lambda i=i: trunk_step([j for j in range(k) if j != i]) for i in range(k)]
-            return tf.switch_case(tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32), branches)
+        def chosen() -> list[tf.Tensor]:
+            # 0: every head; 1 + i: all but head i, the one non-finite head
+            index = tf.where(tf.equal(bad, 0), 0, 1 + tf.argmin(tf.cast(ok, tf.int32),
+                                                                output_type=tf.int32))
+            branches = [lambda: trunk_gradients(everyone)] + [
+                lambda i=i: trunk_gradients([j for j in range(k) if j != i]) for i in range(k)]
+            return tf.switch_case(index, branches)
 
-        tf.cond(tf.equal(bad, 0), lambda: trunk_step(range(k)),
-                lambda: tf.cond(tf.equal(bad, 1), one_bad, skip))
+        return plan._replace(gradients=chosen, when=tf.less_equal(bad, 1))
 
-    def _apply_trunk(self, engine: TrainStep, agg: Sequence[HeadUpdate],
-                     per_head: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
-                     fwd: Forward, tape: tf.GradientTape | None, trunk_vars: list[keras.Variable],
-                     reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
-                     losses: tf.Tensor | None = None) -> None:
+    def _trunk_gradients(self, p: HeadsPass, agg: Sequence[HeadSpec],
+                         trunk_parts: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
+                         trunk_vars: list[keras.Variable],
+                         reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
+                         losses: tf.Tensor | None = None) -> list[Any]:
+        """The trunk optimizer's gradients (on `var_list`) from the aggregate of `agg`;
+        advances the loss weighting's state and logs the aggregation."""
         names = tuple(h.name for h in agg)
-        combined, (weights, projections, gram), stacked = self._combine(names, per_head, sources,
+        combined, (weights, projections, gram), stacked = self._combine(names, trunk_parts, sources,
                                                                         losses)
         if rep_grad:
-            trunk_grads = tape.gradient(tf.nest.flatten(fwd.features), trunk_vars,
-                                        output_gradients=combined)
+            trunk_grads = p.backward.gradient(tf.nest.flatten(p.features), trunk_vars,
+                                              output_gradients=combined)
             trunk_grads = [g if g is not None else tf.zeros_like(v)
                            for g, v in zip(trunk_grads, trunk_vars)]
         else:
@@ -350,21 +350,22 @@ class _Aggregated:
         extra_grads: list[Any] = []
         factors = None
         if self.weighting is not None:
-            task, factors, weighting_objective = fwd.extra
-            if weighting_objective is not None:
-                extra_grads = tape.gradient(weighting_objective, list(self.var_list[len(trunk_vars):]))
-        updates.apply_gradients(self.optimizer, list(trunk_grads) + list(extra_grads), self.var_list)
-        if self.weighting is not None:
+            task, factors = p.scaling.losses, p.scaling.weights
+            if p.scaling.objective is not None:
+                extra_grads = p.backward.gradient(p.scaling.objective,
+                                                  list(self.var_list[len(trunk_vars):]))
             unweighted = None
             if self.weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
                 norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
                 unweighted = tf.math.divide_no_nan(norms, factors)
+            # The weighting's state is not among the variables the trunk optimizer writes.
             self.weighting.update(task, unweighted)
-        if engine.monitor is not None:
-            self._log_aggregation(engine, names, weights, factors, gram, stacked, projections,
-                                  trunk_grads)
+        if p.when_logging is not None:
+            self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
+                                  projections, trunk_grads)
+        return list(trunk_grads) + list(extra_grads)
 
-    def _log_aggregation(self, engine: TrainStep, names: Sequence[str], weights: tf.Tensor,
+    def _log_aggregation(self, when_logging: Callable[[Callable[[], None]], None], names: Sequence[str], weights: tf.Tensor,
                          factors: tf.Tensor | None, gram: tf.Tensor | None,
                          stacked: Sequence[tf.Tensor], projections: tf.Tensor,
                          trunk_grads: Sequence[tf.Tensor]) -> None:
@@ -389,7 +390,7 @@ class _Aggregated:
             write_scalar(tags.AGG_UPDATE_NORM, tf.sqrt(tf.add_n(
                 [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
 
-        engine.monitor.when_scalars(log)  # nothing at all in the step variant that does not log
+        when_logging(log)  # nothing at all in the step variant that does not log
 
     def _combine(self, names: tuple[str, ...], per_head: Sequence[Sequence[tf.Tensor | None]],
                  sources: Sequence[Any], losses: tf.Tensor | None = None,
@@ -572,7 +573,7 @@ class TrunkUpdate(_Aggregated, tf.Module):
         # dropped as non-finite): built at trace time, one per subset.
         self._subsets: dict[tuple[str, ...], Aggregator] = self._no_dependency({})
 
-    per_head = False
+    heads_update_trunk = False
 
     def _indices(self, names: tuple[str, ...]) -> list[int]:
         return [self.heads.index(h) for h in names]
@@ -676,50 +677,3 @@ def _gramian(stacked: Sequence[tf.Tensor], dtype: tf.DType = tf.float32) -> tf.T
     """`G G^T` summed over the per-variable `K x n` blocks of G (no concatenation)."""
     blocks = [s if s.dtype == dtype else tf.cast(s, dtype) for s in stacked]
     return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in blocks])
-
-
-
-
-# -- the two trunk rules ---------------------------------------------------------------------
-
-
-def _per_head_updates(engine: TrainStep, heads: Sequence[HeadUpdate], fwd: Forward, step: tf.Tensor,
-                      tape: tf.GradientTape | None, grads: Mapping[str, Any] | None, due: bool,
-                      ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-    """Each head's optimizer applies the head's gradient to its whole var_list (when due,
-    and, for a guarded head, when its loss and gradient are finite)."""
-    updated, skipped = {}, {}
-    for head in heads:
-        def update(head: HeadUpdate = head) -> tuple[tf.Tensor, tf.Tensor]:
-            g = (grads[head.name] if grads is not None
-                 else engine.gradients(head, fwd.objectives[head.name], tape, head.var_list))
-            loss = fwd.losses[head.name]
-            finite = all_finite(loss, g) if head.guarded else None
-            return engine.guarded(head, finite,
-                                  lambda: engine.apply_head(head, g, head.var_list, loss))
-
-        updated[head.name], skipped[head.name] = engine.when_due(head, step, update) if due else update()
-    return updated, skipped
-
-
-class PerHeadTrunk:
-    """The per-head rule: each head's optimizer updates trunk + head with its own slots."""
-
-    per_head = True
-
-    def weigh(self, weighted: Mapping[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], Any]:
-        """No loss weighting: no factors, nothing extra."""
-        del weighted
-        return {}, None
-
-    def replica_gradients(self, engine: TrainStep, heads: Sequence[HeadUpdate],
-                          objectives: Mapping[str, tf.Tensor], trunk_reg: Any,
-                          tape: tf.GradientTape) -> dict[str, list[tf.Tensor | None]]:
-        """Every head's gradient on its var_list (under a strategy, due or not)."""
-        del trunk_reg  # inside each head's objective
-        return {h.name: engine.gradients(h, objectives[h.name], tape, h.var_list) for h in heads}
-
-    def apply(self, engine: TrainStep, heads: Sequence[HeadUpdate], fwd: Forward, step: tf.Tensor,
-              tape: tf.GradientTape | None = None, grads: Any = None, due: bool = True) -> HeadsDone:
-        """Applies the gradients: from `tape` (one device) or `grads` (all-reduced)."""
-        return HeadsDone(*_per_head_updates(engine, heads, fwd, step, tape, grads, due))

@@ -1,11 +1,11 @@
-"""Optimizer updates of plain Adam and SGD built directly from TensorFlow ops.
+"""Keras' plain Adam and SGD updates written as raw TensorFlow ops.
 
 `apply_gradients(optimizer, grads, variables)` does what
 `optimizer.apply_gradients(zip(grads, variables))` does, with bitwise the same
-result (tests/test_updates.py checks every variant step by step), but builds
+result (tests/core/test_adam_sgd_ops.py checks every variant step by step), but builds
 the graph much faster: Keras 3 builds each variable's update through its
-backend-neutral op wrappers, ~15 ms of tracing per variable, most of the trace
-time of a step with many heads. Here each update is the same TF ops in
+backend-neutral op wrappers, most of the trace time of a step with many heads
+(docs/performance.md gives the figures). Here each update is the same TF ops in
 the same order, built once per variable, and the shared scalars (learning rate,
 bias corrections) once per optimizer.
 
@@ -16,7 +16,7 @@ scaling, variable constraints, sparse (`IndexedSlices`) or missing gradients,
 and no `tf.distribute` strategy. Anything else, including subclasses, goes
 through Keras' own `apply_gradients`, as does an optimizer whose Keras internals
 (slot lists, variable index) are not where this module reads them. The
-arithmetic mirrors Keras' `update_step` as of Keras 3.15; tests/test_updates.py
+arithmetic mirrors Keras' `update_step` as of Keras 3.15; tests/core/test_adam_sgd_ops.py
 checks it against the installed Keras, so a Keras release that changes it fails
 the tests instead of drifting silently.
 """

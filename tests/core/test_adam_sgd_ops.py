@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multihead.core import updates
+from multihead.core import adam_sgd_ops
 
 SHAPES = [((5, 3), "float32"), ((3,), "float32"), ((4, 2), "float64")]
 
@@ -56,7 +56,7 @@ def test_update_is_bitwise_keras_apply_gradients(make, compiled):
     theirs_opt.build(theirs)
 
     def direct(grads):
-        updates.apply_gradients(ours_opt, grads, ours)
+        adam_sgd_ops.apply_gradients(ours_opt, grads, ours)
 
     def keras_apply(grads):
         theirs_opt.apply_gradients(zip(grads, theirs))
@@ -85,7 +85,7 @@ def test_plain_optimizers_are_built_without_keras_apply(make, monkeypatch):
         raise AssertionError("went through Keras' apply_gradients")
 
     monkeypatch.setattr(optimizer, "apply_gradients", refuse)
-    tf.function(lambda g: updates.apply_gradients(optimizer, g, variables))(_gradients(0))
+    tf.function(lambda g: adam_sgd_ops.apply_gradients(optimizer, g, variables))(_gradients(0))
     assert int(optimizer.iterations) == 1
 
 
@@ -96,9 +96,9 @@ def test_sparse_or_missing_gradients_and_constraints_go_through_keras():
     optimizer = keras.optimizers.Adam(2.0)
     optimizer.build(variables)
     sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([4, 2]))
-    updates.apply_gradients(optimizer, [sparse, tf.ones((2,))], variables)
+    adam_sgd_ops.apply_gradients(optimizer, [sparse, tf.ones((2,))], variables)
     rows = np.asarray(variables[0])
     assert np.all(rows[1] < 1) and np.all(rows[[0, 2, 3]] == 1)  # only the sparse row moved
     assert np.all(np.asarray(variables[1]) == 0)  # the constraint: 1 - 2 clipped to 0
     with pytest.warns(UserWarning, match="Gradients do not exist"):
-        updates.apply_gradients(optimizer, [None, tf.ones((2,))], variables)
+        adam_sgd_ops.apply_gradients(optimizer, [None, tf.ones((2,))], variables)
