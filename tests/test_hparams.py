@@ -14,7 +14,7 @@ from test_tensorboard_server import _tensorboard, _wait_until
 from multihead.cli.main import main
 from multihead.experiments.config.schema import from_dict
 from multihead.experiments.run.hparams import final_metrics, run_hparams
-from multihead.experiments.sweep.sweep import Objective, Sweep, new_index
+from multihead.experiments.sweep.sweep import Sweep, SweepObjective, new_index
 
 LR = "model.heads.y1.optimizer.config.learning_rate"
 TINY = {
@@ -98,7 +98,7 @@ def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tm
     config.write_text(yaml.safe_dump(TINY))
     sweep_dir = tmp_path / "sweep"
     trials = [{LR: 0.01}, {LR: 0.1}]
-    sweep = Sweep(str(sweep_dir), new_index(trials, Objective()))
+    sweep = Sweep(str(sweep_dir), new_index(trials, SweepObjective()))
     for trial in sweep.index["trials"]:  # the runs a sweep's trial processes make, in-process
         assert main(["train", str(config), "--run-dir", sweep.run_dir(trial), "--quiet",
                      "--set", f"{LR}={trial['overrides'][LR]}"]) == 0
