@@ -35,6 +35,7 @@ updated that step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import keras
@@ -57,6 +58,7 @@ from multihead.aggregation.loss_weighting import (
     make_loss_weighting,
 )
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
+from multihead.core.rules import PYTHON, SettingError, check_trunk_aggregation
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
 from multihead.core.step import Forward, HeadsDone, HeadUpdate, TrainStep, all_finite
@@ -113,21 +115,23 @@ class TrunkPolicy:
 
     def __post_init__(self) -> None:
         check_choice(self.aggregator, "TrunkPolicy.aggregator", TRUNK_AGGREGATORS)
-        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"))
+        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"),
+                     error=functools.partial(SettingError, "trunk.dtype"))
         if not isinstance(self.options, Mapping):
             raise TypeError(f"TrunkPolicy.options: expected a mapping, got {describe(self.options)}")
-        check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False))
+        check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False),
+                     error=functools.partial(SettingError, "trunk.rep_grad"))
         if self.is_loss_weighting:
             check_loss_weighting_options(self.aggregator, **self.options)
         else:
             agg = get_aggregator(self.aggregator, **self.options)
             if self.rep_grad and agg.buffers:
-                raise ValueError(
+                raise SettingError("trunk.rep_grad",
                     f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it keeps a "
                     "running copy of the heads' gradients of the trunk's variables (as LibMTL, "
                     "which refuses it too); set rep_grad: false")
             if self.rep_grad and not agg.rep_grad:
-                raise ValueError(
+                raise SettingError("trunk.rep_grad",
                     f"trunk aggregator {self.aggregator!r} cannot use rep_grad=True: it needs the "
                     "heads' gradients in parameter space (its guarantee is about the update of the "
                     "trunk's variables, not of its output); set rep_grad: false, or use one of "
@@ -572,21 +576,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
         policy = resolve_trunk(trunk)
         if policy is None:
             return None
-        if schedule != "simultaneous":
-            raise ValueError(
-                f"trunk aggregation needs schedule='simultaneous' (all heads' gradients at the "
-                f"same parameters), got schedule={schedule!r}"
-            )
+        check_trunk_aggregation(schedule, {h: (o.trains_trunk, o.every) for h, o in objectives.items()},
+                                PYTHON)
         heads = [h for h, o in objectives.items() if o.trains_trunk]
-        if not heads:
-            raise ValueError("trunk aggregation needs at least one head with trains_trunk=True")
-        for head in heads:
-            if objectives[head].every != 1:
-                raise ValueError(
-                    f"head {head!r} has every={objectives[head].every}: with trunk aggregation every "
-                    "head that trains the trunk is aggregated on every step; set every=1, or "
-                    "trains_trunk=False for a head updated less often"
-                )
         optimizer = resolve_optimizer(policy.optimizer, "trunk")
         for head, opt in head_optimizers.items():
             if opt is optimizer:
