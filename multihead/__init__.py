@@ -39,6 +39,8 @@ from multihead.core.addresses import variable_addresses  # noqa: E402
 from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint  # noqa: E402
 from multihead.core.sampling import TaskSampling  # noqa: E402
 from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
+from multihead.core.rules import SettingError  # noqa: E402
+from multihead.core.training_state import TrainingState  # noqa: E402
 from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
 from multihead.io.transfer import copy_weights  # noqa: E402
 from multihead.experiments.data_sources import load_data  # noqa: E402
@@ -78,11 +80,13 @@ __all__ = [
     "ReduceLROnPlateau",
     "ReplayBuffer",
     "RunReport",
+    "SettingError",
     "StepResult",
     "TargetNetwork",
     "TaskSampling",
     "TerminateOnNonFinite",
     "Trainer",
+    "TrainingState",
     "TrunkPolicy",
     "__version__",
     "aggregate",
