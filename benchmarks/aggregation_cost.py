@@ -146,8 +146,8 @@ def train_results(quick: bool) -> None:
     """Final eval MSE of every experiments/aggregation_*.yaml config, per seed."""
     import glob
 
-    from multihead.experiments.builders import build_data, build_model, build_objectives, build_trunk
-    from multihead.experiments.config import load_config
+    from multihead.experiments.build.builders import build_data, build_model, build_objectives, build_trunk
+    from multihead.experiments.config.schema import load_config
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = sorted(glob.glob(os.path.join(root, "experiments", "aggregation_*.yaml")))

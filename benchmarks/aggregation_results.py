@@ -12,7 +12,7 @@ For each dataset, trains over seeds 0..S-1:
 Every run is `multihead train CONFIG --set seed=S --set train.steps=N ...`, run in this
 process (one TensorFlow import). The seed draws the data, the initial weights and the batch
 order; for a given seed the data are the same for every method and baseline, so Δm% is
-paired. The table is built by `multihead.experiments.compare`: per head the mean ± std (ddof
+paired. The table is built by `multihead.experiments.results.compare`: per head the mean ± std (ddof
 0) over seeds of the final eval metric, and
 
     Δm% = 100 / N · Σ_i s_i · (M_i − B_i) / B_i
@@ -105,7 +105,7 @@ def method_overrides(method: str, num_heads: int) -> list[str]:
 
 def _train(args: list[str]) -> str | None:
     """Runs `multihead train ARGS` in this process; None, or the error it reported."""
-    from multihead.experiments.cli import main
+    from multihead.cli.main import main
 
     err = io.StringIO()
     try:
@@ -211,7 +211,7 @@ def summarise(out: str, name: str, dataset: Dataset, heads: list[str], methods: 
               seeds: list[int]) -> dict[str, Any]:
     """Per method: mean ± std per head and Δm% (multihead's compare), from the run dirs
     (a seed without a finished run is listed in `errors` with why)."""
-    from multihead.experiments.compare import compare, delta_m
+    from multihead.experiments.results.compare import compare, delta_m
 
     root = os.path.join(out, name)
     base_dirs = {s: [os.path.join(root, f"single-{h}", f"seed{s}") for h in heads] for s in seeds}
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for the runs and results JSON")
     args = parser.parse_args(argv)
 
-    from multihead.experiments.config import load_config
+    from multihead.experiments.config.schema import load_config
 
     names = ["synthetic", "multidigits"] if args.dataset == "both" else [args.dataset]
     known = all_methods()

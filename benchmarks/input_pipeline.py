@@ -1,7 +1,7 @@
 """Input pipeline: does each data source feed the quickstart model's compiled step fast enough?
 
 Every source (`npz`, `csv`, `tfrecord`, `python`) is read into arrays once by
-`multihead.experiments.data_sources`, then `Trainer.fit` batches them with `mh.as_dataset`
+`multihead.experiments.build.data_sources`, then `Trainer.fit` batches them with `mh.as_dataset`
 (one permutation per epoch, one gather per batch, prefetch). So two numbers per source:
 
 - read: rows/s of `mh.load_data` (once per run, before the first step);

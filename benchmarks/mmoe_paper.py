@@ -48,7 +48,7 @@ def run(model: str, correlation: float, seed: int, steps: int | None, workdir: s
         overrides: list[str] = ()) -> dict:
     """One run's final MSE on the training and eval sets and the constant predictor's, each
     the mean over the two tasks."""
-    from multihead.experiments.cli import main
+    from multihead.cli.main import main
 
     run_dir = os.path.join(workdir, f"{model}-{correlation}-{seed}")
     args = ["train", os.path.join(ROOT, "experiments", "mmoe_paper", f"{model}.yaml"),

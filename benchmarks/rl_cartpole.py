@@ -30,8 +30,8 @@ CONFIGS = {"dqn": ROOT / "experiments" / "dqn_cartpole.yaml",
 
 
 def run_one(task: str, seed: int, quick: bool, verbose: bool) -> dict:
-    from multihead.experiments import runners as tasks
-    from multihead.experiments.config import load_config
+    from multihead.experiments.run import runner as tasks
+    from multihead.experiments.config.schema import load_config
 
     overrides = [f"seed={seed}"]
     if quick:

@@ -2,51 +2,146 @@
 
 Each head's optimizer is built on exactly the trunk's variables plus that
 head's own, and per-head training is visible in TensorBoard.
+
+The public names are imported when first used (`mh.Trainer` imports TensorFlow), so
+`import multihead` alone, and `multihead --help`, import no TensorFlow.
 """
 
+import importlib as _importlib
 import os as _os
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notices) hides real output.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from multihead.aggregation.aggregators import AGGREGATORS, Aggregation, aggregate  # noqa: E402
-from multihead.io.checkpoint_file import CheckpointMismatchError, CheckpointReadError  # noqa: E402
-from multihead.io.best_checkpoint import BestCheckpoint  # noqa: E402
-from multihead.io.checkpoints import checkpoint_parts, restore_checkpoint, save_checkpoint  # noqa: E402
-from multihead.io.manager import CheckpointManager  # noqa: E402
-from multihead.io.parts import available_parts  # noqa: E402
-from multihead.core.callbacks import (  # noqa: E402
-    Callback,
-    EarlyStopping,
-    LambdaCallback,
-    ReduceLROnPlateau,
-    TerminateOnNonFinite,
-)
-from multihead.core.data import MultiTaskData, as_dataset, mmoe_synthetic  # noqa: E402
-from multihead.core.distribute import make_strategy  # noqa: E402
-from multihead.io.export import ExportResult, export_saved_model  # noqa: E402
-from multihead.core.model import MultiHeadModel  # noqa: E402
-from multihead.core.architectures import (  # noqa: E402
-    CGC, MMoE, MTAN, OMoE, PLE, CrossStitch, DSelectK,
-)
-from multihead.monitoring.monitor import Monitor  # noqa: E402
-from multihead.core.objectives import Objective  # noqa: E402
-from multihead.core.partition import Partition  # noqa: E402
-from multihead.monitoring.report import RunReport, load_report  # noqa: E402
-from multihead.rl.replay import ReplayBuffer  # noqa: E402
-from multihead.rl.target_network import TargetNetwork  # noqa: E402
-from multihead.core.addresses import variable_addresses  # noqa: E402
-from multihead.io.tf1_import import ImportReport, import_tf1_checkpoint  # noqa: E402
-from multihead.core.sampling import TaskSampling  # noqa: E402
-from multihead.core.trainer import History, StepResult, Trainer  # noqa: E402
-from multihead.core.rules import SettingError  # noqa: E402
-from multihead.core.training_state import TrainingState  # noqa: E402
-from multihead.core.trunk_update import TrunkPolicy  # noqa: E402
-from multihead.io.transfer import copy_weights  # noqa: E402
-from multihead.experiments.data_sources import load_data  # noqa: E402
-from multihead.experiments.multidigits import multidigits  # noqa: E402
-from multihead.experiments.runs import LoadedRun, load_run  # noqa: E402
-from multihead.experiments.compare import Comparison, compare  # noqa: E402
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "AGGREGATORS": "multihead.aggregation.aggregators",
+    "Aggregation": "multihead.aggregation.aggregators",
+    "aggregate": "multihead.aggregation.aggregators",
+    "CheckpointMismatchError": "multihead.io.checkpoint_file",
+    "CheckpointReadError": "multihead.io.checkpoint_file",
+    "BestCheckpoint": "multihead.io.best_checkpoint",
+    "checkpoint_parts": "multihead.io.checkpoints",
+    "restore_checkpoint": "multihead.io.checkpoints",
+    "save_checkpoint": "multihead.io.checkpoints",
+    "CheckpointManager": "multihead.io.manager",
+    "available_parts": "multihead.io.parts",
+    "Callback": "multihead.core.callbacks",
+    "EarlyStopping": "multihead.core.callbacks",
+    "LambdaCallback": "multihead.core.callbacks",
+    "ReduceLROnPlateau": "multihead.core.callbacks",
+    "TerminateOnNonFinite": "multihead.core.callbacks",
+    "MultiTaskData": "multihead.core.data",
+    "as_dataset": "multihead.core.data",
+    "mmoe_synthetic": "multihead.core.data",
+    "make_strategy": "multihead.core.distribute",
+    "ExportResult": "multihead.io.export",
+    "export_saved_model": "multihead.io.export",
+    "MultiHeadModel": "multihead.core.model",
+    "CGC": "multihead.core.architectures",
+    "MMoE": "multihead.core.architectures",
+    "MTAN": "multihead.core.architectures",
+    "OMoE": "multihead.core.architectures",
+    "PLE": "multihead.core.architectures",
+    "CrossStitch": "multihead.core.architectures",
+    "DSelectK": "multihead.core.architectures",
+    "Monitor": "multihead.monitoring.monitor",
+    "Objective": "multihead.core.objectives",
+    "Partition": "multihead.core.partition",
+    "RunReport": "multihead.monitoring.report",
+    "load_report": "multihead.monitoring.report",
+    "ReplayBuffer": "multihead.rl.replay",
+    "TargetNetwork": "multihead.rl.target_network",
+    "variable_addresses": "multihead.core.addresses",
+    "ImportReport": "multihead.io.tf1_import",
+    "import_tf1_checkpoint": "multihead.io.tf1_import",
+    "TaskSampling": "multihead.core.sampling",
+    "History": "multihead.core.trainer",
+    "StepResult": "multihead.core.trainer",
+    "Trainer": "multihead.core.trainer",
+    "SettingError": "multihead.core.rules",
+    "TrainingState": "multihead.core.training_state",
+    "TrunkPolicy": "multihead.core.trunk_update",
+    "copy_weights": "multihead.io.transfer",
+    "load_data": "multihead.experiments.build.data_sources",
+    "multidigits": "multihead.experiments.build.multidigits",
+    "LoadedRun": "multihead.experiments.run.load",
+    "load_run": "multihead.experiments.run.load",
+    "Comparison": "multihead.experiments.results.compare",
+    "compare": "multihead.experiments.results.compare",
+}
+
+if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from multihead.aggregation.aggregators import AGGREGATORS
+    from multihead.aggregation.aggregators import Aggregation
+    from multihead.aggregation.aggregators import aggregate
+    from multihead.io.checkpoint_file import CheckpointMismatchError
+    from multihead.io.checkpoint_file import CheckpointReadError
+    from multihead.io.best_checkpoint import BestCheckpoint
+    from multihead.io.checkpoints import checkpoint_parts
+    from multihead.io.checkpoints import restore_checkpoint
+    from multihead.io.checkpoints import save_checkpoint
+    from multihead.io.manager import CheckpointManager
+    from multihead.io.parts import available_parts
+    from multihead.core.callbacks import Callback
+    from multihead.core.callbacks import EarlyStopping
+    from multihead.core.callbacks import LambdaCallback
+    from multihead.core.callbacks import ReduceLROnPlateau
+    from multihead.core.callbacks import TerminateOnNonFinite
+    from multihead.core.data import MultiTaskData
+    from multihead.core.data import as_dataset
+    from multihead.core.data import mmoe_synthetic
+    from multihead.core.distribute import make_strategy
+    from multihead.io.export import ExportResult
+    from multihead.io.export import export_saved_model
+    from multihead.core.model import MultiHeadModel
+    from multihead.core.architectures import CGC
+    from multihead.core.architectures import MMoE
+    from multihead.core.architectures import MTAN
+    from multihead.core.architectures import OMoE
+    from multihead.core.architectures import PLE
+    from multihead.core.architectures import CrossStitch
+    from multihead.core.architectures import DSelectK
+    from multihead.monitoring.monitor import Monitor
+    from multihead.core.objectives import Objective
+    from multihead.core.partition import Partition
+    from multihead.monitoring.report import RunReport
+    from multihead.monitoring.report import load_report
+    from multihead.rl.replay import ReplayBuffer
+    from multihead.rl.target_network import TargetNetwork
+    from multihead.core.addresses import variable_addresses
+    from multihead.io.tf1_import import ImportReport
+    from multihead.io.tf1_import import import_tf1_checkpoint
+    from multihead.core.sampling import TaskSampling
+    from multihead.core.trainer import History
+    from multihead.core.trainer import StepResult
+    from multihead.core.rules import SettingError
+    from multihead.core.training_state import TrainingState
+    from multihead.core.trainer import Trainer
+    from multihead.core.trunk_update import TrunkPolicy
+    from multihead.io.transfer import copy_weights
+    from multihead.experiments.build.data_sources import load_data
+    from multihead.experiments.build.multidigits import multidigits
+    from multihead.experiments.run.load import LoadedRun
+    from multihead.experiments.run.load import load_run
+    from multihead.experiments.results.compare import Comparison
+    from multihead.experiments.results.compare import compare
+
+
+def __getattr__(name: str) -> _Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'multihead' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from multihead.experiments.cli import main
+from multihead.cli.main import main
 
 sys.exit(main())

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from multihead.experiments import runners as tasks
-from multihead.experiments.cli import main
-from multihead.experiments.config import load_config
+from multihead.experiments.run import runner as tasks
+from multihead.cli.main import main
+from multihead.experiments.config.schema import load_config
 from multihead.rl.actor_critic import actor_critic_losses, nstep_returns, policy_gradient_loss
 
 pytest.importorskip("gymnasium")
@@ -176,8 +176,8 @@ def test_bad_config_is_one_line_error_exit_2_nothing_written(tmp_path, capsys, o
 @pytest.mark.slow
 def test_committed_config_solves_cartpole_seed_0():
     """The result benchmark for one seed (about 100k env steps, under a minute on 2 cores)."""
-    from multihead.experiments import runners as tasks
-    from multihead.experiments.config import load_config
+    from multihead.experiments.run import runner as tasks
+    from multihead.experiments.config.schema import load_config
 
     metrics = tasks.prepare(load_config(CONFIG)).run(None, verbose=False)
     assert metrics["solved_at_env_steps"] is not None and metrics["eval_mean_return"] >= 475

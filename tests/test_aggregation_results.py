@@ -1,7 +1,7 @@
 """benchmarks/aggregation_results.py: the results table of docs/aggregation.md.
 
 The table's per-head means and Δm% are checked against plain numpy on the runs'
-metrics.json files (independent of multihead.experiments.compare, which the script uses).
+metrics.json files (independent of multihead.experiments.results.compare, which the script uses).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_table_delta_m_equals_numpy_on_the_runs_metrics(results_script, tmp_path
 def test_every_registered_method_makes_a_valid_config(results_script):
     """A method added to the registries that needs an option fails here, not an hour into a run."""
     from multihead.core.trunk_update import TRUNK_AGGREGATORS
-    from multihead.experiments.config import load_config
+    from multihead.experiments.config.schema import load_config
 
     methods = results_script.all_methods()
     assert methods == ["per_head", *TRUNK_AGGREGATORS]

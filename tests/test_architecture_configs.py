@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
+from multihead.cli.main import main
 from multihead.monitoring import tags
 from multihead.monitoring.report import read_scalars
 

@@ -3,8 +3,8 @@
 import keras
 import pytest
 
-from multihead.experiments.builders import build_data, build_layer, build_model, build_objectives
-from multihead.experiments.config import ConfigError, from_dict
+from multihead.experiments.build.builders import build_data, build_layer, build_model, build_objectives
+from multihead.experiments.config.schema import ConfigError, from_dict
 
 
 def _config(**heads):
@@ -85,7 +85,7 @@ def test_build_trainer_updates_the_target_networks_inside_the_step():
     import numpy as np
 
     import multihead as mh
-    from multihead.experiments.builders import build_trainer
+    from multihead.experiments.build.builders import build_trainer
 
     config = _config()
     model = build_model(config, (None, 7))

@@ -4,14 +4,15 @@ single-task baselines, checked against hand arithmetic on fixed numbers."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import yaml
 
 import multihead as mh
-from multihead.experiments.cli import main
-from multihead.experiments.compare import delta_m, direction
+from multihead.cli.main import main
+from multihead.experiments.results.compare import delta_m, direction
 
 
 def _run(path, config: dict, final: dict, evals=()) -> str:
@@ -97,10 +98,11 @@ def test_directions():
 
 def test_cli_json_png_and_sweep_dirs(runs, tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    sweep.mkdir()
+    for name in ("pcgrad0", "pcgrad1", "sum0"):  # a sweep's trials are inside it
+        shutil.copytree(tmp_path / name, sweep / "trials" / name)
     (sweep / "sweep.json").write_text(json.dumps({"trials": [
-        {"run_dir": f"../pcgrad{i}", "status": "done"} for i in range(2)] +
-        [{"run_dir": "../sum0", "status": "failed"}]}))
+        {"run_dir": f"trials/pcgrad{i}", "status": "done"} for i in range(2)] +
+        [{"run_dir": "trials/sum0", "status": "failed"}]}))
     png = tmp_path / "curves.png"
     assert main(["compare", str(sweep), *runs["sum"], "--baseline", *runs["baseline"],
                  "--json", "--png", str(png)]) == 0

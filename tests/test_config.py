@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from multihead.experiments.config import ConfigError, apply_override, from_dict, load_config, parse_yaml
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, load_config, parse_yaml
 
 MINIMAL = {"model": {"trunk": {"mlp": {"units": [4]}}, "heads": {"y1": {}, "y2": {"every": 2}}}}
 
@@ -34,7 +34,7 @@ def test_defaults_and_types():
     ("data.correlation", "[1]", "data.correlation: expected a number"),
     ("data.correlation", ".nan", "data.correlation: must be a finite number, got nan"),
     ("data.scale", "-.inf", "data.scale: must be a finite number, got -inf"),
-    ("data.noise_std", "-0.5", "data.noise_std: must be >= 0, got -0.5"),
+    ("data.noise_std", "-0.5", "data.noise_std: must be in [0, 1000000.0], got -0.5"),
     ("train.trunk", "{aggregator: pcgard}", "train.trunk.aggregator: must be one of"),
     ("train.trunk", "{aggregator: pcgard}", "got 'pcgard' (did you mean 'pcgrad'?)"),
     ("train.steps_per_execution", "0", "train.steps_per_execution: must be >= 1, got 0"),

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 import multihead as mh
-from multihead.experiments import runners as tasks
-from multihead.experiments.builders import build_callbacks, build_objectives, build_trainer
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, apply_override, from_dict, load_config
+from multihead.experiments.run import runner as tasks
+from multihead.experiments.build.builders import build_callbacks, build_objectives, build_trainer
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, load_config
 
 BASE = {
     "seed": 0,

@@ -1,18 +1,19 @@
 """`multihead validate` refuses, in one line naming the key, every config `train` would fail on
-or silently misread (`multihead.experiments.config_rules`, `yaml12`, `dry_run`)."""
+or silently misread (`multihead.experiments.config.rules`, `yaml12`, `dry_run`)."""
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, parse_yaml
-from multihead.experiments.yaml12 import dump_yaml, load_yaml
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, parse_yaml
+from multihead.experiments.config.yaml12 import dump_yaml, load_yaml
 
 BASE = """\
 seed: 0
@@ -82,7 +83,7 @@ def test_yaml_is_read_as_yaml_1_2_in_files_and_in_set(tmp_path, capsys):
     assert load_yaml("a: yes\nb: 010\nc: 1:30\nd: 2020-01-01\ne: off\nf: 0o10\ng: 0x1f\nh: 3e-4\n") == {
         "a": "yes", "b": 10, "c": "1:30", "d": "2020-01-01", "e": "off", "f": 8, "g": 31, "h": 3e-4}
     assert math.isnan(load_yaml(".nan")) and load_yaml("-.inf") == -math.inf
-    from multihead.experiments.config import load_config
+    from multihead.experiments.config.schema import load_config
 
     code, err = _validate(tmp_path, capsys, BASE.replace("y2:", "yes:"), sets=["train.steps=010"])
     assert code == 0, err
@@ -129,5 +130,100 @@ def test_validate_runs_every_head_on_a_tiny_batch(tmp_path, capsys):
     """What building alone accepts but the first step would fail on."""
     code, err = _validate(tmp_path, capsys, sets=[
         "model.heads.y1.loss=sparse_categorical_crossentropy"])
+    # mmoe labels are regression values: a sparse cross-entropy would truncate them to classes
+    assert code == 2 and "model.heads.y1.loss: a sparse cross-entropy takes integer class labels" \
+        in err, err
+    assert err.count("\n") == 1
+    code, err = _validate(tmp_path, capsys, sets=[
+        "model.heads.y1.loss=categorical_crossentropy",
+        "model.heads.y1.layers={class_name: Dense, config: {units: 3}}"])
     assert code == 2 and "model.heads.y1.loss: cannot compute it on a batch" in err, err
     assert err.count("\n") == 1
+
+
+def test_recursive_aliases_are_refused_at_once():
+    for text in ("x: &loop [1, *loop]\n", "x: &loop {a: {b: [*loop]}}\n",
+                 "model: &m {trunk: *m, heads: {}}\n"):
+        started = time.process_time()
+        with pytest.raises(ConfigError, match="an alias refers to a node that contains it"):
+            parse_yaml(text, "loop.yaml")
+        assert time.process_time() - started < 1  # CPU time: a cycle is seen, not walked
+
+
+def _multiplied_layers(levels: int) -> str:
+    """A flow list of 10**levels Dense specs in a few hundred bytes: each level's anchor is
+    defined at its first use and aliased nine more times."""
+    text = "&l0 {class_name: Dense, config: {units: 2}}"
+    for i in range(1, levels + 1):
+        text = f"&l{i} [" + text + ", " + ", ".join([f"*l{i - 1}"] * 9) + "]"
+    return text
+
+
+def test_layer_lists_multiplied_through_aliases_are_refused_before_building(tmp_path, capsys):
+    text = BASE.replace("trunk: {mlp: {units: [4]}}", "trunk: " + _multiplied_layers(4))
+    assert len(text) < 1000
+    started = time.process_time()
+    code, err = _validate(tmp_path, capsys, text)
+    assert time.process_time() - started < 5  # CPU time: counted, not built
+    assert code == 2 and err.count("\n") == 1 and "model: more than 2000 layers" in err, err
+
+
+@pytest.mark.parametrize("path, value, words", [
+    ("data.on_nan", "drop", None),
+    ("data.on_nonfinite", "drop", None),
+    ("data.tasks", ["y1", "y2", "y1"], "data.tasks[2]: task 'y1' is listed twice"),
+    ("data.tasks", ["y1", "y2", "y3"], "data.tasks[2]: task 'y3' has no head"),
+    ("data.scale", 1e30, "data.scale: must be in [-1000000.0, 1000000.0], got 1e+30"),
+    ("model.heads.y1.optimizer", {"class_name": "SGD", "config": {"clipvalue": -0.5}},
+     "model.heads.y1.optimizer.config.clipvalue: must be a finite number > 0, got -0.5"),
+    ("model.heads.y1.optimizer", {"class_name": "Adam", "config": {"beta_1": 1.0}},
+     "model.heads.y1.optimizer.config.beta_1: must be in [0, 1), got 1.0"),
+    ("train.trunk", {"aggregator": "famo", "options": {"gamma": 1e30}},
+     "train.trunk.options.gamma: |1e+30| is beyond 1e+06"),
+])
+def test_ranges_of_the_supervised_schema(path, value, words):
+    from multihead.experiments.config.schema import from_dict, to_dict
+
+    raw = load_yaml(BASE)
+    node = raw
+    for key in path.split(".")[:-1]:
+        node = node.setdefault(key, {})
+    node[path.split(".")[-1]] = value
+    if words is None:  # on_nan is the former name of on_nonfinite: both end equal
+        config = from_dict(raw, "x.yaml")
+        assert config.data.on_nonfinite == config.data.on_nan == value
+        again = from_dict(to_dict(config), "x.yaml")  # what a run writes reads back the same
+        assert to_dict(again) == to_dict(config)
+        return
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw, "x.yaml")
+    assert str(err.value) == f"x.yaml: {words}" or str(err.value).startswith(f"x.yaml: {words}"), err.value
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("dqn", "gamma", 1.01, "dqn.gamma: must be in [0, 1], got 1.01"),
+    ("dqn", "epsilon_start", 2.0, "dqn.epsilon_start: must be in [0, 1], got 2.0"),
+    ("actor_critic", "gamma", 1e30, "actor_critic.gamma: must be in [0, 1], got 1e+30"),
+    ("actor_critic", "entropy_coef", 1e30, "actor_critic.entropy_coef: must be in [0, 100.0]"),
+    ("actor_critic", "num_envs", 2**30, "actor_critic.num_envs: must be in [1, 4096]"),
+])
+def test_ranges_of_the_rl_sections(section, key, value, words):
+    from multihead.experiments.config.schema import from_dict
+
+    heads = {"q": {"layers": {"class_name": "Dense", "config": {"units": 2}}}} if section == "dqn" \
+        else {"policy": {"layers": {"class_name": "Dense", "config": {"units": 2}}},
+              "value": {"layers": {"class_name": "Dense", "config": {"units": 1}}}}
+    raw = {"task": section, "env": {"id": "CartPole-v1"}, section: {key: value},
+           "model": {"trunk": {"mlp": {"units": [4]}}, "heads": heads}}
+    with pytest.raises(ConfigError, match="^x.yaml: " + re.escape(words)):
+        from_dict(raw, "x.yaml")
+
+
+def test_a_one_head_baseline_keeps_the_multi_task_data():
+    """A task without a head is refused, except with one head: `train --only-head` trains one
+    head on the multi-task run's generated data."""
+    from multihead.experiments.config.schema import from_dict
+    from multihead.experiments.run.single_task import only_head
+
+    baseline = only_head(from_dict(load_yaml(BASE), "x.yaml"), "y2")
+    assert baseline.data.tasks == ["y1", "y2"] and list(baseline.model.heads) == ["y2"]

@@ -2,6 +2,7 @@
 and every bad input is a one-line error naming the key, exit 2, with no run directory left."""
 
 import os
+import sys
 import textwrap
 
 import numpy as np
@@ -10,9 +11,9 @@ import tensorflow as tf
 import yaml
 
 import multihead as mh
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, from_dict
-from multihead.experiments.runners import supervised
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, from_dict
+from multihead.experiments.run import supervised
 
 HEADS = ("y1", "y2")
 N, D = 120, 5
@@ -121,7 +122,7 @@ def _config(data, **train):
 
 
 def _trained_weights(raw):
-    runner = supervised.prepare(from_dict(raw))
+    runner = supervised.prepare(from_dict(raw, allow_import=["my_data"]))
     trainer = mh.Trainer(runner.model, runner.objectives)
     trainer.fit(runner.data.train, 50, batch_size=16, seed=0, verbose=False)
     return runner.data, [v.numpy() for v in runner.model.trainable_variables]
@@ -201,8 +202,8 @@ def test_on_nan_drop_and_keep(tmp_path):
     _write_csv(tmp_path / "d.csv", x, y, extra_rows=[",".join(["1"] * D + ["n", "", "2"])])
     base = {"kind": "csv", "train": str(tmp_path / "d.csv"), "eval": str(tmp_path / "d.csv"),
             "features": [f"x{i}" for i in range(D)], "targets": {"y1": "t1", "y2": "t2"}}
-    with pytest.raises(ConfigError, match=r"data.on_nan: data.train has NaN in the labels of 'y1' "
-                                          r"\(1 rows, first row 120\)"):
+    with pytest.raises(ConfigError, match=r"data.on_nonfinite: data.train has NaN or inf in the "
+                                          r"labels of 'y1' \(1 rows, first row 120: NaN\)"):
         mh.load_data(base, heads=HEADS)
     assert len(mh.load_data({**base, "on_nan": "drop"}, heads=HEADS).x_train) == N
     kept = mh.load_data({**base, "on_nan": "keep"}, heads=HEADS)
@@ -234,7 +235,8 @@ def _bad_cases(tmp_path):
         ({"kind": "python", "function": "my_data:extra_target"}, "data.train: the data has a target 'y3'"),
         ({"kind": "csv", "train": str(tmp_path / "ragged.csv"), **cols}, "(ragged rows)"),
         ({"kind": "npz", "train": str(tmp_path / "short.npz")}, "different lengths (ragged)"),
-        ({"kind": "csv", "train": str(tmp_path / "nan.csv"), **cols}, "data.on_nan: data.train has NaN in the inputs"),
+        ({"kind": "csv", "train": str(tmp_path / "nan.csv"), **cols},
+         "data.on_nonfinite: data.train has NaN or inf in the inputs"),
         ({"kind": "tfrecord", "train": str(tmp_path / "d.tfrecord")}, "data.shapes.x"),
         ({"kind": "python", "function": "no_such_module:f"}, "data.function: cannot import"),
         ({"kind": "npz"}, "data.train: required for kind npz"),
@@ -249,7 +251,8 @@ def test_bad_input_exits_2_with_one_line_naming_the_key_and_writes_nothing(tmp_p
         config = tmp_path / f"c{i}.yaml"
         config.write_text(yaml.safe_dump(_config(data)))
         run_dir = tmp_path / f"run{i}"
-        assert main(["train", str(config), "--run-dir", str(run_dir), "--quiet"]) == 2, message
+        assert main(["train", str(config), "--run-dir", str(run_dir), "--quiet", "--allow-import",
+                     "my_data", "--allow-import", "no_such_module"]) == 2, message
         err = capsys.readouterr().err.strip()
         assert err.startswith("multihead: error: ") and len(err.splitlines()) == 1, err
         assert message in err, (message, err)
@@ -266,3 +269,75 @@ def test_a_csv_run_trains_through_the_cli_and_records_its_inputs(tmp_path, monke
     assert json.loads((tmp_path / "run" / "inputs.json").read_text()) == \
         {"shape": [None, D], "dtype": "float32"}
     assert os.path.exists(tmp_path / "run" / "metrics.json")
+
+
+def _write_marker_module(tmp_path, name):
+    """A module that leaves a file behind when it is imported."""
+    marker = tmp_path / f"{name}.imported"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(f"""
+        import pathlib
+        pathlib.Path({str(marker)!r}).write_text("imported")
+        from my_data import arrays
+    """))
+    return marker
+
+
+@pytest.mark.parametrize("command", ["validate", "train"])
+def test_data_kind_python_needs_allow_import_and_imports_nothing_without_it(
+        tmp_path, monkeypatch, capsys, command):
+    _write_module(tmp_path, monkeypatch)
+    name = f"marker_{command}"
+    marker = _write_marker_module(tmp_path, name)
+    monkeypatch.chdir(tmp_path)  # a module in the current directory is refused like any other
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(_config({"kind": "python", "function": f"{name}:arrays"},
+                                             steps=2)))
+    extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else []
+    assert main([command, str(config), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"data.function: '{name}:arrays' would import" in err
+    assert f"--allow-import {name}" in err
+    assert not marker.exists() and name not in sys.modules
+    assert not (tmp_path / "run").exists()
+    # another module allowed does not allow this one
+    assert main([command, str(config), *extra, "--allow-import", "my_data"]) == 2
+    assert not marker.exists()
+    capsys.readouterr()
+    assert main([command, str(config), *extra, "--allow-import", name]) == 0
+    assert marker.exists()
+
+
+def test_per_head_python_sections_and_the_api_need_allow_import(tmp_path, monkeypatch):
+    _write_module(tmp_path, monkeypatch)
+    marker = _write_marker_module(tmp_path, "marker_api")
+    section = {"kind": "python", "function": "marker_api:arrays"}
+    with pytest.raises(ConfigError, match=r"^data.function: 'marker_api:arrays' would import"):
+        mh.load_data(section, heads=HEADS)
+    raw = _config({"per_head": {"y1": section, "y2": {"kind": "python", "function": "my_data:arrays"}}})
+    with pytest.raises(ConfigError, match=r"data.per_head.y1.function: 'marker_api:arrays'"):
+        from_dict(raw, allow_import=["my_data"])
+    assert not marker.exists()
+    data = mh.load_data(section, heads=HEADS, allow_import=["marker_api"])
+    np.testing.assert_array_equal(np.sort(np.concatenate([data.x_train, data.x_eval])[:, 0]),
+                                  np.sort(_arrays()[0][:, 0]))
+    assert marker.exists()
+
+
+def test_sweep_needs_allow_import_and_passes_it_on_to_every_trial(tmp_path, monkeypatch, capsys):
+    from multihead.experiments.sweep.sweep import trial_command
+
+    _write_module(tmp_path, monkeypatch)
+    marker = _write_marker_module(tmp_path, "marker_sweep")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(_config({"kind": "python", "function": "marker_sweep:arrays"},
+                                             steps=2)))
+    sweep_dir = tmp_path / "sweep"
+    assert main(["sweep", str(config), "--grid", "seed=1,2", "--sweep-dir", str(sweep_dir),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-import marker_sweep" in err
+    assert not marker.exists() and not sweep_dir.exists()
+    command = trial_command("base.yaml", "trials/t000", {"seed": 1}, False, ("marker_sweep", "m2"))
+    assert command[command.index("train"):] == [
+        "train", "base.yaml", "--quiet", "--run-dir", "trials/t000", "--allow-import",
+        "marker_sweep", "--allow-import", "m2", "--set", "seed=1"]

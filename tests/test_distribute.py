@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import multihead as mh
-from multihead.experiments.config import ConfigError, from_dict
+from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.core.distribute import is_chief, local_workers, make_strategy
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -292,8 +292,8 @@ def test_two_workers_via_the_cli_train_like_one_device(tmp_path):
     assert json.loads((chief / "metrics.json").read_text())["steps"] == 6
 
     # The single-device reference: the same config in this process, no strategy.
-    from multihead.experiments import runners as tasks
-    from multihead.experiments.config import load_config
+    from multihead.experiments.run import runner as tasks
+    from multihead.experiments.config.schema import load_config
 
     runner = tasks.prepare(load_config(config))
     runner.run(str(tmp_path / "single"), verbose=False)

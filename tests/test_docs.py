@@ -115,7 +115,7 @@ def _merge(base: dict, fragment: dict) -> dict:
 
 
 def test_yaml_blocks_are_valid_configs():
-    from multihead.experiments.config import from_dict, parse_yaml
+    from multihead.experiments.config.schema import from_dict, parse_yaml
 
     with open(os.path.join(ROOT, "experiments", "quickstart.yaml"), encoding="utf-8") as fh:
         base = parse_yaml(fh.read(), "experiments/quickstart.yaml")

@@ -13,8 +13,8 @@ import tensorflow as tf
 import multihead as mh
 from conftest import make_batch, make_model
 from multihead.io.checkpoints import restore_checkpoint
-from multihead.experiments.cli import main
-from multihead.experiments.config import load_config
+from multihead.cli.main import main
+from multihead.experiments.config.schema import load_config
 
 
 def _compiled_outputs(model, x):
@@ -113,7 +113,7 @@ def test_cli_export_reloads_in_a_fresh_process_with_the_models_outputs(tmp_path,
     assert "signatures: serving_default, b" in capsys.readouterr().out
 
     # The reference: the run's model rebuilt from its config and checkpoint in this process.
-    from multihead.experiments import runners as tasks
+    from multihead.experiments.run import runner as tasks
 
     model = tasks.prepare(load_config(run / "config.yaml")).model
     restore_checkpoint(tf.train.latest_checkpoint(str(run / "checkpoints")), model,

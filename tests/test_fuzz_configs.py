@@ -6,7 +6,9 @@ Each case calls the CLI's `main()` in-process and asserts: exit 0 or 2; on 2, ex
 stderr line `multihead: error: ...` naming a key path (or the YAML line); never a traceback
 (an exception escaping `main`); no case longer than `CASE_LIMIT_S` (a SIGALRM, a hang
 detector, not a timing assertion: the bound is far above what a case needs); no file
-written outside the case's temp directory. Mutations that are invalid by construction
+written outside the case's temp directory; no `validate` case using more than `CPU_LIMIT_S`
+of CPU time (a SIGVTALRM: CPU time, so six test processes sharing two cores do not trip it,
+while a loop that never ends does). Mutations that are invalid by construction
 (an unknown key, a scalar where a mapping is required, broken YAML) must give exit 2. A
 sample of the configs that validate trains 2 steps. The fast suite runs a few hundred
 cases; `pytest -m slow` runs thousands.
@@ -27,15 +29,17 @@ import typing
 from typing import Any, Iterator
 
 import pytest
-from multihead.experiments import config as config_module
-from multihead.experiments.cli import main
-from multihead.experiments.yaml12 import dump_yaml, load_yaml
+from multihead.experiments.config import schema as config_module
+from multihead.experiments.run import runner  # noqa: F401 - TensorFlow imported before any case's clock
+from multihead.cli.main import main
+from multihead.experiments.config.yaml12 import dump_yaml, load_yaml
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
 SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "experiments", "*.yaml")))
 CASE_LIMIT_S = 10
+CPU_LIMIT_S = 5
 #: Keys whose value sizes the run: kept small so a valid case builds fast.
 SMALL = {"train_size": 64, "eval_size": 16, "input_dim": 6, "steps": 2, "batch_size": 8,
          "buffer_size": 64, "learning_starts": 1, "eval_episodes": 1, "num_envs": 2}
@@ -50,17 +54,25 @@ class _Hang(Exception):
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: int) -> Iterator[None]:
+def _time_limit(seconds: int, cpu_seconds: float | None = None) -> Iterator[None]:
     def alarm(signum: int, frame: Any) -> None:
         raise _Hang(f"a case ran past {seconds} s")
 
+    def cpu_alarm(signum: int, frame: Any) -> None:
+        raise _Hang(f"a case used more than {cpu_seconds} s of CPU time")
+
     previous = signal.signal(signal.SIGALRM, alarm)
+    previous_cpu = signal.signal(signal.SIGVTALRM, cpu_alarm)
     signal.alarm(seconds)
+    if cpu_seconds is not None:
+        signal.setitimer(signal.ITIMER_VIRTUAL, cpu_seconds)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGVTALRM, previous_cpu)
 
 
 def _small(tree: Any) -> Any:
@@ -87,7 +99,9 @@ def _run(tmp_path, text: str | bytes, command: str = "validate", sets=()) -> tup
     if command == "train":
         args += ["--run-dir", str(tmp_path / "run"), "--quiet"]
     err, out = io.StringIO(), io.StringIO()
-    with _time_limit(CASE_LIMIT_S if command == "validate" else 6 * CASE_LIMIT_S), \
+    # train: the CPU bound is the hang detector; the wall bound only catches a blocked wait
+    with _time_limit(CASE_LIMIT_S if command == "validate" else 30 * CASE_LIMIT_S,
+                     CPU_LIMIT_S if command == "validate" else 6 * CASE_LIMIT_S), \
             contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         code = main(args)  # an exception escaping here is the traceback a user would see
     stderr = err.getvalue()
@@ -144,6 +158,20 @@ EDGE_NUMBERS = [0, -1, 1, 2**31, 2**63, -(2**40), 1e-300, 1e300, float("nan"), f
                 float("-inf"), 0.5, True]
 WRONG_TYPES = ["abc", [], [1, "x"], {"bogus": 1}, None, ""]
 
+def _multiplied_layers(levels: int) -> str:
+    text = "&l0 {class_name: Dense, config: {units: 2}}"
+    for i in range(1, levels + 1):
+        text = f"&l{i} [" + text + ", " + ", ".join([f"*l{i - 1}"] * 9) + "]"
+    return text
+
+
+def _with_trunk(text: str, flow: str) -> str:
+    """The config with `model.trunk` replaced by the YAML flow text `flow`."""
+    tree = load_yaml(text)
+    tree["model"]["trunk"] = "TRUNK_PLACEHOLDER"
+    return dump_yaml(tree).replace("TRUNK_PLACEHOLDER", flow, 1)
+
+
 #: YAML text mutations: each makes the document invalid, so each must give exit 2.
 STRUCTURE = [
     ("unclosed flow", lambda t: t + "\nbroken: [1, 2\n"),
@@ -160,6 +188,70 @@ STRUCTURE = [
     ("not UTF-8", lambda t: t.encode() + b"\n# \xff\xfe\n"),
     ("unknown anchor", lambda t: t + "\nx: *nowhere\n"),
     ("unknown top key", lambda t: t + "\nmodle: {}\n"),
+    ("recursive alias", lambda t: t + "\nx: &loop [1, *loop]\n"),
+    ("recursive mapping alias", lambda t: t + "\nx: &loop {a: {b: *loop}}\n"),
+    # 10**4 Dense layers from a few hundred bytes: under the YAML node bound, far beyond a model's
+    ("layer lists multiplied through aliases", lambda t: _with_trunk(t, _multiplied_layers(4))),
+]
+
+
+def _set(path: str, value: Any, needs: str | None = None):
+    """A mutation setting the dotted `path` (created as needed) to `value`; applies only when
+    the config has `needs` (a dotted path), else returns None."""
+    def mutate(tree: dict) -> dict | None:
+        node = tree
+        for key in (needs or "").split(".") if needs else ():
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        tree = copy.deepcopy(tree)
+        node = tree
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = copy.deepcopy(value)
+        return tree
+    return mutate
+
+
+def _first_head(tree: dict) -> str:
+    return next(iter(tree["model"]["heads"]))
+
+
+def _mmoe(tree: dict) -> bool:
+    return (tree.get("data") or {}).get("kind", "mmoe") in ("mmoe", "mixed") and \
+        tree.get("task", "supervised") == "supervised"
+
+
+def _head_mutation(key: str, value: Any, when=lambda tree: True):
+    def mutate(tree: dict) -> dict | None:
+        if not when(tree):
+            return None
+        tree = copy.deepcopy(tree)
+        tree["model"]["heads"][_first_head(tree)][key] = copy.deepcopy(value)
+        return tree
+    return mutate
+
+
+#: Values every config must refuse (issue 26's "accepted although invalid"), applied where the
+#: config has the section: each must give exit 2.
+RANGES = [
+    ("dqn.gamma 1e30", _set("dqn.gamma", 1e30, needs="dqn")),
+    ("actor_critic.gamma 1.5", _set("actor_critic.gamma", 1.5, needs="actor_critic")),
+    ("actor_critic.entropy_coef 1e30", _set("actor_critic.entropy_coef", 1e30, needs="actor_critic")),
+    ("actor_critic.num_envs 2**30", _set("actor_critic.num_envs", 2**30, needs="actor_critic")),
+    ("data.scale 1e30", lambda t: _set("data.scale", 1e30)(t) if _mmoe(t) else None),
+    ("an extra data.tasks entry", lambda t: _set("data.tasks", list(t["model"]["heads"]) + ["extra"])(t)
+     if _mmoe(t) and len(t["model"]["heads"]) > 1 else None),
+    ("clipnorm < 0", _head_mutation("optimizer", {"class_name": "SGD", "config": {"clipnorm": -1.0}})),
+    ("clipvalue 0", _head_mutation("optimizer", {"class_name": "Adam", "config": {"clipvalue": 0}})),
+    ("sparse cross-entropy on regression labels",
+     _head_mutation("loss", "sparse_categorical_crossentropy", when=_mmoe)),
+    ("a layer of 10**7 units after one of 10**4",
+     _head_mutation("layers", [{"class_name": "Dense", "config": {"units": 10**4}},
+                               {"class_name": "Dense", "config": {"units": 10**7}}])),
+    ("aggregator option 1e30", lambda t: _set("train.trunk.options", {"gamma": 1e30})(t)
+     if isinstance((t.get("train") or {}).get("trunk"), dict) else None),
 ]
 
 
@@ -175,6 +267,10 @@ def _cases(n_per_config: int, seed: int) -> list[tuple[str, str, str, Any, bool]
         for label, mutate in STRUCTURE:
             if rng.random() < n_per_config / 40:
                 out.append((name, "structure", label, mutate(text), True))
+        for label, mutate in RANGES:
+            mutated = mutate(base)
+            if mutated is not None:
+                out.append((name, "range", label, dump_yaml(mutated), True))
         picks = [("delete", _delete, False), ("rename", _rename, True)]
         picks += [(f"edge {v!r}", _replace(v), False) for v in EDGE_NUMBERS]
         picks += [(f"type {v!r}", _replace(v), isinstance(v, dict)) for v in WRONG_TYPES]
@@ -266,6 +362,23 @@ def test_structure_mutations_are_all_refused(tmp_path):
         assert code == 2, (label, err)
 
 
+def test_out_of_range_values_are_refused_in_every_config_that_has_them(tmp_path):
+    """Each of `RANGES` at least once, in every shipped config where it applies."""
+    applied = set()
+    for path in SHIPPED:
+        base = _load(path)
+        for label, mutate in RANGES:
+            mutated = mutate(base)
+            if mutated is None:
+                continue
+            case_dir = tmp_path / f"{os.path.basename(path)}-{len(applied)}-{label.replace(' ', '_')}"
+            case_dir.mkdir()
+            code, err = _run(case_dir, dump_yaml(mutated))
+            assert code == 2, (path, label)
+            applied.add(label)
+    assert applied == {label for label, _ in RANGES}
+
+
 def test_a_corpus_of_mutations_of_every_shipped_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative path the CLI might write to would land here
     counts = _check_corpus(tmp_path, _cases(n_per_config=9, seed=0), train_every=3,
@@ -327,7 +440,8 @@ def _check_overrides(tmp_path_factory, overrides) -> None:
     path = case_dir / "case.yaml"
     path.write_text(BASE)
     err, out = io.StringIO(), io.StringIO()
-    with _time_limit(CASE_LIMIT_S), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+    with _time_limit(CASE_LIMIT_S, CPU_LIMIT_S), contextlib.redirect_stderr(err), \
+            contextlib.redirect_stdout(out):
         code = main(["validate", str(path), *[f"--set={s}" for s in sets]])
     assert code in (0, 2), err.getvalue()
     if code == 2:

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from test_tensorboard_server import _tensorboard, _wait_until
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import from_dict
-from multihead.experiments.hparams import final_metrics, run_hparams
-from multihead.experiments.sweep import Objective, Sweep, new_index
+from multihead.cli.main import main
+from multihead.experiments.config.schema import from_dict
+from multihead.experiments.run.hparams import final_metrics, run_hparams
+from multihead.experiments.sweep.sweep import Objective, Sweep, new_index
 
 LR = "model.heads.y1.optimizer.config.learning_rate"
 TINY = {

@@ -5,8 +5,8 @@ import numpy as np
 
 import multihead as mh
 from conftest import weights
-from multihead.experiments.builders import build_model, build_objectives
-from multihead.experiments.config import from_dict
+from multihead.experiments.build.builders import build_model, build_objectives
+from multihead.experiments.config.schema import from_dict
 
 RAW = {
     "seed": 0,

@@ -67,7 +67,17 @@ def test_optimizer_accessors_on_the_installed_keras():
     assert internals.has_slot_internals(sgd)
     assert internals.sgd_momentum(sgd, variables[0]).shape == (2, 3)
     assert not internals.has_slot_internals(keras.optimizers.RMSprop())
-    assert internals.optimizer_strategy(adam) is not None or internals.optimizer_strategy(adam) is None
+
+
+def test_optimizer_strategy_is_the_scope_the_optimizer_was_created_in():
+    # The trainer refuses a head optimizer created outside `strategy.scope()` by comparing this
+    # accessor with the trainer's strategy: it must name the creating scope, and nothing else.
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        inside = keras.optimizers.Adam()
+    outside = keras.optimizers.Adam()
+    assert internals.optimizer_strategy(inside) is strategy
+    assert internals.optimizer_strategy(outside) is not strategy
 
 
 def test_layer_accessors_on_the_installed_keras():

@@ -7,7 +7,7 @@ import tensorflow as tf
 from conftest import make_model, weights
 
 import multihead as mh
-from multihead.experiments.cli import main
+from multihead.cli.main import main
 from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
@@ -207,9 +207,9 @@ def test_bad_per_head_configs_are_one_line_exit_2_and_write_nothing(tmp_path, ca
 
 
 def test_the_single_task_baseline_of_a_per_head_config_keeps_that_heads_dataset(tmp_path):
-    from multihead.experiments.config import load_config
-    from multihead.experiments.data_sources import build_data
-    from multihead.experiments.single_task import only_head
+    from multihead.experiments.config.schema import load_config
+    from multihead.experiments.build.data_sources import build_data
+    from multihead.experiments.run.single_task import only_head
 
     path = tmp_path / "exp.yaml"
     path.write_text(CONFIG.format(sampling="temperature"))

@@ -12,7 +12,7 @@ import yaml
 
 import multihead as mh
 from conftest import make_batch, make_model
-from multihead.experiments.cli import main
+from multihead.cli.main import main
 
 D = 5
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model
-from multihead.experiments import cli
+from multihead.cli import main as cli
 from multihead.monitoring import tags
 from multihead.monitoring.report import DPI, FIGSIZE, load_report
 

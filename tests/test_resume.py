@@ -222,7 +222,7 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
 
 
 def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
-    from multihead.experiments.cli import main
+    from multihead.cli.main import main
 
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG.replace("steps: 1000000", "steps: 30"))

@@ -1,6 +1,6 @@
 """Run directories are never lost and never reach outside themselves: `multihead train` under
 SIGINT, concurrent writers, failures and a full disk; `--resume` with a tampered
-`checkpoints/` folder (`multihead.experiments.run_guard`, `multihead.io.manager`)."""
+`checkpoints/` folder (`multihead.experiments.run.guard`, `multihead.io.manager`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multihead.experiments.cli import main
-from multihead.experiments.run_guard import RunLock, read_status
+from multihead.cli.main import main
+from multihead.experiments.run.guard import RunLock, read_status
 from multihead.io.manager import scan_checkpoints
 
 CONFIG = """\

@@ -9,7 +9,7 @@ import os
 import pytest
 from test_sweep import TINY, _results, _sweep, _write
 
-from multihead.experiments.cli import main
+from multihead.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")

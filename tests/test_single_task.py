@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, from_dict
-from multihead.experiments.single_task import only_head
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, from_dict
+from multihead.experiments.run.single_task import only_head
 
 TINY = {
     "seed": 3,

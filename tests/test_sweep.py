@@ -13,15 +13,14 @@ import time
 import pytest
 import yaml
 
-from multihead.experiments.cli import main
-from multihead.experiments.config import ConfigError, load_config
-from multihead.experiments.sweep import (
+from multihead.cli.main import main
+from multihead.experiments.config.schema import ConfigError, load_config
+from multihead.experiments.config.sweep_section import Distribution, sweep_spec
+from multihead.experiments.sweep.sweep import (
     TIMING_KEYS,
-    Distribution,
     last_error,
     parse_grid_arg,
     parse_sample_arg,
-    sweep_spec,
     threads_per_trial,
     trial_overrides,
 )

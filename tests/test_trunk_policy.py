@@ -10,8 +10,8 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
-from multihead.experiments.builders import build_trunk
-from multihead.experiments.config import ConfigError, load_config
+from multihead.experiments.build.builders import build_trunk
+from multihead.experiments.config.schema import ConfigError, load_config
 from multihead.core.trunk_update import _PAIRWISE_MAX_HEADS
 
 HEADS = ("a", "b", "c")
@@ -474,7 +474,7 @@ def test_every_new_method_trains_through_multihead_train(tmp_path, name, options
     exit 0 and finite metrics in metrics.json."""
     import json
 
-    from multihead.experiments.cli import main
+    from multihead.cli.main import main
 
     options = dict(options)
     dtype = options.pop("dtype", "float32")

@@ -28,6 +28,7 @@ import keras
 import numpy as np
 
 from multihead._checks import check_choice, check_float, check_int
+from multihead.monitoring.metric_key import MetricKey
 from multihead.monitoring.progress import Progress
 
 if TYPE_CHECKING:  # annotations only: callbacks never import the trainer
@@ -177,9 +178,6 @@ def _request_stop(trainer: Trainer, reason: str) -> None:
 # -- the quantity a callback watches --------------------------------------------------------
 
 #: Metric names (or parts of names) for which smaller is better / larger is better.
-_LOWER_IS_BETTER = ("loss", "error", "mae", "mse", "rmse", "mape", "msle", "crossentropy",
-                    "hinge", "divergence", "poisson", "logcosh", "huber")
-_HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall", "f1", "iou", "r2", "correlation")
 MODES = ("auto", "min", "max")
 
 
@@ -211,16 +209,13 @@ class MonitoredQuantity:
                 raise ValueError(f"{owner}: mode='auto' cannot tell whether the callable monitor "
                                  f"{getattr(monitor, '__name__', monitor)!r} should go down or up; "
                                  "pass mode='min' or mode='max'")
-            self.key: tuple[str, ...] | None = None
+            self.key: MetricKey | None = None
         elif isinstance(monitor, str):
-            parts = monitor.split("/")
-            if monitor == "eval/mean_loss":
-                self.key = ()
-            elif len(parts) == 3 and parts[0] == "eval" and all(parts[1:]):
-                self.key = (parts[1], parts[2])
-            else:
+            try:
+                self.key = MetricKey.parse(monitor)
+            except ValueError:
                 raise ValueError(f"{owner}: monitor must be 'eval/<head>/<metric>', 'eval/mean_loss' "
-                                 f"or a callable of the eval metrics, got {monitor!r}")
+                                 f"or a callable of the eval metrics, got {monitor!r}") from None
         else:
             raise TypeError(f"{owner}: monitor must be a string or a callable, got {monitor!r}")
         self.monitor = monitor
@@ -228,18 +223,17 @@ class MonitoredQuantity:
         self.mode = mode if mode != "auto" else self._auto_mode()
 
     def _auto_mode(self) -> str:
-        metric = "loss" if self.key == () else self.key[1].lower()  # type: ignore[index]
-        if any(word in metric for word in _LOWER_IS_BETTER):
-            return "min"
-        if any(word in metric for word in _HIGHER_IS_BETTER):
-            return "max"
+        direction = self.key.direction  # type: ignore[union-attr]
+        if direction is not None:
+            return direction
         raise ValueError(f"{self.owner}: mode='auto' cannot tell whether {self.monitor!r} should go "
                          "down or up; pass mode='min' or mode='max'")
 
     @staticmethod
     def keys(metrics: Metrics) -> list[str]:
         """Every monitor string an evaluation with these metrics answers."""
-        return [f"eval/{h}/{m}" for h, values in metrics.items() for m in values] + ["eval/mean_loss"]
+        return [str(MetricKey(h, m)) for h, values in metrics.items() for m in values] + [
+            str(MetricKey.mean_loss())]
 
     def value(self, metrics: Metrics) -> float:
         """The watched number in an evaluation's metrics.
@@ -253,9 +247,9 @@ class MonitoredQuantity:
                 raise TypeError(f"{self.owner}: the monitor {self.name!r} returned {value!r}; "
                                 "it must return a number")
             return float(value)
-        if self.key == ():
+        if self.key.is_mean_loss:
             return float(np.mean([values["loss"] for values in metrics.values()]))
-        head, metric = self.key
+        head, metric = self.key.head, self.key.metric
         if head not in metrics or metric not in metrics[head]:
             raise ValueError(f"{self.owner}: monitor {self.monitor!r} is not in the evaluation; "
                              f"available: {self.keys(metrics)}")
@@ -465,7 +459,7 @@ class TerminateOnNonFinite(Callback):
             for head, values in metrics.items():
                 for name, value in values.items():
                     if not math.isfinite(value):
-                        return self._stop(step, f"eval/{head}/{name}", value)
+                        return self._stop(step, str(MetricKey(head, name)), value)
 
 
 class LambdaCallback(Callback):

@@ -5,22 +5,39 @@ At every evaluation that beats the best so far, the whole training state
 position) is written to `<directory>/best-<step>`; then `<directory>/best.json`,
 which names it, is replaced atomically (`os.replace`); then the previous best is
 deleted. A crash at any point leaves `best.json` naming a complete checkpoint.
+
+`best.json` is data anyone can edit: its `path` must name a `best-<step>` checkpoint
+directly in the directory (`multihead._boundary`), and deleting a previous best removes
+only that checkpoint's own regular files there, never what a path outside names.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
+from multihead._boundary import BoundaryError, read_json, unlink_symlinks_at
 from multihead._checks import check_float
 from multihead.core.callbacks import Callback, Metrics, MonitoredQuantity
 from multihead.io.checkpoints import save_checkpoint
 
 _POINTER = "best.json"
+_NAME = re.compile(r"best-[0-9]{1,18}")
+
+
+def _own_files(directory: str, name: str) -> list[str]:
+    """The regular files of checkpoint `name` (`name.index`, `name.data-*`) in `directory`."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [e.path for e in entries if e.name.startswith(name + ".")
+            and (e.name == name + ".index" or e.name.startswith(name + ".data-"))
+            and e.is_file(follow_symlinks=False)]
 
 
 class BestCheckpoint(Callback):
@@ -69,13 +86,28 @@ class BestCheckpoint(Callback):
 
     @staticmethod
     def read(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-        """The record in `<directory>/best.json` (with `path` made absolute), or None."""
-        pointer = os.path.join(os.fspath(directory), _POINTER)
-        if not os.path.exists(pointer):
+        """The record in `<directory>/best.json` (with `path` made absolute), or None.
+
+        Raises:
+            BoundaryError: `best.json` is not a regular file holding a JSON object whose
+                `path` is a `best-<step>` name in `directory` (one line naming the file).
+        """
+        directory = os.fspath(directory)
+        pointer = os.path.join(directory, _POINTER)
+        if not os.path.lexists(pointer):
             return None
-        with open(pointer) as fh:
-            record = json.load(fh)
-        record["path"] = os.path.join(os.fspath(directory), record["path"])
+        record = read_json(directory, _POINTER, limit=1 << 16)
+        name = record.get("path")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise BoundaryError(f"{pointer}: path must name a best-<step> checkpoint in "
+                                f"{directory!r}, got {name!r}")
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise BoundaryError(f"{pointer}: step must be an integer, got {step!r}")
+        value = record.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BoundaryError(f"{pointer}: value must be a number, got {value!r}")
+        record["path"] = os.path.join(directory, name)
         return record
 
     def _adopt_record(self) -> None:
@@ -106,6 +138,8 @@ class BestCheckpoint(Callback):
                 shutil.rmtree(scratch, ignore_errors=True)
             return
         name = f"best-{step}"
+        # The checkpoint writer follows a symlink at its names: none is left to follow.
+        unlink_symlinks_at(os.path.join(self.directory, name))
         path = save_checkpoint(os.path.join(self.directory, name), trainer.model, self.parts,
                                trainer=trainer, targets=self.targets)
         record = {"path": name, "step": step, "value": value, "monitor": self.quantity.name,
@@ -117,5 +151,6 @@ class BestCheckpoint(Callback):
         os.replace(tmp, pointer)
         old, self.path = self.path, path
         if old is not None and os.path.abspath(old) != os.path.abspath(path):
-            for file in glob.glob(glob.escape(old) + ".*"):
+            # Only the old checkpoint's own files in this directory (read() checked its name).
+            for file in _own_files(self.directory, os.path.basename(old)):
                 os.remove(file)

@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from multihead._boundary import unlink_symlinks_at
 from multihead.core.model import MultiHeadModel
 from multihead.io.checkpoint_file import (
     CheckpointMismatchError,
@@ -91,6 +92,7 @@ def save_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
     wanted = expand_parts(parts, available_parts(model, trainer, targets), trainer)
     ckpt = checkpoint_root(part_objects(model, trainer, targets, wanted))
     os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
+    unlink_symlinks_at(path)  # the writer would follow a symlink at `path.index` out
     return ckpt.write(os.fspath(path))
 
 

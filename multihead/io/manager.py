@@ -14,7 +14,9 @@ found by scanning the directory (`scan_checkpoints`: regular files
 `ckpt-<step>.index` with regular data shards, no symlinks), and the state file is
 rewritten from that scan before `tf.train.CheckpointManager` reads it, so no path
 it named (outside the directory, or garbage) is ever restored or deleted, and a
-missing, empty or stale state file loses nothing.
+missing, empty or stale state file loses nothing. Before a save, a symlink at any name
+the save writes (`ckpt-<step>.index`, `.data-*`, the `_temp` shard folder) is removed,
+so the save never writes through one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from multihead._boundary import unlink_symlinks_at
 from multihead._checks import check_int
 from multihead.core.callbacks import Callback
 from multihead.core.model import MultiHeadModel
@@ -66,16 +69,31 @@ def scan_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
-    for name, entry in entries.items():
+    for name in entries:
         match = _CHECKPOINT_INDEX.fullmatch(name)
-        if match is None or not entry.is_file(follow_symlinks=False) or \
-                entry.stat(follow_symlinks=False).st_size == 0:  # an index cut off by a crash
-            continue
-        prefix = name[: -len(".index")]
-        shards = [e for n, e in entries.items() if n.startswith(prefix + ".data-")]
-        if all(e.is_file(follow_symlinks=False) for e in shards):
-            found.append((int(match.group(1)), os.path.join(os.fspath(directory), prefix)))
+        if match is not None and _complete(entries, name[: -len(".index")]):
+            found.append((int(match.group(1)), os.path.join(os.fspath(directory), name[:-6])))
     return [path for _, path in sorted(found)]
+
+
+def _complete(entries: Mapping[str, os.DirEntry], prefix: str) -> bool:
+    index = entries.get(prefix + ".index")
+    if index is None or not index.is_file(follow_symlinks=False) or \
+            index.stat(follow_symlinks=False).st_size == 0:  # an index cut off by a crash
+        return False
+    return all(e.is_file(follow_symlinks=False) for n, e in entries.items()
+               if n.startswith(prefix + ".data-"))
+
+
+def own_checkpoint(prefix: str | os.PathLike[str]) -> bool:
+    """True when checkpoint `prefix` is the directory's own: `prefix.index` (not empty) and
+    its `prefix.data-*` shards are regular files, not symlinks (as `scan_checkpoints` counts)."""
+    directory, name = os.path.split(os.fspath(prefix))
+    try:
+        entries = {e.name: e for e in os.scandir(directory or ".")}
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return _complete(entries, name)
 
 
 def _reset_state_file(directory: str, found: list[str]) -> None:
@@ -247,6 +265,9 @@ class CheckpointManager:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             return os.path.join(self.directory, f"ckpt-{step}")
+        # TensorFlow merges the index in place: a symlink planted at a name it writes
+        # would be written through, so none is left at them.
+        unlink_symlinks_at(os.path.join(self.directory, f"ckpt-{step}"))
         return self._manager.save(checkpoint_number=step)
 
     def restore_latest(self, rewind_logs: bool = True) -> int | None:

@@ -25,6 +25,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from multihead._boundary import BoundaryError, inside, is_regular
 from multihead.monitoring import tags
 
 
@@ -97,7 +98,17 @@ class RunReport:
 
 
 def _event_files(directory: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(glob.escape(directory), "events.out.tfevents.*")))
+    """The event files of `directory`: regular files only (a symlink may lead out of the run,
+    and a FIFO named like an event file would block the reader forever)."""
+    return sorted(p for p in glob.glob(os.path.join(glob.escape(directory), "events.out.tfevents.*"))
+                  if is_regular(p))
+
+
+def _run_folder(run_dir: str, name: str) -> str:
+    try:
+        return inside(run_dir, name)
+    except BoundaryError as err:
+        raise ReportError(str(err)) from None
 
 
 def read_scalars(directory: str) -> dict[str, Series]:
@@ -132,7 +143,7 @@ def read_scalars(directory: str) -> dict[str, Series]:
 
 
 def _train_dir(run_dir: str) -> str:
-    train = os.path.join(run_dir, "train")
+    train = _run_folder(run_dir, "train")
     if os.path.isdir(train) and _event_files(train):
         return train
     if _event_files(run_dir):  # the train directory itself, or a plain log dir
@@ -192,7 +203,7 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
             f"the event files in {train_dir!r} have no loss/<head> scalars: was the run written by "
             "multihead's Monitor (Trainer(log_dir=...) or `multihead train`)?"
         )
-    eval_dir = os.path.join(run_dir, "eval")
+    eval_dir = _run_folder(run_dir, "eval")
     evals = read_scalars(eval_dir) if train_dir != run_dir and os.path.isdir(eval_dir) else {}
     summaries = {}
     for head in heads:

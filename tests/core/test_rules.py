@@ -10,7 +10,7 @@ import multihead as mh
 from conftest import make_model
 from multihead.core import rules
 from multihead.core.rules import PYTHON, SettingError
-from multihead.experiments.config import ConfigError, apply_override, from_dict
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict
 
 
 def _raw(**train):

@@ -1,0 +1,1 @@
+"""The `multihead` command. Nothing in the package imports this package."""

@@ -1,0 +1,608 @@
+"""The `multihead` command: `train` (and `train --resume`), `validate`, `report`, `export`,
+`predict`, `sweep` (in `multihead.cli.sweep`) and `compare`. Nothing in the package imports
+this package; its module-level imports load no TensorFlow, so `--help` answers at once.
+
+Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
+with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
+logs and `status.json` kept), 130 / 143 a run stopped by SIGINT / SIGTERM (checkpointed,
+resumable with `--resume`). `multihead.experiments.run.guard` has the run-directory rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Sequence
+
+
+from multihead.cli import quiet
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config, to_dict
+from multihead.experiments.run.directory import default_run_dir
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input given on the command line (exit code 2)."""
+
+
+def _write_atomic(path: str, text: str) -> None:
+    from multihead._boundary import write_atomic
+
+    write_atomic(path, text)
+
+
+def _load(args: argparse.Namespace) -> ExperimentConfig:
+    config = load_config(args.config, args.set or [], allow_import=args.allow_import or ())
+    if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
+        from multihead.experiments.run.single_task import only_head
+
+        config = only_head(config, args.only_head, source=f"{args.config}: --only-head")
+    return config
+
+
+def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
+    """The task runner with every object built, so bad input fails before anything is written."""
+    from multihead.experiments.run import runner as tasks
+
+    try:
+        runner = tasks.prepare(config)
+        runner.check()  # validate runs what train would run first
+        return runner
+    except ConfigError as err:
+        raise ConfigError(f"{args.config}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+        # A rule no check states yet: still one line, exit 2, nothing written.
+        line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(f"{args.config}: cannot build the run from this config: "
+                          f"{type(err).__name__}: {line}") from None
+
+
+def _print_table(metrics: dict[str, Any], stream: Any) -> None:
+    rows = [("head", "eval loss", "constant baseline", "ratio")]
+    for head, values in metrics["eval"].items():
+        base = metrics.get("baseline", {}).get(head, {}).get("loss")
+        ratio = f"{values['loss'] / base:.3f}" if base else "-"
+        rows.append((head, f"{values['loss']:.4g}", f"{base:.4g}" if base else "-", ratio))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = _load(args)
+    _prepare(args, config)
+    heads = ", ".join(config.model.heads)
+    print(f"{args.config}: ok (task {config.task}, heads {heads}, {config.train.steps} steps)")
+    return 0
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
+#: Config keys that may change when a run is resumed (the rest must equal the run's config).
+_RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep",
+                      "distribute.strategy", "distribute.devices")
+
+
+def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> str:
+    """The run directory to resume, after checking it matches CONFIG; nothing is written."""
+    from multihead.io.checkpoints import CheckpointManager
+
+    run_dir = args.resume
+    if args.run_dir and os.path.abspath(args.run_dir) != os.path.abspath(run_dir):
+        raise UsageError("--run-dir and --resume name different directories; --resume RUN_DIR "
+                         "continues RUN_DIR in place")
+    saved = os.path.join(run_dir, "config.yaml")
+    if not os.path.isdir(run_dir) or not os.path.lexists(saved):
+        raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    from multihead._boundary import BoundaryError, read_text
+    from multihead.experiments.config.schema import parse_yaml
+    from multihead.experiments.config.yaml12 import MAX_BYTES
+
+    try:
+        before = _flat(parse_yaml(read_text(run_dir, "config.yaml", limit=MAX_BYTES), saved) or {})
+    except BoundaryError as err:
+        raise UsageError(f"--resume: {err}") from None
+    now = _flat(to_dict(config))
+    for key in sorted(set(before) | set(now)):
+        if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
+            raise UsageError(
+                f"--resume: {args.config} differs from {saved} at {key} ({before.get(key)!r} -> "
+                f"{now.get(key)!r}); only {', '.join(_RESUMABLE_CHANGES)} may change on resume"
+            )
+    if not runner.resumable:
+        raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
+    for name in ("checkpoints", "train", "eval", "best"):  # a run's folders are its own
+        if os.path.islink(os.path.join(run_dir, name)):
+            raise UsageError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
+                             "folders must be inside it (copy the target in its place)")
+    _check_own_files(run_dir)
+    latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    if latest is None:
+        raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
+    if CheckpointManager.step_of(latest) > config.train.steps:
+        raise UsageError(
+            f"--resume: train.steps is {config.train.steps} but the latest checkpoint is at step "
+            f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"
+        )
+    return run_dir
+
+
+def _check_own_files(run_dir: str) -> None:
+    """Before a resume writes anything: no symlink among the checkpoint files (a save would
+    write through it) and a `best/best.json` that names a checkpoint of the run."""
+    from multihead._boundary import BoundaryError
+    from multihead.io.best_checkpoint import BestCheckpoint
+
+    for name in ("checkpoints", "best"):
+        folder = os.path.join(run_dir, name)
+        if not os.path.isdir(folder):
+            continue
+        links = sorted(e.name for e in os.scandir(folder) if e.is_symlink())
+        if links:
+            raise UsageError(f"--resume {run_dir!r}: {name}/{links[0]} is a symlink; a run's "
+                             "checkpoints must be inside it (remove it or copy the target in its place)")
+    try:
+        BestCheckpoint.read(os.path.join(run_dir, "best"))
+    except BoundaryError as err:
+        raise UsageError(f"--resume: {err}") from None
+
+
+def _latest_checkpoint(directory: str) -> str | None:
+    """The newest periodic checkpoint in `directory` (found by scanning it: the state file
+    is not trusted), or None."""
+    from multihead.io.manager import scan_checkpoints
+
+    found = scan_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> int:
+    run_dir = _check_resume(args, config, runner)  # reads only: a refusal changes nothing
+    with _lock(run_dir):
+        if not args.quiet:
+            print(f"resuming {run_dir}", file=sys.stderr)
+        return _guarded_run(args, config, run_dir, runner, resume=True)
+
+
+def _lock(run_dir: str) -> Any:
+    from multihead.experiments.run.guard import RunLock, RunLocked, RunLockError
+
+    try:
+        return RunLock(run_dir)
+    except (RunLocked, RunLockError) as err:
+        raise UsageError(str(err)) from None
+
+
+def _disposable(run_dir: str, watch: Any) -> bool:
+    """True when a fresh run wrote nothing worth keeping: no step done (as far as the
+    runner reports steps) and no checkpoint, or nothing but its setup files."""
+    from multihead.experiments.run.guard import LOCK_FILE, STATUS_FILE
+
+    setup = {"config.yaml", LOCK_FILE, STATUS_FILE, "inputs.json"}
+    if set(os.listdir(run_dir)) <= setup:
+        return True
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    return watch.tracks_steps and watch.step is None and \
+        not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir))
+
+
+def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: str, runner: Any,
+                 resume: bool = False) -> int:
+    """Runs `runner` in `run_dir` (locked by the caller) under the run-directory rules:
+    status.json, a stop at a step boundary on SIGINT/SIGTERM, and nothing deleted that a
+    step wrote."""
+    import traceback
+
+    from multihead.experiments.run.guard import (
+        RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
+
+    takes = runner.resumable  # it stops at a step boundary and can be resumed
+    watch = RunWatch(immediate=not takes)
+    kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
+    if resume:
+        kwargs["resume"] = True
+    before = read_status(run_dir)
+    resume_hint = f"multihead train {args.config} --resume {run_dir}"
+    try:
+        with watch:  # the handlers are in place once the status says running
+            write_status(run_dir, "running", step=watch.step)
+            metrics = runner.run(run_dir, verbose=not args.quiet, **kwargs)
+            if resume:
+                _write_config(run_dir, config)  # train.steps may have grown
+            _log_hparams(args, run_dir, config, runner, metrics)
+            code = _finish(run_dir, metrics)
+    except RunInterrupted as stop:
+        step = stop.step if stop.step is not None else watch.step
+        checkpoint = stop.checkpoint or _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        name = signal_name(stop.signum)
+        write_status(run_dir, "interrupted", step=step, checkpoint=checkpoint,
+                     error=f"stopped by {name}", signal=name, exit_code=128 + stop.signum)
+        saved = f"checkpoint {os.path.relpath(checkpoint, run_dir)}" if checkpoint else "no checkpoint"
+        how = f"resume with: {resume_hint}" if checkpoint and takes else "start it again to rerun"
+        print(f"multihead: interrupted by {name} at step {step}; kept {run_dir} ({saved}); {how}",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except (ConfigError, UsageError):
+        if not resume and _disposable(run_dir, watch):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif resume and watch.step is None and before is not None:
+            write_status(run_dir, **{k: v for k, v in before.items()
+                                     if k in ("status", "step", "checkpoint", "error")})
+        else:
+            write_status(run_dir, "failed", step=watch.step, error="bad input")
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure: keep the run, say what happened
+        line = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        if is_disk_full(err):
+            line = f"disk full ({line})"
+        if not resume and _disposable(run_dir, watch) and not is_disk_full(err):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            print(f"multihead: error: the run failed before its first step: {line}", file=sys.stderr)
+            return 1
+        checkpoint = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+        written = write_status(run_dir, "failed", step=watch.step, checkpoint=checkpoint, error=line,
+                               traceback=traceback.format_exc())
+        kept = f"kept {run_dir}" + (" (status.json)" if written else " (status.json not written)")
+        how = f"; resume with: {resume_hint}" if checkpoint and takes else ""
+        print(f"multihead: error: run failed at step {watch.step}: {line}; {kept}{how}",
+              file=sys.stderr)
+        return 1
+    write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
+                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")))
+    return code
+
+
+def signal_name(signum: int) -> str:
+    """`SIGINT` for 2."""
+    import signal
+
+    return signal.Signals(signum).name
+
+
+def _write_config(run_dir: str, config: ExperimentConfig) -> None:
+    from multihead.experiments.config.yaml12 import dump_yaml
+
+    _write_atomic(os.path.join(run_dir, "config.yaml"), dump_yaml(to_dict(config)))
+
+
+def _log_hparams(args: argparse.Namespace, run_dir: str, config: ExperimentConfig, runner: Any,
+                 metrics: dict[str, Any]) -> None:
+    """The run's hyperparameters (with its --set overrides) and final metrics for the HParams dashboard."""
+    from multihead.experiments.run.hparams import log_run_hparams
+
+    log_run_hparams(run_dir, config, runner, metrics, args.set or [])
+
+
+def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
+    """Writes `metrics.json` and prints the summary of a finished run."""
+    _write_atomic(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
+    if "eval" in metrics:
+        _print_table(metrics, sys.stdout)
+    print(f"wrote {run_dir} (tensorboard --logdir {run_dir})")
+    return 0
+
+
+def _heads_arg(args: argparse.Namespace, model: Any) -> list[str]:
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()] if args.heads else None
+    unknown = [h for h in heads or [] if h not in model.head_names]
+    if heads is not None and (not heads or unknown):
+        raise UsageError(f"--heads {args.heads!r}: the run's heads are {','.join(model.head_names)}")
+    return heads or list(model.head_names)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from multihead.experiments.run.load import read_run_config, run_checkpoint
+    from multihead.io.checkpoints import restore_checkpoint
+    from multihead.io.export import export_saved_model
+
+    run_dir, saved = args.run_dir, os.path.join(args.run_dir, "config.yaml")
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir!r}: not a directory; is it a multihead run directory?")
+    if os.path.islink(args.out) or (os.path.lexists(args.out) and (
+            not os.path.isdir(args.out) or os.listdir(args.out))):
+        raise UsageError(f"OUT {args.out!r} exists and is not empty; choose another path")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UsageError(f"OUT {args.out!r}: directory {os.path.dirname(os.path.abspath(args.out))!r} "
+                         "does not exist")
+    config = read_run_config(run_dir, allow_import=args.allow_import or ())
+    if config.task == "supervised":  # the input the run recorded: its data is never built
+        from multihead.experiments.build.builders import build_model
+        from multihead.experiments.run.load import run_input_shape
+
+        path = run_checkpoint(run_dir)  # the one rule predict and load_run use
+        model = build_model(config, run_input_shape(run_dir))
+    else:
+        model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
+    if model is None:
+        raise UsageError(f"task {config.task!r} has no model to export")
+    chosen = _heads_arg(args, model)
+    if config.task != "supervised":
+        try:
+            path = run_checkpoint(run_dir)
+        except ConfigError:
+            raise UsageError(f"{run_dir!r}: no checkpoint in {os.path.join(run_dir, 'checkpoints')} "
+                             "to export") from None
+    try:
+        restore_checkpoint(path, model, parts=["trunk"] + [f"heads/{h}" for h in chosen])
+        signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
+    except ValueError as err:
+        raise UsageError(f"export: {err}") from None
+    print(f"wrote {args.out} from {path} (signatures: {', '.join(signatures)})")
+    return 0
+
+
+def _input_names(model: Any) -> list[str] | None:
+    """The input names of a model with named inputs (a functional trunk on a dict), else None."""
+    from multihead.io.export import named_inputs
+
+    named = named_inputs(model)
+    return None if named is None else list(named)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from multihead.experiments.build.data_sources import read_inputs
+    from multihead.experiments.run.load import load_run
+
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
+    if not args.out.endswith(".npz"):
+        raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
+    if os.path.islink(args.out) or (os.path.lexists(args.out) and not os.path.isfile(args.out)):
+        raise UsageError(f"--out {args.out!r}: exists and is not a regular file (a directory, a "
+                         "symlink, ...); choose another path")
+    run = load_run(args.run_dir, checkpoint=args.checkpoint)
+    heads = _heads_arg(args, run.model)
+    inputs = read_inputs(run.config.data, args.data, input_names=_input_names(run.model))
+    try:
+        predictions = run.model.predict(inputs, batch_size=args.batch_size, heads=heads)
+    except (ValueError, TypeError, KeyError) as err:
+        raise UsageError(f"--data {args.data!r}: the model cannot take these inputs: "
+                         f"{str(err).splitlines()[0]}") from None
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, **predictions)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    rows = len(next(iter(predictions.values())))
+    print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} (checkpoint {run.checkpoint})")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    config = _load(args)
+    runner = _prepare(args, config)
+    if args.resume:
+        return _train_resume(args, config, runner)
+    run_dir = args.run_dir or default_run_dir(args.config)
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise UsageError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
+    if os.path.exists(run_dir) and os.listdir(run_dir):
+        raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
+    from multihead.experiments.run.guard import LOCK_FILE
+
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--run-dir {run_dir!r}: cannot create it ({err.strerror})") from None
+    with _lock(run_dir):
+        if set(os.listdir(run_dir)) - {LOCK_FILE}:  # another process wrote it meanwhile
+            raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
+        _write_config(run_dir, config)
+        if not args.quiet:
+            print(f"run directory: {run_dir}", file=sys.stderr)
+        return _guarded_run(args, config, run_dir, runner)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from multihead.monitoring import report
+
+    if args.png:
+        directory = os.path.dirname(os.path.abspath(args.png))
+        if not os.path.isdir(directory):
+            raise UsageError(f"--png {args.png!r}: directory {directory!r} does not exist")
+    try:
+        run = report.load_report(args.run_dir)
+    except report.ReportError as err:
+        raise UsageError(str(err)) from None
+    if args.png:
+        try:
+            report.plot_report(run, args.png)
+        except ImportError:
+            raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
+    if args.json:
+        print(json.dumps(report.report_to_dict(run), indent=2))
+    else:
+        print(report.format_report(run))
+        if args.png:
+            print(f"wrote {args.png}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multihead",
+        description="Train multi-head networks (shared trunk, one loss and optimizer per head).",
+    )
+    parser.add_argument("--version", action="version", version=f"multihead {importlib.metadata.version('multihead')}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_commands(sub)
+    return parser
+
+
+def _command(sub: Any, name: str, tensorflow: bool, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand with `--verbose`; `tensorflow`: it needs TensorFlow, imported quietly
+    before it runs (the parser itself imports none)."""
+    command = sub.add_parser(name, **kwargs)
+    command.add_argument("--verbose", action="store_true",
+                         help="show TensorFlow's start-up and C++ log lines (CUDA probing, absl)")
+    command.set_defaults(tensorflow=tensorflow)
+    return command
+
+
+def _add_commands(sub: Any) -> None:
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.steps=500 (repeatable; "
+                            "the value is YAML 1.2)")
+        allow_import(p)
+
+    def allow_import(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-import", action="append", metavar="MODULE",
+                       help="let env.id 'MODULE:Env' or data.function 'MODULE:function' "
+                            "(data.kind: python) import MODULE (repeatable)")
+
+    train = _command(sub, "train", True, help="train from an experiment config and write a run directory")
+    with_config(train)
+    train.add_argument("--run-dir", help="where to write the run (default runs/<config>-<time>)")
+    train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue RUN_DIR from its latest checkpoint (exactly, as if never stopped)")
+    train.add_argument("--only-head", metavar="HEAD",
+                       help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
+    train.set_defaults(func=cmd_train)
+
+    export = _command(sub, "export", True, help="write a run's model as a SavedModel, a signature per head")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
+    export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
+    export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
+    allow_import(export)
+    export.set_defaults(func=cmd_export)
+
+    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz")
+    predict.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
+    predict.add_argument("--data", required=True, metavar="FILE",
+                         help=".npz (input arrays by name, x by default), or .csv / .tfrecord laid "
+                              "out as the run's data (its data.features)")
+    predict.add_argument("--out", required=True, metavar="FILE", help="where to write {head: array} (.npz)")
+    predict.add_argument("--heads", metavar="A,B", help="heads to predict (default: all)")
+    predict.add_argument("--checkpoint", metavar="NAME",
+                         help="final (default), latest, best, ckpt-<step> or a checkpoint path")
+    predict.add_argument("--batch-size", type=int, default=1024, help="examples per call")
+    predict.set_defaults(func=cmd_predict)
+
+    validate = _command(sub, "validate", True, help="check a config and build its model, without training")
+    with_config(validate)
+    validate.set_defaults(func=cmd_validate)
+
+    _add_sweep_parser(sub)
+    _add_compare_parser(sub)
+
+    # report reads event files with tensorboard's loader, which uses TensorFlow when installed
+    rep = _command(sub, "report", True, help="per-head losses, gradient norms and conflicts of a run")
+    rep.add_argument("run_dir", help="a run directory (with train/ event files)")
+    rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")
+    rep.set_defaults(func=cmd_report)
+
+
+def _add_sweep_parser(sub: Any) -> None:
+    """`multihead sweep`: its options; the command lives in multihead/cli/sweep.py."""
+    # the sweep process writes the HParams experiment summary with TensorFlow's writer
+    sweep = _command(sub, "sweep", True, help="many runs from one config: a grid, random draws or an "
+                                         "Optuna search, in parallel, resumable")
+    sweep.add_argument("config", nargs="?", help="experiment YAML file (may hold a sweep: section)")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value for every trial (repeatable)")
+    sweep.add_argument("--allow-import", action="append", metavar="MODULE",
+                       help="let the trials' env.id 'MODULE:Env' or data.function "
+                            "'MODULE:function' import MODULE (repeatable; give it again with "
+                            "--resume)")
+    sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                       help="an axis: one trial per value, product with the other axes (repeatable)")
+    sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",
+                       help="a random axis: loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
+                            "choice:A,B (repeatable; --trials draws, or Optuna's search space)")
+    sweep.add_argument("--trials", type=int, metavar="N", help="random draws / Optuna trials (default 10)")
+    sweep.add_argument("--search", choices=("grid", "optuna"), default="grid",
+                       help="grid: the axes' trials; optuna: an Optuna search over --sample axes")
+    sweep.add_argument("--search-seed", type=int, default=0, help="seed of the random draws / Optuna sampler")
+    sweep.add_argument("--objective", default="eval/mean_loss",
+                       help="eval/<head>/<metric> or eval/mean_loss (best so far, Optuna's value)")
+    sweep.add_argument("--direction", default="minimize", help="minimize or maximize the objective")
+    sweep.add_argument("--sweep-dir", help="where to write the sweep (default runs/sweep-<config>-<time>)")
+    sweep.add_argument("--resume", metavar="SWEEP_DIR",
+                       help="run the missing and failed trials of SWEEP_DIR; interrupted ones "
+                            "continue from their checkpoints")
+    sweep.add_argument("--jobs", type=int, default=1, help="trials run at once (processes)")
+    sweep.add_argument("--threads", default="auto",
+                       help="TensorFlow threads per trial: auto (max(1, cores // jobs)), none "
+                            "(TensorFlow's default) or a count")
+    sweep.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="local processes, or Ray tasks (pip install 'multihead[ray]')")
+    sweep.add_argument("--ray-address", help="an existing Ray cluster (ray.init(address=...)); "
+                                             "default: a local Ray instance")
+    sweep.add_argument("--ray-cpus", type=int, help="CPUs of the local Ray instance (default: all)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    def run(args: argparse.Namespace) -> int:
+        from multihead.cli.sweep import cmd_sweep
+
+        return cmd_sweep(args)
+
+    sweep.set_defaults(func=run)
+
+
+def _add_compare_parser(sub: Any) -> None:
+    """`multihead compare`: runs and sweeps side by side, Δm% against single-task baselines."""
+    compare = _command(sub, "compare", False, help="per-head metrics of runs and sweeps, mean ± std over "
+                                             "seeds, Δm%% against single-task baselines")
+    compare.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP", help="run or sweep directories")
+    compare.add_argument("--baseline", nargs="+", default=[], metavar="RUN",
+                         help="single-task runs (train --only-head) or sweeps of them")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
+
+    def run(args: argparse.Namespace) -> int:
+        from multihead.experiments.results.compare import compare as compare_runs, plot_comparison
+
+        if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
+            raise UsageError(f"--png {args.png!r}: directory {os.path.dirname(os.path.abspath(args.png))!r} "
+                             "does not exist")
+        result = compare_runs(args.paths, baseline=args.baseline)
+        if args.png:
+            try:
+                plot_comparison(result, args.png)
+            except ImportError:
+                raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+        if args.png and not args.json:
+            print(f"wrote {args.png}")
+        return 0
+
+    compare.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    quiet.configure(args.verbose)
+    try:
+        if args.tensorflow:
+            quiet.import_tensorflow(args.verbose)
+        return args.func(args)
+    except (ConfigError, UsageError) as err:
+        print(f"multihead: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""From a validated config to library objects: model, objectives, trainer, data."""

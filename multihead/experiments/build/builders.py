@@ -1,0 +1,284 @@
+"""Config -> library objects. The only module that knows both the config and the core.
+
+Layers, losses and optimizers are Keras' own serialization format, so any Keras
+layer or optimizer works without a registry: `{"class_name": "Dense", "config":
+{"units": 64}}` (the `module` key may be left out for built-in layers), plus the
+shorthand `{"mlp": {"units": [64, 64], "activation": "relu"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import keras
+import tensorflow as tf
+import yaml
+
+from multihead import _keras_internals as internals
+from multihead._checks import check_float, check_int, check_keys, suggest
+from multihead.experiments.build.architectures import build_architecture, is_architecture
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, to_dict
+from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
+from multihead.core.data import MultiTaskData
+from multihead.core.model import MultiHeadModel
+from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
+from multihead.core.trainer import Trainer
+from multihead.io.best_checkpoint import BestCheckpoint
+
+_MLP_KEYS = ("units", "activation", "output_activation", "dropout", "kernel_regularizer")
+
+
+def _public_names(module: Any) -> list[str]:
+    return [n for n in dir(module) if not n.startswith("_")]
+
+
+def _mlp(spec: Any, path: str) -> keras.Sequential:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{path}: expected a mapping with 'units', got {spec!r}")
+    check_keys(spec, _MLP_KEYS, path, error=ConfigError)
+    units = spec.get("units")
+    if not isinstance(units, list) or not units:
+        raise ConfigError(f"{path}.units: expected a non-empty list of positive integers, got {units!r}")
+    units = [check_int(u, f"{path}.units[{i}]", minimum=1, error=ConfigError,
+                       hint="units lists the width of each Dense layer")
+             for i, u in enumerate(units)]
+    activation = spec.get("activation", "relu")
+    output_activation = spec.get("output_activation", activation)
+    dropout = check_float(spec.get("dropout", 0.0), f"{path}.dropout", minimum=0.0, maximum=1.0,
+                          max_open=True, error=ConfigError)
+    layers: list[keras.layers.Layer] = []
+    try:
+        for i, n in enumerate(units):
+            last = i == len(units) - 1
+            layers.append(keras.layers.Dense(
+                n, activation=output_activation if last else activation,
+                kernel_regularizer=spec.get("kernel_regularizer"),
+            ))
+            if dropout and not last:
+                layers.append(keras.layers.Dropout(dropout))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path}: {str(err).splitlines()[0]}") from None
+    return keras.Sequential(layers)
+
+
+def build_layer(spec: Any, path: str) -> keras.layers.Layer:
+    """A Keras layer from a config spec: a Keras serialization dict, a list of specs
+    (a `keras.Sequential`), or `{"mlp": {...}}`.
+
+    Raises:
+        ConfigError: naming `path`, for unknown classes, bad arguments or shapes of spec.
+    """
+    if isinstance(spec, list):
+        if not spec:
+            raise ConfigError(f"{path}: the list of layers is empty")
+        return keras.Sequential([build_layer(s, f"{path}[{i}]") for i, s in enumerate(spec)])
+    if isinstance(spec, Mapping) and set(spec) == {"mlp"}:
+        return _mlp(spec["mlp"], f"{path}.mlp")
+    if not isinstance(spec, Mapping) or "class_name" not in spec:
+        raise ConfigError(
+            f"{path}: expected a Keras layer {{class_name: ..., config: {{...}}}}, a list of them, "
+            f"or {{mlp: {{units: [...]}}}}, got {spec!r}"
+        )
+    spec = dict(spec)
+    name = spec["class_name"]
+    if "module" not in spec:
+        if not isinstance(name, str) or not isinstance(getattr(keras.layers, name, None), type):
+            raise ConfigError(
+                f"{path}.class_name: unknown Keras layer {name!r}"
+                f"{suggest(str(name), _public_names(keras.layers))}"
+            )
+        spec["module"] = "keras.layers"
+    spec.setdefault("config", {})
+    try:
+        return keras.layers.deserialize(spec)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"{path}: cannot build {name!r}: {str(err).splitlines()[0]}") from None
+
+
+def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
+    """The model of `config.model`, built for inputs of `input_shape`: `(None, ...)`, or a dict
+    input name -> shape for named inputs (see `named_inputs_trunk`)."""
+    if is_architecture(config.model.trunk):
+        if isinstance(input_shape, Mapping):
+            raise ConfigError(f"model.trunk: {next(iter(config.model.trunk))} takes one input "
+                              f"tensor, but the data has named inputs {sorted(input_shape)}")
+        trunk = build_architecture(config.model.trunk, list(config.model.heads))
+    else:
+        trunk = build_layer(config.model.trunk, "model.trunk")
+    if isinstance(input_shape, Mapping):
+        trunk = named_inputs_trunk(trunk, input_shape)
+    heads = {
+        name: build_layer(head.layers, f"model.heads.{name}.layers")
+        for name, head in config.model.heads.items()
+    }
+    try:
+        model = MultiHeadModel(trunk, heads)
+        model.build(input_shape)
+        model.partition  # noqa: B018 - validates the trunk/head partition now
+    except (ValueError, TypeError, NotImplementedError) as err:  # NotImplementedError: no call()
+        raise ConfigError(f"model: {_first_line(err)}") from None
+    except (tf.errors.ResourceExhaustedError, MemoryError) as err:
+        raise ConfigError(f"model: its weights do not fit in memory ({type(err).__name__}: "
+                          f"{_first_line(err)}); use fewer units") from None
+    return model
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an error that says something (Keras starts some with a blank line)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def named_inputs_trunk(trunk: keras.layers.Layer, input_shape: Mapping[str, Any]) -> keras.Model:
+    """A functional trunk for named inputs: each input flattened, concatenated in name order,
+    then `trunk`. A trunk that is already a functional model taking these names is kept."""
+    if isinstance(trunk, keras.Model) and isinstance(internals.functional_inputs(trunk), Mapping):
+        return trunk
+    inputs = {name: keras.Input(shape=tuple(input_shape[name][1:]), name=name)
+              for name in sorted(input_shape)}
+    flat = [keras.layers.Flatten()(t) if len(t.shape) != 2 else t for t in inputs.values()]
+    joined = flat[0] if len(flat) == 1 else keras.layers.Concatenate()(flat)
+    try:
+        return keras.Model(inputs=inputs, outputs=trunk(joined), name="trunk")
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model.trunk: cannot take the named inputs {sorted(input_shape)}: "
+                          f"{str(err).splitlines()[0]}") from None
+
+
+def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
+    """Head name -> `Objective`, with every loss, optimizer and metric resolved once to
+    catch unknown names here rather than in the middle of a run."""
+    objectives = {}
+    for name, head in config.model.heads.items():
+        path = f"model.heads.{name}"
+        for key, resolve in [("loss", resolve_loss), ("optimizer", resolve_optimizer)]:
+            try:
+                resolve(getattr(head, key), name)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{path}.{key}: {err}") from None
+        for i, metric in enumerate(head.metrics):
+            try:
+                resolve_metric(metric, name)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{path}.metrics[{i}]: {err}") from None
+        try:
+            weight = head.weight if not isinstance(head.weight, Mapping) else dict(head.weight)
+            objectives[name] = Objective(
+                loss=head.loss, optimizer=head.optimizer, weight=weight, every=head.every,
+                trains_trunk=head.trains_trunk, metrics=list(head.metrics),
+                on_nonfinite=head.on_nonfinite,
+            )
+        except (ValueError, TypeError) as err:  # checked at load; a direct from_dict caller too
+            raise ConfigError(f"{path}.weight: {str(err).splitlines()[0]}") from None
+    return objectives
+
+
+class RunCallbacks(NamedTuple):
+    """The `fit` callbacks of a config's `callbacks:` section, by kind (None / empty when absent)."""
+
+    early_stopping: EarlyStopping | None
+    best_checkpoint: BestCheckpoint | None
+    reduce_lr_on_plateau: tuple[ReduceLROnPlateau, ...]
+
+    def as_list(self) -> list[Any]:
+        """Every callback, in the order `fit` calls them."""
+        return [c for c in (self.early_stopping, self.best_checkpoint) if c is not None] + \
+            list(self.reduce_lr_on_plateau)
+
+
+def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallbacks:
+    """The callbacks of `config.callbacks` (validated at load: heads, monitors, modes).
+
+    Args:
+        config: the experiment.
+        best_dir: where `best_checkpoint` keeps its checkpoint (`RUN_DIR/best`); None
+            leaves it out (used to check the rest before a run directory exists).
+
+    Raises:
+        ConfigError: `reduce_lr_on_plateau` names a head whose optimizer has a
+            learning-rate schedule (a schedule cannot be assigned a reduced rate).
+    """
+    cfg = config.callbacks
+    plateau = []
+    for i, entry in enumerate(cfg.reduce_lr_on_plateau):
+        spec = config.model.heads[entry.head].optimizer
+        try:
+            rate = resolve_optimizer(spec, entry.head).learning_rate
+        except (ValueError, TypeError):
+            rate = None  # reported under model.heads.<head>.optimizer by build_objectives
+        if rate is not None and not isinstance(rate, keras.Variable):
+            raise ConfigError(
+                f"callbacks.reduce_lr_on_plateau[{i}].head: the optimizer of head {entry.head!r} "
+                "has a learning-rate schedule, which cannot be reduced on a plateau; give "
+                f"model.heads.{entry.head}.optimizer a number as learning_rate, or remove the entry")
+        plateau.append(ReduceLROnPlateau(
+            entry.head, monitor=entry.monitor, factor=entry.factor, patience=entry.patience,
+            min_delta=entry.min_delta, min_lr=entry.min_lr, cooldown=entry.cooldown,
+            mode=entry.mode))
+    stop = cfg.early_stopping
+    best = cfg.best_checkpoint
+    return RunCallbacks(
+        early_stopping=None if stop is None else EarlyStopping(
+            stop.monitor, patience=stop.patience, min_delta=stop.min_delta, mode=stop.mode,
+            restore_best=stop.restore_best),
+        best_checkpoint=None if best is None or best_dir is None else BestCheckpoint(
+            best_dir, monitor=best.monitor, mode=best.mode, min_delta=best.min_delta),
+        reduce_lr_on_plateau=tuple(plateau),
+    )
+
+
+def build_trunk(config: ExperimentConfig) -> Any:
+    """`Trainer(trunk=...)` for `config.train.trunk`: `"per_head"` or a `TrunkPolicy`."""
+    from multihead.core.trunk_update import TrunkPolicy
+
+    trunk = config.train.trunk
+    if trunk == "per_head":
+        return trunk
+    try:
+        resolve_optimizer(trunk.optimizer, "trunk")
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"train.trunk.optimizer: {err}") from None
+    return TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
+                       options=dict(trunk.options), rep_grad=trunk.rep_grad,
+                       seed=config.seed if trunk.seed is None else trunk.seed, dtype=trunk.dtype)
+
+
+def build_strategy(config: ExperimentConfig) -> Any:
+    """The `tf.distribute` strategy of `config.distribute`, or None (`strategy: none`)."""
+    from multihead.core.distribute import make_strategy
+
+    try:
+        return make_strategy(config.distribute.strategy, config.distribute.devices)
+    except ValueError as err:
+        raise ConfigError(f"distribute: {err}") from None
+
+
+def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskData]:
+    """The data of `config.data` (any kind; `multihead.experiments.build.data_sources`); a dict
+    head -> data with `data.per_head`."""
+    from multihead.experiments.build.data_sources import build_data as read
+
+    return read(config)
+
+
+def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: Mapping[str, Objective],
+                  run_dir: str | None, trunk: Any = "per_head", strategy: Any = None,
+                  write_config: bool = True, target_networks: Sequence[Any] = ()) -> Trainer:
+    """The `Trainer` of a run: schedule, logging, XLA and non-finite settings from `config`.
+
+    TensorBoard events go to `run_dir` (unless `log.tensorboard` is false or
+    `run_dir` is None); with `write_config`, the resolved config is written as the
+    `config` text summary at step 0. `target_networks` are updated inside each
+    compiled train step, after the optimizers (`Trainer(target_networks=...)`).
+    """
+    cfg = config
+    trainer = Trainer(model, objectives, schedule=cfg.train.schedule,
+                      log_dir=run_dir if cfg.log.tensorboard else None, log_every=cfg.log.every,
+                      histograms_every=cfg.log.histograms_every,
+                      log_variable_norms=cfg.log.variable_norms,
+                      jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy,
+                      max_nonfinite_steps=cfg.train.max_nonfinite_steps,
+                      target_networks=list(target_networks))
+    if trainer.monitor is not None and write_config:
+        trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return trainer

@@ -1,0 +1,679 @@
+"""The `data:` section -> a `MultiTaskData`: the embedded generators, MultiDigits, and your own
+files (`npz`, `csv`, `tfrecord`) or Python function (`python`).
+
+Every source is read into arrays once and then checked by the same code, so a config and a
+script read data identically and equal data gives bitwise-equal training whatever the file
+format. The checks name the config key and the file: a missing file, array or column, a wrong
+dtype (text, complex numbers, integer labels beyond int32, floats beyond float32), no rows,
+rows of different lengths, a head without a target or a target without a head, and NaN or inf
+under `data.on_nonfinite` (`error`, `drop` the rows, or `keep` them; `on_nan` is its former
+name). Sizes are checked before anything is allocated: an `.npz` array's header, a tfrecord's
+`data.shapes`.
+
+Example:
+    >>> import multihead as mh
+    >>> data = mh.load_data({"kind": "npz", "train": "train.npz", "features": "x"},
+    ...                     heads=["y1", "y2"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib
+import math
+import os
+import re
+import sys
+import zipfile
+import zlib
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
+from multihead.experiments.config.rules import check_data_function
+from multihead.experiments.config.sizes import memory_bytes
+from multihead.experiments.config.schema import (
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    data_from_dict,
+)
+
+#: The default `data.features` of file sources.
+DEFAULT_FEATURES = "x"
+_CSV_BATCH = 4096
+#: Elements parsed per tfrecord batch at most (the batch shrinks for large examples).
+_TFRECORD_BATCH_ELEMENTS = 1 << 24
+_INT32 = np.iinfo(np.int32)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def load_data(section: Mapping[str, Any] | DataConfig, heads: Sequence[str],
+              seed: int = 0, *, allow_import: Sequence[str] = ()
+              ) -> MultiTaskData | dict[str, MultiTaskData]:
+    """Reads the data a config's `data:` section describes, checked against `heads`.
+
+    Args:
+        section: the `data:` mapping of a config (e.g. `{"kind": "csv", "train": "t.csv",
+            "features": ["a", "b"], "targets": {"y": "label"}}`), or a `DataConfig`.
+        heads: the model's head names; each needs exactly one target.
+        seed: used when the section has no `seed` (the holdout split, generators).
+        allow_import: modules a `kind: python` section may import and call (its
+            `function: module:function`); any other module is refused before it is imported.
+
+    Returns:
+        The train and eval splits; inputs are float32 arrays (or a dict of them for named
+        inputs), labels float32 or int32 arrays of shape `(n, ...)`. With `per_head`, a dict
+        head -> that head's own splits (one task each).
+
+    Raises:
+        ConfigError: one line naming the `data.` key at fault.
+    """
+    data = section if isinstance(section, DataConfig) else data_from_dict(dict(section), heads)
+    check_data_function(data, allow_import, "data", ConfigError)
+    return _load(data, list(heads), seed if data.seed is None else data.seed)
+
+
+def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskData]:
+    """The data of an experiment config, one task per head (a dict head -> data with
+    `data.per_head`)."""
+    seed = config.seed if config.data.seed is None else config.data.seed
+    return _load(config.data, list(config.model.heads), seed)
+
+
+def input_spec(data: MultiTaskData | Mapping[str, MultiTaskData]) -> Any:
+    """The model's input shape from the data: `(None, ...)`, or a dict of them.
+
+    Raises:
+        ConfigError: per-head data whose heads' inputs differ in shape or names.
+    """
+    if isinstance(data, Mapping):
+        specs = {head: input_spec(d) for head, d in data.items()}
+        first = next(iter(specs))
+        for head, spec in specs.items():
+            if spec != specs[first]:
+                raise ConfigError(f"data.per_head.{head}: inputs of shape {spec} differ from "
+                                  f"data.per_head.{first}'s {specs[first]}; the heads share the "
+                                  "trunk, so they need the same input")
+        return specs[first]
+    return tf.nest.map_structure(lambda a: (None,) + tuple(a.shape[1:]), _inputs_tree(data.x_train))
+
+
+def _inputs_tree(x: Any) -> Any:
+    return dict(x) if isinstance(x, Mapping) else x
+
+
+def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict[str, MultiTaskData]:
+    if data.per_head:
+        return {h: _load(data.per_head[h], [h], seed if data.per_head[h].seed is None
+                         else data.per_head[h].seed) for h in heads}
+    kind = data.kind
+    if kind in ("mmoe", "mixed"):
+        return _synthetic(data, heads, seed)
+    if kind == "multidigits":
+        from multihead.experiments.build.multidigits import TASKS, multidigits
+
+        for head in heads:  # a subset of the tasks trains single-task baselines
+            if head not in TASKS:
+                raise ConfigError(f"model.heads.{head}: data kind multidigits has no task {head!r} "
+                                  f"(its tasks: {list(TASKS)})")
+        try:
+            full = multidigits(**{"seed": seed, **data.options})
+        except TypeError as err:
+            raise ConfigError(f"data.options: {str(err).splitlines()[0]}") from None
+        except ValueError as err:  # the option's own check names it ("size: ..."); numpy does not
+            line = str(err).splitlines()[0]
+            named = line.split(":", 1)[0] in data.options
+            raise ConfigError(f"data.options.{line}" if named else f"data.options: {line}") from None
+        return MultiTaskData(x_train=full.x_train, y_train={h: full.y_train[h] for h in heads},
+                             x_eval=full.x_eval, y_eval={h: full.y_eval[h] for h in heads},
+                             kinds={h: full.kinds[h] for h in heads}, task_correlation=math.nan)
+    if kind == "python":
+        train, evaluation = _from_function(data, heads)
+    else:
+        train = _read_split(data, data.train or "train", "data.train", heads)
+        evaluation = None if data.eval is None else _read_split(data, data.eval, "data.eval", heads)
+    policy = data.on_nonfinite or data.on_nan or "error"
+    train = _checked(train, heads, policy, "data.train")
+    if evaluation is None:
+        train, evaluation = _holdout(train, data.holdout, seed)
+    else:
+        evaluation = _checked(evaluation, heads, policy, "data.eval")
+        _check_same_shapes(train, evaluation)
+    for split, where in ((train, "data.train"), (evaluation, "data.eval")):
+        if _rows(split) == 0:
+            raise ConfigError(f"{where}: no rows left (after data.on_nonfinite: {policy}); give "
+                              "more data")
+    kinds = {h: CLASSIFICATION if np.issubdtype(train[1][h].dtype, np.integer) else REGRESSION
+             for h in heads}
+    return MultiTaskData(x_train=train[0], y_train=train[1], x_eval=evaluation[0],
+                         y_eval=evaluation[1], kinds=kinds, task_correlation=math.nan)
+
+
+# -- the embedded generator --------------------------------------------------------------
+
+
+def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
+    tasks = data.tasks if data.tasks is not None else heads
+    # Tasks without a head are generated and dropped: a single-task baseline (`train
+    # --only-head`) keeps the multi-task run's task list, so its head sees the same data.
+    for head in heads:
+        if head not in tasks:
+            raise ConfigError(f"model.heads.{head}: the data has no task {head!r} (tasks: {tasks})")
+    classification = data.classification
+    if classification is None:
+        classification = tasks[:1] if data.kind == "mixed" else []
+    try:
+        full = mmoe_synthetic(
+            tasks=tasks, correlation=data.correlation, train_size=data.train_size,
+            eval_size=data.eval_size, input_dim=data.input_dim, num_sinusoids=data.num_sinusoids,
+            scale=data.scale, noise_std=data.noise_std, classification=classification, seed=seed,
+        )
+    except ValueError as err:
+        raise ConfigError(f"data: {err}") from None
+    if list(tasks) == list(heads):
+        return full
+    return dataclasses.replace(full, y_train={h: full.y_train[h] for h in heads},
+                               y_eval={h: full.y_eval[h] for h in heads},
+                               kinds={h: full.kinds[h] for h in heads})
+
+
+# -- files -----------------------------------------------------------------------------
+
+
+def _names(spec: Any) -> list[str]:
+    """Column/array names a features or target spec reads."""
+    if isinstance(spec, str):
+        return [spec]
+    if isinstance(spec, list):
+        return list(spec)
+    return [n for v in spec.values() for n in _names(v)]
+
+
+def _spec_error(spec: Any, where: str) -> None:
+    ok = isinstance(spec, str) or (isinstance(spec, list) and spec
+                                   and all(isinstance(s, str) for s in spec))
+    if not ok:
+        raise ConfigError(f"{where}: expected a column/array name or a non-empty list of them, "
+                          f"got {spec!r}")
+
+
+def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
+    features = DEFAULT_FEATURES if data.features is None else data.features
+    if isinstance(features, Mapping):
+        if not features:
+            raise ConfigError("data.features: the mapping of named inputs is empty")
+        for name, spec in features.items():
+            _spec_error(spec, f"data.features.{name}")
+        features = {str(k): v for k, v in features.items()}
+    else:
+        _spec_error(features, "data.features")
+    targets = {h: h for h in heads} if data.targets is None else dict(data.targets)
+    for head, spec in targets.items():
+        _spec_error(spec, f"data.targets.{head}")
+    return features, targets
+
+
+def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, dict]:
+    """One file -> `(inputs, {head: labels})`."""
+    features, targets = _specs(data, heads)
+    if data.kind != "tfds":
+        _check_file(path, where)
+    needed = list(dict.fromkeys(_names(features) + _names(targets)))
+    if data.kind == "tfds":
+        table = _read_tfds(data, path, where)
+    elif data.kind == "npz":
+        table = _read_npz(path, where)
+    elif data.kind == "csv":
+        table = _read_csv(path, where, needed, data.dtypes)
+    else:
+        table = _read_tfrecord(path, where, needed, data.dtypes, data.shapes)
+    source = f"{where} ({path})"
+    for name in needed:
+        if name in table and np.ndim(table[name]) > 0 and len(table[name]) == 0:
+            what = {"npz": "array", "csv": "column"}.get(data.kind, "feature")
+            raise ConfigError(f"{where}: {path!r} has no rows ({what} {name!r} is empty); give a "
+                              "file with examples")
+
+    def select(spec: Any, key: str, label: bool) -> np.ndarray:
+        columns = []
+        for name in _names(spec):
+            if name not in table:
+                from multihead._checks import suggest
+
+                what = {"npz": "array", "csv": "column"}.get(data.kind, "feature")
+                raise ConfigError(f"{key}: {source} has no {what} {name!r}{suggest(name, table)}; "
+                                  f"it has {sorted(table)}")
+            columns.append(_numeric(table[name], f"{key} ({name!r} in {source})", label))
+        if len(columns) == 1:
+            return columns[0]
+        _check_rows({n: c for n, c in zip(_names(spec), columns)}, key, source)
+        if len({c.dtype for c in columns}) > 1:
+            raise ConfigError(f"{key}: the columns {_names(spec)} have different dtypes "
+                              f"{[str(c.dtype) for c in columns]}; give them one dtype")
+        return np.concatenate([c.reshape(len(c), -1) for c in columns], axis=-1)
+
+    if isinstance(features, Mapping):
+        x: Any = {n: select(s, f"data.features.{n}", False) for n, s in features.items()}
+    else:
+        x = select(features, "data.features", False)
+    y = {h: select(targets[h], f"data.targets.{h}", True) for h in heads}
+    return x, y
+
+
+def read_inputs(data: DataConfig, path: str, where: str = "--data",
+                input_names: Sequence[str] | None = None) -> Any:
+    """Only the inputs of a file laid out as a run's data (`multihead predict`): an `.npz`,
+    `.csv` or `.tfrecord` read with the run's `data.features` (a `.npz` of a run on generated
+    data holds its input as array `x`, or one array per named input). No labels are needed.
+
+    Raises:
+        ConfigError: naming `where`, for a missing file, array or column, or a wrong dtype.
+    """
+    if data.per_head:  # every head's input has the same layout (checked at training)
+        data = next(iter(data.per_head.values()))
+    ext = os.path.splitext(path)[1].lower()
+    kinds = {".npz": "npz", ".csv": "csv", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord"}
+    if ext not in kinds:
+        raise ConfigError(f"{where}: {path!r} is not .npz, .csv or .tfrecord")
+    kind = kinds[ext]
+    if kind != "npz" and data.kind != kind:
+        raise ConfigError(f"{where}: a {kind} file needs a run trained on kind {kind} (its columns "
+                          f"are data.features); this run's data kind is {data.kind!r}: give an .npz")
+    _check_file(path, where)
+    if data.kind == kind and data.features is not None:  # laid out as the training files
+        features: Any = data.features
+    elif input_names is not None:
+        features = {n: n for n in input_names}  # one array per named input
+    else:
+        features = DEFAULT_FEATURES
+    if kind == "npz":
+        table = _read_npz(path, where)
+    elif kind == "csv":
+        table = _read_csv(path, where, _names(features), data.dtypes)
+    else:
+        table = _read_tfrecord(path, where, _names(features), data.dtypes, data.shapes)
+
+    def select(spec: Any) -> np.ndarray:
+        columns = []
+        for name in _names(spec):
+            if name not in table:
+                raise ConfigError(f"{where}: {path!r} has no {'array' if kind == 'npz' else 'column'} "
+                                  f"{name!r} (the run's inputs are {_names(features)}); it has {sorted(table)}")
+            columns.append(_numeric(table[name], f"{where} ({name!r})", False))
+        return columns[0] if len(columns) == 1 else np.concatenate(columns, axis=-1)
+
+    if isinstance(features, Mapping):
+        return {n: select(s) for n, s in features.items()}
+    return select(features)
+
+
+def _check_file(path: str, where: str) -> None:
+    if os.path.isdir(path):
+        raise ConfigError(f"{where}: {path!r} is a directory; give the data file")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{where}: no such file {path!r}")
+
+
+def _numeric(array: np.ndarray, where: str, label: bool) -> np.ndarray:
+    """Features as float32; labels as int32 (integer labels) or float32; columns as `(n, 1)`.
+    A value the conversion would change (an imaginary part, an integer label beyond int32, a
+    float beyond float32) is an error, never silently dropped, wrapped or made infinite."""
+    array = np.asarray(array)
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise ConfigError(f"{where}: has complex dtype {array.dtype}; give real numbers (e.g. the "
+                          "real and imaginary parts as two columns)")
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number)
+                                     or array.dtype == np.bool_):
+        raise ConfigError(f"{where}: has dtype {array.dtype}, expected numbers")
+    if array.ndim == 0:
+        raise ConfigError(f"{where}: is a scalar, expected one row per example")
+    if array.ndim == 1:
+        array = array[:, None]
+    if label and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        if array.size and np.issubdtype(array.dtype, np.integer) and \
+                (array.min() < _INT32.min or array.max() > _INT32.max):
+            bad = int(np.argmax(((array < _INT32.min) | (array > _INT32.max)).reshape(len(array), -1).any(1)))
+            raise ConfigError(f"{where}: integer label {array.reshape(len(array), -1)[bad].tolist()} "
+                              f"(row {bad}) is beyond the int32 range labels are read as "
+                              f"[{_INT32.min}, {_INT32.max}]; give class indices")
+        return array.astype(np.int32)
+    if np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize > 4 and array.size:
+        finite = np.abs(np.where(np.isfinite(array), array, 0))
+        if finite.max() > _FLOAT32_MAX:
+            bad = int(np.argmax((finite > _FLOAT32_MAX).reshape(len(array), -1).any(1)))
+            raise ConfigError(f"{where}: row {bad} holds a value beyond the float32 range "
+                              f"(|x| <= {_FLOAT32_MAX:.4g}) the data is read as; rescale the data")
+    return array.astype(np.float32)
+
+
+def _read_npz(path: str, where: str) -> dict[str, np.ndarray]:
+    """Every array of an `.npz`, each header read and checked first: an object (ragged)
+    array, or a shape whose data the file does not hold or memory cannot, is refused before
+    anything is allocated."""
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{where}: {path!r} is not a complete .npz file (no zip directory: "
+                          "truncated, or not written with numpy.savez)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.filename.endswith(".npy"):
+                    with archive.open(info) as member:
+                        _check_npy_header(member, info, path, where)
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except ConfigError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as err:
+        raise ConfigError(f"{where}: cannot read {path!r} as .npz (corrupt or truncated: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+
+def _check_npy_header(member: Any, info: zipfile.ZipInfo, path: str, where: str) -> None:
+    name = info.filename[:-4]
+    try:
+        version = np.lib.format.read_magic(member)
+        shape, _, dtype = (np.lib.format.read_array_header_1_0(member) if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0(member))
+    except ValueError as err:
+        raise ConfigError(f"{where}: array {name!r} of {path!r} has a corrupt header "
+                          f"({str(err).splitlines()[0]})") from None
+    if dtype.hasobject:
+        raise ConfigError(f"{where}: array {name!r} of {path!r} is an object array (ragged rows?); "
+                          "give numeric arrays of one shape")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > info.file_size:
+        raise ConfigError(f"{where}: array {name!r} of {path!r} declares shape {tuple(shape)} "
+                          f"({nbytes:.3g} bytes) but the file holds {info.file_size} bytes of it "
+                          "(corrupt or truncated)")
+    if nbytes > memory_bytes():
+        raise ConfigError(f"{where}: array {name!r} of {path!r} has shape {tuple(shape)}: "
+                          f"{nbytes / 2**30:.1f} GiB, more than this machine's memory "
+                          f"({memory_bytes() / 2**30:.1f} GiB)")
+
+
+def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The needed columns of a CSV file with a header row, parsed by `tf.io.decode_csv`.
+
+    Every column is decoded (unused ones as strings), so a row with a missing or extra field
+    fails; an empty float field is NaN, an empty integer field an error.
+    """
+    try:  # utf-8-sig: a byte-order mark is not part of the first column's name
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            header = next(csv.reader(fh), None)
+    except UnicodeDecodeError as err:
+        raise ConfigError(_not_utf8(path, where, err)) from None
+    if not header:
+        raise ConfigError(f"{where}: {path!r} is empty; a CSV file needs a header row")
+    for column in dtypes:
+        if column not in header:
+            raise ConfigError(f"data.dtypes.{column}: {path!r} has no column {column!r}")
+    defaults = []
+    for column in header:
+        if column not in needed:
+            defaults.append(tf.constant([""], tf.string))
+        elif dtypes.get(column, "float32").startswith("float"):
+            defaults.append(tf.constant([np.nan], tf.as_dtype(dtypes.get(column, "float32"))))
+        else:
+            defaults.append(tf.constant([], tf.as_dtype(dtypes[column])))
+    keep = [i for i, c in enumerate(header) if c in needed]
+    lines = (tf.data.TextLineDataset(path).skip(1)
+             .map(lambda line: tf.strings.regex_replace(line, "\r$", ""))  # CRLF files
+             .filter(lambda line: tf.strings.length(line) > 0))
+    ds = lines.batch(_CSV_BATCH).map(lambda b: tuple(tf.io.decode_csv(b, defaults)[i] for i in keep),
+                                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    parts: list[list[np.ndarray]] = [[] for _ in keep]
+    try:
+        for batch in ds:
+            for store, column in zip(parts, batch):
+                store.append(column.numpy())
+    except tf.errors.InvalidArgumentError as err:
+        raise ConfigError(_csv_problem(path, where, header, needed, dtypes)
+                          or f"{where}: cannot parse {path!r}: {str(err.message).splitlines()[0]}") from None
+    return {header[i]: (np.concatenate(store) if store else np.zeros((0,), np.float32))
+            for i, store in zip(keep, parts)}
+
+
+def _csv_problem(path: str, where: str, header: list[str], needed: list[str],
+                 dtypes: Mapping[str, str]) -> str | None:
+    """The first ragged row or unparsable value, found by reading the file again in Python
+    (only after tf.data reported a problem)."""
+    try:
+        return _first_csv_problem(path, where, header, needed, dtypes)
+    except UnicodeDecodeError as err:
+        return _not_utf8(path, where, err)
+
+
+def _not_utf8(path: str, where: str, err: UnicodeDecodeError) -> str:
+    """The line and column of the first byte that is not UTF-8 (the decoder's own offset is
+    within the chunk it read)."""
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return (f"{where}: {path!r} is not UTF-8 text (byte {raw[bad.start]:#04x} at line "
+                        f"{line}, column {bad.start + 1}); save it as UTF-8")
+    return f"{where}: {path!r} is not UTF-8 text ({err.reason}); save it as UTF-8"
+
+
+def _first_csv_problem(path: str, where: str, header: list[str], needed: list[str],
+                       dtypes: Mapping[str, str]) -> str | None:
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        for line, row in enumerate(csv.reader(fh), start=1):
+            if line == 1 or not row:
+                continue
+            if len(row) != len(header):
+                return (f"{where}: line {line} of {path!r} has {len(row)} fields but the header has "
+                        f"{len(header)} (ragged rows); fix the file")
+            for column, value in zip(header, row):
+                dtype = dtypes.get(column, "float32")
+                if column not in needed or (value == "" and dtype.startswith("float")):
+                    continue
+                try:
+                    float(value) if dtype.startswith("float") else int(value)
+                except ValueError:
+                    key = f"data.dtypes.{column}" if column in dtypes else where
+                    return (f"{key}: column {column!r} of {path!r} has {value!r} at line {line}, "
+                            f"not a {dtype}; fix the value or set data.dtypes.{column}")
+    return None
+
+
+def _read_tfrecord(path: str, where: str, needed: list[str], dtypes: Mapping[str, str],
+                   shapes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
+    """`tf.train.Example` records parsed with a fixed-length feature spec (`data.dtypes`,
+    `data.shapes`); a float feature is stored as a float list, an integer one as an int64 list."""
+    spec = {}
+    for name in needed:
+        dtype = dtypes.get(name, "float32")
+        spec[name] = tf.io.FixedLenFeature(shapes.get(name, []),
+                                           tf.float32 if dtype.startswith("float") else tf.int64)
+    elements = sum(math.prod(shapes.get(name, [])) for name in needed)
+    if elements * 8 > memory_bytes():  # data.shapes is bounded at load; this is the reader's own rule
+        raise ConfigError(f"data.shapes: one example of {path!r} would take {elements * 8 / 2**30:.1f} "
+                          f"GiB, more than this machine's memory")
+    batch = max(1, min(_CSV_BATCH, _TFRECORD_BATCH_ELEMENTS // max(1, elements)))
+    ds = tf.data.TFRecordDataset(path).batch(batch).map(
+        lambda records: tf.io.parse_example(records, spec),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in needed}
+    try:
+        for batch in ds:
+            for name in needed:
+                parts[name].append(batch[name].numpy())
+    except tf.errors.InvalidArgumentError as err:
+        message = str(err.message).splitlines()[0]
+        found = re.search(r"Key: ([^,]+), Index: (\d+)\.\s*(.*)", message)
+        culprit = found.group(1) if found and found.group(1) in needed else None
+        if found:
+            message = f"feature {found.group(1)!r} of record {found.group(2)}: {found.group(3).strip()}"
+        key = f"data.shapes.{culprit}" if culprit else where
+        raise ConfigError(f"{key}: the records of {path!r} do not match the feature spec "
+                          f"(data.dtypes, data.shapes): {message}") from None
+    except tf.errors.DataLossError as err:
+        raise ConfigError(f"{where}: {path!r} is not a TFRecord file ({str(err.message).splitlines()[0]})") from None
+    except UnicodeDecodeError:  # TF's error quotes the undecodable payload
+        raise ConfigError(f"{where}: {path!r} holds records that are not tf.train.Example "
+                          "protos; write them with tf.io.TFRecordWriter") from None
+    out = {}
+    for name, store in parts.items():
+        array = np.concatenate(store) if store else np.zeros([0] + shapes.get(name, []), np.float32)
+        dtype = dtypes.get(name, "float32")
+        out[name] = array.astype(dtype)
+    return out
+
+
+def _read_tfds(data: DataConfig, split: str, where: str) -> dict[str, np.ndarray]:
+    """One split of a `tensorflow_datasets` dataset already prepared in `data.data_dir`
+    (never downloaded), its top-level features by name."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ConfigError("data.kind: tfds needs tensorflow-datasets: pip install "
+                          "'multihead[tfds]'") from None
+    try:
+        builder = tfds.builder(str(data.name), data_dir=data.data_dir)
+    except Exception as err:  # tfds raises its own DatasetNotFoundError and friends
+        raise ConfigError(f"data.name: no tensorflow_datasets dataset {data.name!r} in "
+                          f"{data.data_dir or 'the default data_dir'}: "
+                          f"{str(err).splitlines()[0]}") from None
+    splits = sorted(builder.info.splits.keys())
+    if not splits or not os.path.isdir(builder.data_dir):
+        raise ConfigError(f"data.name: {data.name!r} is not prepared in {builder.data_dir!r}; "
+                          "run its download_and_prepare first (multihead never downloads)")
+    try:
+        arrays = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"{where}: {data.name!r} has no split {split!r} (splits: {splits}): "
+                          f"{str(err).splitlines()[0]}") from None
+    if not isinstance(arrays, Mapping):
+        raise ConfigError(f"data.name: {data.name!r} does not yield a dict of features")
+    return {str(k): v for k, v in arrays.items() if isinstance(v, np.ndarray)}
+
+
+# -- Python functions ------------------------------------------------------------------
+
+
+def _from_function(data: DataConfig, heads: list[str]) -> tuple[Any, Any]:
+    module_name, _, name = str(data.function).partition(":")
+    added = os.getcwd() not in sys.path
+    if added:  # a module beside the config, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"data.function: cannot import {module_name!r} ({err})") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ConfigError(f"data.function: module {module_name!r} has no function {name!r}")
+    try:
+        result = function(**data.options)
+    except TypeError as err:
+        raise ConfigError(f"data.options: {data.function} does not take them: "
+                          f"{str(err).splitlines()[0]}") from None
+    if isinstance(result, MultiTaskData):
+        return result.train, result.eval
+    if isinstance(result, Mapping) and "train" in result:
+        unknown = [k for k in result if k not in ("train", "eval")]
+        if unknown:
+            raise ConfigError(f"data.function: returned a mapping with key {unknown[0]!r}; "
+                              "return {train: ..., eval: ...}")
+        train = _pair(result["train"], "data.function (train)")
+        return train, None if result.get("eval") is None else _pair(result["eval"], "data.function (eval)")
+    return _pair(result, "data.function"), None
+
+
+def _pair(value: Any, where: str) -> tuple[Any, dict]:
+    """`(inputs, {head: labels})` as arrays, from arrays or a batched `tf.data.Dataset`."""
+    if isinstance(value, tf.data.Dataset):
+        batches = [tf.nest.map_structure(lambda t: t.numpy(), b) for b in value]
+        if not batches:
+            raise ConfigError(f"{where}: the dataset is empty")
+        value = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], Mapping)):
+        raise ConfigError(f"{where}: expected (inputs, {{head: labels}}), a MultiTaskData, a batched "
+                          f"tf.data.Dataset of such pairs or {{train: ..., eval: ...}}, got "
+                          f"{type(value).__name__}")
+    inputs, targets = value
+    if isinstance(inputs, Mapping):
+        x: Any = {str(k): _numeric(v, f"{where}: input {k!r}", False) for k, v in inputs.items()}
+    else:
+        x = _numeric(inputs, f"{where}: inputs", False)
+    return x, {str(h): _numeric(v, f"{where}: labels of {h!r}", True) for h, v in targets.items()}
+
+
+# -- checks shared by every source ---------------------------------------------------------
+
+
+def _rows(split: tuple[Any, dict]) -> int:
+    return len(tf.nest.flatten(_inputs_tree(split[0]))[0])
+
+
+def _check_rows(arrays: Mapping[str, np.ndarray], where: str, source: str) -> None:
+    lengths = {name: len(a) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(f"{where}: {source} has arrays of different lengths (ragged): "
+                          + ", ".join(f"{n}: {k}" for n, k in lengths.items()))
+
+
+def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str) -> tuple[Any, dict]:
+    """Heads vs targets, equal row counts, and the non-finite policy (NaN, +inf, -inf)."""
+    x, y = split
+    for head in y:
+        if head not in heads:
+            raise ConfigError(f"{where}: the data has a target {head!r} but the model has no head "
+                              f"{head!r} (heads: {heads}); add the head or remove the target")
+    for head in heads:
+        if head not in y:
+            raise ConfigError(f"model.heads.{head}: {where} has no target for this head "
+                              f"(targets: {sorted(y)})")
+    inputs = {"inputs": x} if not isinstance(x, Mapping) else {f"inputs {k!r}": v for k, v in x.items()}
+    named = {**inputs, **{f"labels of {h!r}": y[h] for h in heads}}
+    _check_rows(named, where, "the data")
+    bad = np.zeros(len(next(iter(named.values()))), bool)
+    for name, array in named.items():
+        if np.issubdtype(array.dtype, np.floating):
+            rows = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            if rows.any() and policy == "error":
+                first = int(np.argmax(rows))
+                what = "NaN" if np.isnan(array[first]).any() else "inf"
+                raise ConfigError(f"data.on_nonfinite: {where} has NaN or inf in the {name} "
+                                  f"({int(rows.sum())} rows, first row {first}: {what}); clean "
+                                  "the data or set data.on_nonfinite: drop (or keep)")
+            bad |= rows
+    if policy == "drop" and bad.any():
+        keep = ~bad
+        x = tf.nest.map_structure(lambda a: a[keep], _inputs_tree(x))
+        y = {h: y[h][keep] for h in heads}
+    return x, {h: y[h] for h in heads}
+
+
+def _check_same_shapes(train: tuple[Any, dict], evaluation: tuple[Any, dict]) -> None:
+    for name, a, b in (("inputs", train[0], evaluation[0]),) + tuple(
+            (f"labels of {h!r}", train[1][h], evaluation[1][h]) for h in train[1]):
+        sa = tf.nest.map_structure(lambda t: t.shape[1:], _inputs_tree(a))
+        sb = tf.nest.map_structure(lambda t: t.shape[1:], _inputs_tree(b))
+        if sa != sb:
+            raise ConfigError(f"data.eval: the {name} have shape {sb} per example, but in data.train "
+                              f"{sa}; give both splits the same columns")
+
+
+def _holdout(split: tuple[Any, dict], fraction: float, seed: int) -> tuple[tuple, tuple]:
+    """A seeded random `fraction` of the rows as the eval split; both keep the file's order."""
+    n = _rows(split)
+    n_eval = min(n - 1, max(1, round(n * fraction)))
+    if n < 2:
+        raise ConfigError(f"data.holdout: data.train has {n} row(s), too few to hold out an eval "
+                          "split; give data.eval or more rows")
+    order = np.random.default_rng(seed).permutation(n)
+    parts = []
+    for idx in (np.sort(order[n_eval:]), np.sort(order[:n_eval])):
+        parts.append((tf.nest.map_structure(lambda a: a[idx], _inputs_tree(split[0])),
+                      {h: v[idx] for h, v in split[1].items()}))
+    return parts[0], parts[1]

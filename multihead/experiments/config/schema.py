@@ -1,0 +1,911 @@
+"""Experiment configs: YAML -> validated, typed config objects.
+
+Nothing in the core imports this module: `multihead.experiments.build.builders` turns a config
+into library objects, and everything a config can do, Python can do directly.
+Errors name the file and the key path (`model.heads.y1.every`), show the bad
+value and, for unknown keys, suggest the closest known one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import types
+import typing
+from typing import Any, Mapping, Sequence, Union
+
+import yaml
+
+from multihead._checks import (
+    check_bounds,
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    describe,
+    suggest,
+)
+from multihead.core.rules import (
+    SettingError,
+    check_jit_logging,
+    check_rep_grad_data,
+    check_strategy_limits,
+    check_trunk_aggregation,
+)
+from multihead.experiments.config.errors import ConfigError
+from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
+
+
+class _ConfigSpelling:
+    """The key paths and YAML values of the core's setting fields (`multihead.core.rules`),
+    so a rule written once in the core words its error for a config."""
+
+    _KEYS = {"jit_compile": "train.jit_compile", "log_dir": "log.tensorboard",
+             "schedule": "train.schedule", "trunk": "train.trunk",
+             "trunk.rep_grad": "train.trunk.rep_grad", "trunk.aggregator": "train.trunk.aggregator",
+             "trunk.dtype": "train.trunk.dtype", "trunk.options": "train.trunk.options"}
+
+    def key(self, field: str, head: str | None = None) -> str:
+        if field.startswith("objectives."):  # a head's setting: model.heads.<head>.<name>
+            name = field.partition(".")[2]
+            return f"model.heads.{head}.{name}" if head is not None else name
+        return self._KEYS[field]
+
+    def value(self, value: Any) -> str:
+        if isinstance(value, bool) or value is None:
+            return {True: "true", False: "false", None: "null"}[value]
+        return str(value)
+
+    def setting(self, field: str, value: Any, head: str | None = None) -> str:
+        if field == "log_dir":  # the API's log directory is the config's switch
+            return f"log.tensorboard: {self.value(value is not None)}"
+        return f"{self.key(field, head)}: {self.value(value)}"
+
+
+_CONFIG = _ConfigSpelling()
+
+
+def _config_error(err: SettingError) -> ConfigError:
+    """A core rule's error, spelled with `_CONFIG`, as a `ConfigError`."""
+    return ConfigError(str(err))
+
+
+# -- YAML ------------------------------------------------------------------------------
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parses YAML safely (no Python objects can be constructed), with YAML 1.2 semantics
+    (`yes` and `1:30` are strings, `010` is 10), duplicate keys refused and size, depth and
+    alias expansion bounded (`multihead.experiments.config.yaml12`)."""
+    from multihead.experiments.config.yaml12 import describe_error, load_yaml
+
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: invalid YAML: {describe_error(err)}") from None
+
+
+# -- schema ----------------------------------------------------------------------------
+
+
+def _field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None,
+           minimum: float | None = None, maximum: float | None = None, doc: str = "") -> Any:
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        value = default
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+#: Bound on a scale-like number (data.scale, noise_std, aggregator options): beyond it float32
+#: losses and gradients overflow.
+MAGNITUDE_MAX = 1e6
+#: Bound on a loss coefficient (entropy_coef): larger ones drown the loss they are added to.
+COEFFICIENT_MAX = 100.0
+#: Parallel environments of an actor-critic run (each a gymnasium instance in this process).
+MAX_ENVS = 4096
+#: Steps of one actor-critic rollout.
+MAX_ROLLOUT = 100_000
+
+DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "multidigits")
+FILE_KINDS = ("npz", "csv", "tfrecord")
+#: Kinds whose examples are a table of named columns/arrays, read with features and targets.
+TABLE_KINDS = FILE_KINDS + ("tfds",)
+#: `data.on_nonfinite`: what a non-finite value in the data does.
+NONFINITE_POLICIES = ("error", "drop", "keep")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """`data:` where the examples come from: the embedded synthetic data (`mmoe`, `mixed`), the
+    shipped MultiDigits images, or your own (`npz`, `csv`, `tfrecord`, `python`; docs/data.md)."""
+
+    kind: str = _field("mmoe", choices=DATA_KINDS,
+                       doc="mmoe: all regression; mixed: first task binary classification; "
+                           "multidigits: two overlaid handwritten digits (heads left, right); "
+                           "npz, csv, tfrecord: files; tfds: a prepared tensorflow_datasets "
+                           "dataset; python: module:function")
+    tasks: Union[list[str], None] = _field(None, doc="task names; default: the model's heads")
+    correlation: float = _field(0.5, doc="cosine similarity of the task weight vectors")
+    train_size: int = _field(20000, minimum=1)
+    eval_size: int = _field(2000, minimum=1)
+    input_dim: int = _field(100, minimum=1, doc="mmoe/mixed only; other kinds take it from the data")
+    num_sinusoids: int = _field(10, minimum=0)
+    scale: float = _field(1.0, minimum=-MAGNITUDE_MAX, maximum=MAGNITUDE_MAX,
+                          doc="c, the norm of every task weight vector")
+    noise_std: float = _field(0.1, minimum=0, maximum=MAGNITUDE_MAX)
+    classification: Union[list[str], None] = _field(None, doc="tasks binarised (mixed variant)")
+    seed: Union[int, None] = _field(None, doc="data seed (generators, holdout split); default: "
+                                              "the top-level seed")
+    train: Union[str, None] = _field(None, doc="npz/csv/tfrecord: the training file; tfds: the "
+                                               "training split (default train)")
+    eval: Union[str, None] = _field(None, doc="the evaluation file (tfds: split); default: a "
+                                              "holdout of train")
+    name: Union[str, None] = _field(None, doc="tfds: the dataset name, e.g. my_data or my_data:1.0.0")
+    data_dir: Union[str, None] = _field(None, doc="tfds: the directory it was prepared in "
+                                                  "(nothing is downloaded); default: tfds' own")
+    holdout: float = _field(0.2, doc="fraction of train held out for evaluation when eval is "
+                                     "not given, in (0, 1); split with data.seed")
+    features: Any = _field(None, doc="the input: a column/array name, a list of them "
+                                     "(concatenated), or a mapping input name -> those (named "
+                                     "inputs); default: x")
+    targets: Any = _field(None, doc="head -> column/array name or list of them; default: each "
+                                    "head's own name")
+    dtypes: dict[str, str] = _field({}, doc="csv/tfrecord: column or feature -> float32, float64, "
+                                            "int32 or int64 (default float32)")
+    shapes: dict[str, list[int]] = _field({}, doc="tfrecord: feature -> shape of one example "
+                                                  "(default [], a scalar)")
+    function: Union[str, None] = _field(None, doc="python: module:function returning (inputs, "
+                                                  "{head: labels}), a MultiTaskData or a batched "
+                                                  "tf.data.Dataset; or {train: ..., eval: ...}")
+    options: dict[str, Any] = _field({}, doc="python: keyword arguments of the function; "
+                                             "multidigits: its options (docs/data.md)")
+    on_nonfinite: Union[str, None] = _field(
+        None, choices=NONFINITE_POLICIES,
+        doc="NaN or +-inf in features or labels: error (default), drop the rows, or keep them")
+    on_nan: Union[str, None] = _field(None, choices=NONFINITE_POLICIES,
+                                      doc="the former name of on_nonfinite (same values, same "
+                                          "meaning: inf counts too)")
+    per_head: dict[str, Any] = _field({}, doc="head -> a data section of its own (one dataset "
+                                              "per head); then the source keys above are unused")
+    sampling: str = _field("all", choices=("all", "uniform", "proportional", "temperature"),
+                           doc="with per_head: every head a batch each step (all), or one head "
+                               "drawn per step (docs/data.md)")
+    temperature: float = _field(2.0, doc="temperature sampling: p_k proportional to n_k^(1/T)")
+    sampling_weights: dict[str, float] = _field({}, doc="head -> sampling weight (default: its "
+                                                        "number of training examples)")
+
+
+@dataclasses.dataclass
+class HeadConfig:
+    """`model.heads.<name>:` one head, its loss and its optimizer."""
+
+    layers: Any = _field({"class_name": "Dense", "config": {"units": 1}},
+                         doc="Keras layer dict, list of them, or {mlp: {...}}")
+    loss: Any = _field("mse", doc="Keras loss name or serialization dict")
+    optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
+    weight: Any = _field(1.0, doc="factor on the head's loss: a number >= 0, or a Keras "
+                                  "LearningRateSchedule dict {class_name: ..., config: {...}} "
+                                  "evaluated at each step")
+    every: int = _field(1, minimum=1)
+    trains_trunk: bool = _field(True)
+    metrics: list[Any] = _field([], doc="Keras metric names or dicts, reported by evaluation")
+    on_nonfinite: str = _field("skip", choices=("skip", "raise", "apply"),
+                               doc="a step where this head's loss or gradient is NaN/Inf: skip "
+                                   "drops its update, raise stops the run, apply applies it")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """`model:` the shared trunk and the heads."""
+
+    trunk: Any = _field(doc="Keras layer dict, list of them, or {mlp: {...}}")
+    heads: dict[str, HeadConfig] = _field(doc="head name -> head config")
+
+
+@dataclasses.dataclass
+class TrunkConfig:
+    """`train.trunk:` one trunk optimizer fed by an aggregate of the heads' trunk gradients."""
+
+    optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
+    aggregator: str = _field("sum", doc="sum, mean, weights, pcgrad, mgda, cagrad, upgrad, imtl, "
+                                        "dualproj, aligned_mtl, config, krum, nash_mtl, "
+                                        "gradvac, fairgrad, sdmgrad, random, graddrop, "
+                                        "trimmed_mean, uncertainty, gradnorm, dwa, gls, "
+                                        "stch, imtl_l, famo or rlw")
+    options: dict[str, Any] = _field({}, doc="the aggregator's options, e.g. {c: 0.4} for cagrad")
+    rep_grad: bool = _field(False, doc="combine at the trunk output (MGDA-UB style)")
+    seed: Union[int, None] = _field(None, doc="PCGrad order seed; default: the top-level seed")
+    dtype: str = _field("float32", doc="float32, or float64 for analysis (Gramian, solve, state)")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """`train:` how long and how."""
+
+    steps: int = _field(1000, minimum=1)
+    batch_size: int = _field(128, minimum=1)
+    schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
+    eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
+    jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
+    steps_per_execution: Union[int, str] = _field(
+        "auto", minimum=1, choices=("auto",),
+        doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
+    trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
+    max_nonfinite_steps: int = _field(10, minimum=1,
+                                      doc="stop with an error when a head's loss or gradient is "
+                                          "non-finite this many steps in a row")
+
+
+@dataclasses.dataclass
+class LogConfig:
+    """`log:` TensorBoard cadence."""
+
+    every: int = _field(100, minimum=1, doc="scalars every this many steps")
+    histograms_every: int = _field(1000, minimum=0,
+                                   doc="gradient histograms every this many steps; 0: never")
+    variable_norms: bool = _field(False, doc="also log each variable's gradient norm")
+    tensorboard: bool = _field(True, doc="write TensorBoard events; false is needed for XLA")
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    """`checkpoint:` what the run saves (`RUN_DIR/checkpoints/ckpt-<step>`, for --resume)."""
+
+    every: int = _field(0, minimum=0, doc="periodic checkpoints; 0: only the final one")
+    keep: int = _field(3, minimum=1, doc="how many of the newest checkpoints to keep")
+
+
+_MODES = ("auto", "min", "max")
+_MONITOR_DOC = f"{FORMS} (<metric>: loss or one of the head's metrics)"
+
+
+@dataclasses.dataclass
+class EarlyStoppingConfig:
+    """`callbacks.early_stopping:` stop when an evaluation metric stops improving."""
+
+    monitor: str = _field(MEAN_LOSS, doc=_MONITOR_DOC)
+    patience: int = _field(3, minimum=1, doc="evaluations in a row without improvement")
+    min_delta: float = _field(0.0, minimum=0, doc="the amount an evaluation must beat the best by")
+    mode: str = _field("auto", choices=_MODES, doc="auto: min for losses, max for accuracies")
+    restore_best: bool = _field(True, doc="end the run with the weights of the best evaluation")
+
+
+@dataclasses.dataclass
+class BestCheckpointConfig:
+    """`callbacks.best_checkpoint:` keep the checkpoint of the best evaluation in `RUN_DIR/best/`."""
+
+    monitor: str = _field(MEAN_LOSS, doc=_MONITOR_DOC)
+    mode: str = _field("auto", choices=_MODES)
+    min_delta: float = _field(0.0, minimum=0)
+
+
+@dataclasses.dataclass
+class ReduceLROnPlateauConfig:
+    """One entry of `callbacks.reduce_lr_on_plateau:`: scale one head's learning rate down."""
+
+    head: str = _field(doc="the head whose optimizer's learning rate is reduced")
+    monitor: Union[str, None] = _field(None, doc="default eval/<head>/loss; " + _MONITOR_DOC)
+    factor: float = _field(0.1, doc="multiplies the rate, in (0, 1)")
+    patience: int = _field(2, minimum=1)
+    min_delta: float = _field(1e-4, minimum=0)
+    min_lr: float = _field(0.0, minimum=0)
+    cooldown: int = _field(0, minimum=0, doc="evaluations after a reduction before waiting again")
+    mode: str = _field("auto", choices=_MODES)
+
+
+@dataclasses.dataclass
+class CallbacksConfig:
+    """`callbacks:` what acts on the evaluations of a supervised run (`train.eval_every`)."""
+
+    early_stopping: Union[EarlyStoppingConfig, None] = _field(None)
+    best_checkpoint: Union[BestCheckpointConfig, None] = _field(None)
+    reduce_lr_on_plateau: Any = _field(
+        [], doc="a list of {head: ..., factor: ...}, or a mapping head -> {factor: ...}")
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """`env:` the gymnasium environment of an RL task (`pip install multihead[rl]`)."""
+
+    id: str = _field("CartPole-v1", doc="gymnasium environment id")
+    max_episode_steps: Union[int, None] = _field(None, minimum=1, doc="default: the env's own")
+    kwargs: dict[str, Any] = _field({}, doc="keyword arguments of gymnasium.make")
+    eval_episodes: int = _field(20, minimum=1, doc="greedy episodes per evaluation")
+    stop_return: Union[float, None] = _field(None, doc="stop once an evaluation's mean return reaches this")
+
+
+@dataclasses.dataclass
+class DQNConfig:
+    """`dqn:` DQN (Mnih et al., 2015); `train.steps` counts environment steps, `train.batch_size`
+    is the replay minibatch, `train.eval_every` the evaluation period in environment steps."""
+
+    head: str = _field("q", doc="the Q head: one output per action; its loss compares Q(s,a) to the TD target")
+    buffer_size: int = _field(50000, minimum=1)
+    learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
+    train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    epsilon_start: float = _field(1.0, minimum=0, maximum=1)
+    epsilon_end: float = _field(0.05, minimum=0, maximum=1)
+    epsilon_decay_steps: int = _field(10000, minimum=1, doc="linear decay, in environment steps")
+    target_every: Union[int, None] = _field(None, minimum=1, doc="hard sync period in updates (default 500)")
+    target_tau: Union[float, None] = _field(None, doc="Polyak rate in (0, 1] instead of target_every")
+    double: bool = _field(False, doc="double DQN: online network picks, target network evaluates")
+
+
+@dataclasses.dataclass
+class ActorCriticConfig:
+    """`actor_critic:` synchronous advantage actor-critic (A2C, Mnih et al., 2016);
+    `train.steps` counts environment steps, `train.eval_every` the evaluation period in them."""
+
+    policy_head: str = _field("policy", doc="logits head, one output per action; loss set by the task")
+    value_head: str = _field("value", doc="state-value head (1 output); its loss compares V(s) to the return")
+    num_envs: int = _field(8, minimum=1, maximum=MAX_ENVS)
+    n_steps: int = _field(5, minimum=1, maximum=MAX_ROLLOUT,
+                          doc="rollout length per update (n-step returns)")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    entropy_coef: float = _field(0.01, minimum=0, maximum=COEFFICIENT_MAX)
+    normalize_advantages: bool = _field(False)
+    value_target_every: Union[int, None] = _field(None, minimum=1, doc="V_target hard sync period in updates")
+    value_target_tau: Union[float, None] = _field(None, doc="V_target Polyak rate in (0, 1]")
+
+
+@dataclasses.dataclass
+class DistributeConfig:
+    """`distribute:` scale-out through tf.distribute (task supervised; see README)."""
+
+    strategy: str = _field("none", choices=("none", "mirrored", "multi_worker"),
+                           doc="mirrored: the devices of this machine; multi_worker: the "
+                               "workers named by the TF_CONFIG environment variable")
+    devices: Union[list[str], None] = _field(
+        None, doc="mirrored only, e.g. [/gpu:0, /gpu:1]; default: every GPU, else every CPU device")
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """A whole experiment file."""
+
+    model: ModelConfig = _field()
+    seed: int = _field(0)
+    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic"))
+    data: DataConfig = _field(DataConfig(), doc="supervised only")
+    env: Union[EnvConfig, None] = _field(None, doc="RL tasks only")
+    dqn: Union[DQNConfig, None] = _field(None, doc="task dqn only")
+    actor_critic: Union[ActorCriticConfig, None] = _field(None, doc="task actor_critic only")
+    train: TrainConfig = _field(TrainConfig())
+    log: LogConfig = _field(LogConfig())
+    checkpoint: CheckpointConfig = _field(CheckpointConfig())
+    callbacks: CallbacksConfig = _field(CallbacksConfig(), doc="supervised only")
+    distribute: DistributeConfig = _field(DistributeConfig())
+    sweep: Any = _field(None, doc="multihead sweep only: grid, zip and random axes "
+                                  "(docs/sweeps.md); multihead train ignores it")
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+#: The largest integer a config holds (int32): beyond it TF or numpy overflow.
+INT_LIMIT = 2**31 - 1
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    """Checks `value` against type hint `tp`, returning the typed value."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [o for o in typing.get_args(tp) if o is not type(None)]
+        if value is None and len(options) < len(typing.get_args(tp)):
+            return None
+        error: ConfigError | None = None
+        for option in options:
+            try:
+                return _convert(option, value, path)
+            except ConfigError as err:
+                error = error or err
+        assert error is not None
+        raise error
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {describe(value)}")
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {describe(value)}")
+        _, item = typing.get_args(tp)
+        for k in value:
+            if not isinstance(k, str):  # head names, columns, keyword arguments
+                raise ConfigError(f"{_join(path, k)}: keys are strings, got {describe(k)}; "
+                                  f"quote it: '{k}'")
+        return {k: _convert(item, v, _join(path, k)) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {describe(value)}")
+        return value
+    if tp is int:  # bounded: a number beyond int32 overflows somewhere in TF or numpy
+        return check_int(value, path, minimum=-INT_LIMIT, maximum=INT_LIMIT, error=ConfigError)
+    if tp is float:
+        return check_float(value, path, error=ConfigError)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {describe(value)}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {describe(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    check_keys(raw, list(fields), path, error=ConfigError)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, field in fields.items():
+        where = _join(path, name)
+        if name not in raw:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: required key is missing")
+            continue
+        value = _convert(hints[name], raw[name], where)
+        choices, minimum = field.metadata.get("choices"), field.metadata.get("minimum")
+        maximum = field.metadata.get("maximum")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # `choices` constrain strings, `minimum` numbers (a key may allow both, e.g. "auto" or 20)
+        if choices is not None and not number and value is not None:
+            check_choice(value, where, choices, error=ConfigError)
+        if (minimum is not None or maximum is not None) and number:
+            check_bounds(value, where, minimum=minimum, maximum=maximum, error=ConfigError)
+        values[name] = value
+    return cls(**values)
+
+
+def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = ()) -> ExperimentConfig:
+    """Validates a parsed config; errors are prefixed with `source`. `allow_import`: modules
+    an `env.id` (`module:Env`) or a `data.function` (`module:function`) may import."""
+    from multihead.experiments.config.rules import check_rules
+
+    try:
+        config = _build(ExperimentConfig, raw, "")
+        check_rules(config, allow_import, error=ConfigError)
+        if not config.model.heads:
+            raise ConfigError("model.heads: at least one head is required")
+        for name, head in config.model.heads.items():
+            head.weight = _check_weight(head.weight, f"model.heads.{name}.weight")
+        config.train.trunk = _check_trunk(config)
+        config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
+        _check_distribute(config)
+        if config.sweep is not None:  # its own module: the rules of the sweep section
+            from multihead.experiments.config.sweep_section import sweep_spec
+
+            sweep_spec(config.sweep)
+        check_data(config.data, list(config.model.heads))
+        trunk = config.train.trunk
+        try:
+            check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
+                                bool(config.data.per_head), _CONFIG)
+            check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
+        except SettingError as err:
+            raise _config_error(err) from None
+        for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
+                               ("actor_critic", ("actor_critic",))):
+            if getattr(config, section) is not None and config.task not in tasks:
+                raise ConfigError(f"{section}: only used with task {' or '.join(tasks)}, "
+                                  f"but task is {config.task!r}; remove it or change task")
+        return config
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _check_weight(weight: Any, path: str) -> Union[float, dict[str, Any]]:
+    """A head's `weight`: a number >= 0, or a Keras `LearningRateSchedule` serialization dict
+    that deserializes (checked now, kept as the dict)."""
+    if not isinstance(weight, Mapping):
+        return check_float(weight, path, minimum=0, error=ConfigError,
+                           hint="or give a schedule {class_name: ExponentialDecay, config: {...}}")
+    import keras  # only when a schedule is given
+
+    schedules = keras.optimizers.schedules
+    known = [n for n in dir(schedules) if isinstance(getattr(schedules, n), type)
+             and issubclass(getattr(schedules, n), schedules.LearningRateSchedule)
+             and n != "LearningRateSchedule"]
+    check_keys(weight, ["class_name", "config", "module", "registered_name"], path, error=ConfigError)
+    name = weight.get("class_name")
+    if name is None:
+        raise ConfigError(f"{path}.class_name: required key is missing; a schedule is "
+                          "{class_name: ExponentialDecay, config: {...}}")
+    check_choice(name, f"{path}.class_name", known, error=ConfigError)
+    options = weight.get("config") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"{path}.config: expected a mapping, got {describe(options)}")
+    try:
+        getattr(schedules, name).from_config(dict(options))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{path}.config: cannot build {name}: {str(err).splitlines()[0]}") from None
+    return {"class_name": name, "config": dict(options)}
+
+
+def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
+    """Validates `callbacks` against the task, the heads and their metrics; returns
+    `reduce_lr_on_plateau` as a list of typed entries."""
+    callbacks = config.callbacks
+    raw = callbacks.reduce_lr_on_plateau
+    path = "callbacks.reduce_lr_on_plateau"
+    heads = list(config.model.heads)
+    if raw is None:
+        raw = []
+    if isinstance(raw, Mapping):  # head -> options
+        entries = []
+        for head, options in raw.items():
+            where = _join(path, head)
+            if options is None:
+                options = {}
+            if not isinstance(options, Mapping):
+                raise ConfigError(f"{where}: expected a mapping of options, got {describe(options)}")
+            if "head" in options:
+                raise ConfigError(f"{where}.head: the key {head!r} already names the head; remove it")
+            entry = _build(ReduceLROnPlateauConfig, {**options, "head": str(head)}, where)
+            entries.append((where, where, entry))  # the key names the head
+    elif isinstance(raw, list):
+        entries = [(f"{path}[{i}]", f"{path}[{i}].head",
+                    _build(ReduceLROnPlateauConfig, item, f"{path}[{i}]"))
+                   for i, item in enumerate(raw)]
+    else:
+        raise ConfigError(f"{path}: expected a list of {{head: ..., factor: ...}} or a mapping "
+                          f"head -> options, got {describe(raw)}")
+    used = [name for name in ("early_stopping", "best_checkpoint") if getattr(callbacks, name)]
+    used += ["reduce_lr_on_plateau"] if entries else []
+    if used and config.task != "supervised":
+        raise ConfigError(f"callbacks.{used[0]}: only used with task supervised, but task is "
+                          f"{config.task!r}; remove it")
+    seen: dict[str, str] = {}
+    for where, head_key, entry in entries:
+        if entry.head not in heads:
+            raise ConfigError(f"{head_key}: the model has no head {entry.head!r}"
+                              f"{suggest(entry.head, heads)}; its heads are {heads}")
+        if entry.head in seen:
+            raise ConfigError(f"{head_key}: head {entry.head!r} already has an entry at "
+                              f"{seen[entry.head]}; give one entry per head")
+        seen[entry.head] = where
+        check_bounds(entry.factor, f"{where}.factor", minimum=0, maximum=1, min_open=True,
+                     max_open=True, error=ConfigError, hint="e.g. 0.5 halves the rate")
+        entry.monitor = _check_monitor(config, entry.monitor or str(MetricKey(entry.head, "loss")),
+                                       entry.mode, f"{where}.monitor")
+    for name in ("early_stopping", "best_checkpoint"):
+        section = getattr(callbacks, name)
+        if section is not None:
+            section.monitor = _check_monitor(config, section.monitor, section.mode,
+                                             f"callbacks.{name}.monitor")
+    for name in [n for n in used if n != "best_checkpoint"]:
+        if config.train.eval_every is None:
+            raise ConfigError(f"callbacks.{name}: acts at evaluations, but train.eval_every is not "
+                              "set (the run evaluates only at its end); set train.eval_every")
+    return [entry for _, _, entry in entries]
+
+
+def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str) -> str:
+    """A callback's `monitor` naming a head and a metric the evaluation reports, with the
+    metric as the evaluation names it (`eval/y1/mae` -> `eval/y1/mean_absolute_error`)."""
+    heads = list(config.model.heads)
+    try:
+        key = MetricKey.parse(monitor)
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if not key.is_mean_loss:
+        head, metric = key.head, key.metric
+        if head not in heads:
+            raise ConfigError(f"{path}: the model has no head {head!r} (in {monitor!r})"
+                              f"{suggest(head, heads)}; its heads are {heads}")
+        names = _metric_names(config, head)
+        if metric not in names:
+            available = [str(MetricKey(head, n)) for n in dict.fromkeys(names.values())] + [MEAN_LOSS]
+            raise ConfigError(f"{path}: the evaluation of head {head!r} has no metric {metric!r}"
+                              f"{suggest(metric, names)}; available: {', '.join(available)}")
+        monitor = str(MetricKey(head, names[metric]))
+    from multihead.core.callbacks import MonitoredQuantity  # TF import: only when used
+
+    try:
+        MonitoredQuantity(monitor, mode, "callback")
+    except ValueError as err:
+        raise ConfigError(f"{path.rsplit('.', 1)[0]}.mode: {str(err).partition(': ')[2]}") from None
+    return monitor
+
+
+def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
+    """What a monitor may call each metric of `head` -> the name the evaluation reports it
+    under: `loss`, the resolved names and the names as written in `metrics:`."""
+    from multihead.core.objectives import resolve_metric  # TF import: only when used
+
+    spec = config.model.heads[head]
+    names = {"loss": "loss"}
+    for metric in spec.metrics:
+        try:
+            resolved = resolve_metric(metric, head, spec.loss).name
+        except (ValueError, TypeError):
+            continue  # reported under model.heads.<head>.metrics by the builder
+        names[resolved] = resolved
+        if isinstance(metric, str):
+            names.setdefault(metric, resolved)
+    return names
+
+
+_DTYPES = ("float32", "float64", "int32", "int64")
+#: Values in one example of a tfrecord feature (`data.shapes`): the reader allocates them per
+#: record before it can check the file.
+EXAMPLE_ELEMENTS_MAX = 1 << 28
+
+
+def data_from_dict(raw: Any, heads: Sequence[str]) -> DataConfig:
+    """A validated `data:` section on its own (what `mh.load_data` reads), for `heads`."""
+    data = _build(DataConfig, raw, "data")
+    check_data(data, list(heads))
+    return data
+
+
+#: `data:` keys that apply to all per-head sources, not to one source.
+_SAMPLING_KEYS = ("per_head", "sampling", "temperature", "sampling_weights", "seed")
+
+
+def check_data(data: DataConfig, heads: list[str]) -> None:
+    """`data` keys against its kind and the heads; the files themselves are read by the builder.
+    With `data.per_head`, each head's section is checked on its own and replaces the raw
+    mapping in `data.per_head`. `on_nan` (the former name) and `on_nonfinite` end equal."""
+    if data.on_nan is not None and data.on_nonfinite is not None and data.on_nan != data.on_nonfinite:
+        raise ConfigError(f"data.on_nan: {data.on_nan!r} differs from data.on_nonfinite "
+                          f"{data.on_nonfinite!r}; on_nan is its former name: give only on_nonfinite")
+    data.on_nonfinite = data.on_nan = data.on_nonfinite or data.on_nan or "error"
+    _check_sampling(data, heads)
+    if data.per_head:
+        return
+    kind = data.kind
+    if kind in FILE_KINDS and data.train is None:
+        raise ConfigError(f"data.train: required for kind {kind}; give the path of the training file")
+    if kind == "python" and data.function is None:
+        raise ConfigError("data.function: required for kind python; give module:function")
+    if data.function is not None:
+        if kind != "python":
+            raise ConfigError(f"data.function: only used with kind python, but kind is {kind!r}")
+        module, sep, name = data.function.partition(":")
+        if not sep or not module or not name:
+            raise ConfigError(f"data.function: expected module:function, got {data.function!r}")
+    for key in ("train", "eval", "features", "targets"):
+        if getattr(data, key) is not None and kind not in TABLE_KINDS:
+            raise ConfigError(f"data.{key}: only used with kind npz, csv, tfrecord or tfds, but "
+                              f"kind is {kind!r}; remove it")
+    if kind == "tfds" and data.name is None:
+        raise ConfigError("data.name: required for kind tfds; give the dataset name")
+    for key in ("name", "data_dir"):
+        if getattr(data, key) is not None and kind != "tfds":
+            raise ConfigError(f"data.{key}: only used with kind tfds, but kind is {kind!r}; remove it")
+    for key in ("dtypes", "shapes"):
+        if getattr(data, key) and kind not in ("csv", "tfrecord"):
+            raise ConfigError(f"data.{key}: only used with kind csv or tfrecord, but kind is "
+                              f"{kind!r}; remove it")
+    if data.tasks is not None and kind in ("mmoe", "mixed"):
+        _check_tasks(data.tasks, heads)
+    if data.options and kind not in ("python", "multidigits"):
+        raise ConfigError(f"data.options: only used with kind python or multidigits, but kind is "
+                          f"{kind!r}; remove it")
+    check_bounds(data.holdout, "data.holdout", minimum=0, maximum=1, min_open=True, max_open=True,
+                 error=ConfigError, hint="e.g. 0.2 evaluates on a fifth of data.train")
+    for column, dtype in data.dtypes.items():
+        check_choice(dtype, f"data.dtypes.{column}", _DTYPES, error=ConfigError)
+    for feature, shape in data.shapes.items():
+        for i, dim in enumerate(shape):
+            check_int(dim, f"data.shapes.{feature}[{i}]", minimum=1, error=ConfigError)
+        if math.prod(shape) > EXAMPLE_ELEMENTS_MAX:
+            raise ConfigError(f"data.shapes.{feature}: {shape} is {math.prod(shape):.3g} values per "
+                              f"example, more than {EXAMPLE_ELEMENTS_MAX} (1 GiB of float32); "
+                              "give the shape of one example")
+    if data.targets is not None:
+        if not isinstance(data.targets, Mapping):
+            raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
+                              f"{describe(data.targets)}")
+        _check_head_keys(data.targets, "data.targets", heads)
+        for head in heads:
+            if head not in data.targets:
+                raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
+                                  f"add data.targets.{head}")
+
+
+def _check_tasks(tasks: list[str], heads: list[str]) -> None:
+    """Every generated task has a head, except in a single-task baseline (one head trained on
+    the multi-task run's data, `train --only-head`), where the others are generated and
+    dropped so the kept head sees the same data."""
+    for i, task in enumerate(tasks):
+        if task in tasks[:i]:
+            raise ConfigError(f"data.tasks[{i}]: task {task!r} is listed twice")
+    if len(heads) > 1:
+        for i, task in enumerate(tasks):
+            if task not in heads:
+                raise ConfigError(f"data.tasks[{i}]: task {task!r} has no head (heads: {heads}); "
+                                  "add the head or remove the task (only a one-head baseline "
+                                  "may generate tasks it does not train)")
+
+
+def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:
+    """Every key of the mapping at `where` names a head of the model."""
+    for head in keys:
+        if head not in heads:
+            raise ConfigError(f"{where}.{head}: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
+
+
+def _check_sampling(data: DataConfig, heads: list[str]) -> None:
+    """`data.per_head` (one source per head) and how its heads are drawn."""
+    check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
+    _check_head_keys(data.sampling_weights, "data.sampling_weights", heads)
+    for head, weight in data.sampling_weights.items():
+        check_bounds(weight, f"data.sampling_weights.{head}", minimum=0, min_open=True,
+                     error=ConfigError)
+    if not data.per_head:
+        if data.sampling != "all":
+            raise ConfigError(f"data.sampling: {data.sampling} draws one head's dataset per step; "
+                              "it needs data.per_head (a data section per head)")
+        return
+    defaults = DataConfig()
+    for field in dataclasses.fields(DataConfig):
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite") and \
+                getattr(data, field.name) != getattr(defaults, field.name):
+            raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
+                              f"source is data.per_head.<head>.{field.name}); move or remove it")
+    _check_head_keys(data.per_head, "data.per_head", heads)
+    sections = {}
+    for head in heads:
+        where = f"data.per_head.{head}"
+        raw = data.per_head.get(head)
+        if raw is None:
+            raise ConfigError(f"{where}: missing; with data.per_head every head needs a data "
+                              "section of its own")
+        if isinstance(raw, DataConfig):  # checked already (a config validated twice)
+            sections[head] = raw
+            continue
+        if isinstance(raw, Mapping):
+            for key in _SAMPLING_KEYS[:-1]:  # a written config holds them at their defaults
+                if key in raw and raw[key] != getattr(defaults, key):
+                    raise ConfigError(f"{where}.{key}: set it once in data, not per head")
+            if "on_nan" not in raw and "on_nonfinite" not in raw:
+                raw = {"on_nonfinite": data.on_nonfinite, **raw}
+        section = _build(DataConfig, raw, where)
+        try:
+            check_data(section, [head])
+        except ConfigError as err:  # the messages name data.<key>: point them at this head
+            message = str(err)
+            raise ConfigError(where + message[4:] if message.startswith("data.") else message) \
+                from None
+        sections[head] = section
+    data.per_head = sections
+
+
+def _check_distribute(config: ExperimentConfig) -> None:
+    """`distribute` against the task and the training options it does not support."""
+    dist = config.distribute
+    if dist.devices is not None and dist.strategy != "mirrored":
+        raise ConfigError(f"distribute.devices: only used with strategy mirrored, but strategy is "
+                          f"{dist.strategy!r}; remove devices")
+    if dist.devices is not None and not dist.devices:
+        raise ConfigError("distribute.devices: the list is empty; name devices such as /gpu:0 "
+                          "or remove the key")
+    if dist.strategy == "none":
+        return
+    if config.task != "supervised":
+        raise ConfigError(f"distribute.strategy: {dist.strategy} is only supported with task "
+                          f"supervised, but task is {config.task!r}; set distribute.strategy: none")
+    trunk = config.train.trunk
+    weighting = None
+    if isinstance(trunk, TrunkConfig):
+        from multihead.aggregation.loss_weighting import LOSS_WEIGHTINGS  # TF import: only when used
+
+        weighting = trunk.aggregator if trunk.aggregator in LOSS_WEIGHTINGS else None
+    try:
+        check_strategy_limits(f"distribute.strategy {dist.strategy}",
+                              jit_compile=config.train.jit_compile,
+                              rep_grad=isinstance(trunk, TrunkConfig) and trunk.rep_grad,
+                              loss_weighting=weighting, spell=_CONFIG)
+    except SettingError as err:
+        raise _config_error(err) from None
+
+
+def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
+    """Validates `train.trunk` against the heads and schedule; returns it typed."""
+    raw = config.train.trunk
+    if raw == "per_head":
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"train.trunk: must be per_head or a mapping {{optimizer: ..., aggregator: ...}}, "
+            f"got {describe(raw)}"
+        )
+    trunk = _build(TrunkConfig, raw, "train.trunk")
+    from multihead.core.trunk_update import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
+
+    check_choice(trunk.aggregator, "train.trunk.aggregator", TRUNK_AGGREGATORS, error=ConfigError)
+    try:
+        TrunkPolicy(optimizer=trunk.optimizer, aggregator=trunk.aggregator,
+                    options=trunk.options, rep_grad=trunk.rep_grad, dtype=trunk.dtype)
+    except SettingError as err:  # the policy's own rules name their field
+        raise ConfigError(f"{_CONFIG.key(err.field, err.head)}: {err}") from None
+    except (ValueError, TypeError) as err:  # the aggregator's options
+        raise ConfigError(f"train.trunk.options: {err}") from None
+    try:
+        check_trunk_aggregation(config.train.schedule,
+                                {n: (h.trains_trunk, h.every) for n, h in config.model.heads.items()},
+                                _CONFIG)
+    except SettingError as err:
+        raise _config_error(err) from None
+    trunk_heads = [n for n, h in config.model.heads.items() if h.trains_trunk]
+    weights = trunk.options.get("weights") if trunk.aggregator == "weights" else None
+    if weights is not None and len(weights) != len(trunk_heads):
+        raise ConfigError(
+            f"train.trunk.options.weights: {len(weights)} weights for {len(trunk_heads)} heads "
+            f"that train the trunk {trunk_heads}; give one per head, in head order"
+        )
+    return trunk
+
+
+def to_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """The config as plain data (what `multihead train` writes as the resolved config)."""
+    return dataclasses.asdict(config)
+
+
+# -- files and overrides ---------------------------------------------------------------
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Applies one `a.b.c=value` override in place; the value is parsed as YAML."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+    parts = key.strip().split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"--set {assignment!r}: {where} is {child!r}, not a mapping")
+        node = child
+    node[parts[-1]] = parse_yaml(text, source=f"--set {assignment!r}")
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
+                allow_import: Sequence[str] = ()) -> ExperimentConfig:
+    """Reads, overrides and validates an experiment file.
+
+    Args:
+        path: the YAML file.
+        overrides: `a.b.c=value` strings applied in order before validation.
+        allow_import: modules the config may import: an `env.id` of the form `module:Env`,
+            a `data.function` (`kind: python`) `module:function`.
+
+    Raises:
+        ConfigError: one line naming the file, the key path and what is wrong.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise ConfigError(f"{source}: cannot read the config ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                          f"offset {err.start}); save the config as UTF-8") from None
+    raw = parse_yaml(text, source)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the config must be a mapping at the top level")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return from_dict(raw, source, allow_import)

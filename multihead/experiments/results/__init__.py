@@ -1,0 +1,1 @@
+"""Reading finished runs against each other: comparison tables and plots."""

@@ -1,0 +1,372 @@
+"""Compare finished runs: per-head final and best evaluations, mean ± std over seeds, Δm%.
+
+`compare(paths, baseline=...)` reads run directories (their `config.yaml` and
+`metrics.json`) and sweep directories (their done trials), groups the runs by the
+hyperparameters that differ between them other than seeds (`seed`, `data.seed`,
+`train.trunk.seed`), and reports for each group the mean and standard deviation (numpy's
+`std`, ddof 0) of every head's final evaluation metrics over the group's runs.
+
+Δm% (Maninis et al., CVPR 2019; the number LibMTL, Nash-MTL and FAMO report) is the mean
+relative change of each metric against single-task baselines, signed so that a worse
+metric counts positive:
+
+    Δm% = 100 / N · Σ_i s_i · (M_i − B_i) / B_i,   s_i = +1 if lower is better, −1 if higher
+
+over the N (head, metric) pairs that both the group and the baselines report, M_i the
+group's mean final metric and B_i the baselines' mean. Lower Δm% is better; 0 is parity
+with single-task training. Directions come from the metric's name
+(`multihead.monitoring.metric_key.metric_direction`: `loss`, errors and crossentropies are
+lower-better; accuracy, AUC, precision, recall, F1, R² and IoU are higher-better); metrics of unknown direction are left out and listed in `skipped`, or
+given with `directions={"metric": "min" | "max"}`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from multihead._boundary import BoundaryError, inside, read_json, read_text
+from multihead.experiments.config.schema import ConfigError, parse_yaml
+from multihead.experiments.config.yaml12 import MAX_BYTES
+from multihead.monitoring.metric_key import metric_direction
+
+#: Hyperparameters that only reseed a run: runs differing only in these are one group.
+SEED_KEYS = ("seed", "data.seed", "train.trunk.seed")
+
+
+class CompareError(ConfigError):
+    """A path is not a finished run or sweep, or the runs cannot be compared."""
+
+
+def direction(metric: str, directions: Mapping[str, str] | None = None) -> str | None:
+    """`min` (lower is better), `max`, or None (unknown) for a metric name."""
+    if directions and metric in directions:
+        return directions[metric]
+    return metric_direction(metric)
+
+
+def delta_m(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],
+            directions: Mapping[str, str] | None = None) -> tuple[float | None, list[str]]:
+    """Δm% of `metrics` ({head: {metric: value}}) against `baseline` (same shape).
+
+    Returns:
+        (Δm%, or None when no pair is comparable; the `head/metric` pairs left out because
+        their direction is unknown).
+
+    Example:
+        >>> delta_m({"a": {"loss": 0.9}, "b": {"accuracy": 0.8}},
+        ...         {"a": {"loss": 1.0}, "b": {"accuracy": 0.5}})[0]   # (-10 - 60) / 2
+        -35.0
+    """
+    terms, skipped = [], []
+    for head, values in metrics.items():
+        for metric, value in values.items():
+            base = baseline.get(head, {}).get(metric)
+            if base is None:
+                continue
+            sign = {"min": 1.0, "max": -1.0}.get(direction(metric, directions) or "")
+            if not sign:
+                skipped.append(f"{head}/{metric}")
+                continue
+            terms.append(sign * (value - base) / base)
+    if not terms:
+        return None, skipped
+    return 100.0 * math.fsum(terms) / len(terms), skipped
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """One finished run.
+
+    Attributes:
+        run_dir: its directory.
+        config: its resolved config, flattened to key path -> value.
+        final: {head: {metric: value}} of the final evaluation (`metrics.json` `eval`).
+        best: {head: {metric: value}}, the best of the run's evaluations per metric direction.
+        curves: {head: {metric: [(step, value), ...]}} of the run's evaluations.
+    """
+
+    run_dir: str
+    config: dict[str, Any]
+    final: dict[str, dict[str, float]]
+    best: dict[str, dict[str, float]]
+    curves: dict[str, dict[str, list[tuple[int, float]]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Runs that differ only in seeds.
+
+    Attributes:
+        label: the hyperparameters that set the group apart (`key=value, ...`; `all` when the
+            runs differ only in seeds).
+        hparams: those hyperparameters, key path -> value.
+        runs: the group's run directories.
+        mean, std: {head: {metric: value}} over the runs' final evaluations.
+        best_mean: {head: {metric: value}}, the mean over the runs of each run's best.
+        delta_m: Δm% of `mean` against the baselines (None without baselines).
+    """
+
+    label: str
+    hparams: dict[str, Any]
+    runs: list[str]
+    mean: dict[str, dict[str, float]]
+    std: dict[str, dict[str, float]]
+    best_mean: dict[str, dict[str, float]]
+    delta_m: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """What `compare` returns (plain data; `to_dict`, `to_dataframe`, `format`).
+
+    Attributes:
+        runs: every run compared.
+        groups: the runs grouped by their non-seed hyperparameters.
+        baseline: {head: {metric: value}}, the baselines' mean final metrics (empty without).
+        skipped: `head/metric` pairs left out of Δm% (direction unknown).
+    """
+
+    runs: list[RunResult]
+    groups: list[Group]
+    baseline: dict[str, dict[str, float]]
+    skipped: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (what `multihead compare --json` prints)."""
+        return {
+            "runs": [{"run_dir": r.run_dir, "final": r.final, "best": r.best} for r in self.runs],
+            "groups": [{k: v for k, v in dataclasses.asdict(g).items()} for g in self.groups],
+            "baseline": self.baseline,
+            "skipped": self.skipped,
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per group and head/metric: group, head, metric, n, mean, std, best_mean, delta_m."""
+        return [{"group": g.label, "head": head, "metric": metric, "n": len(g.runs),
+                 "mean": value, "std": g.std[head][metric], "best_mean": g.best_mean[head][metric],
+                 "baseline": self.baseline.get(head, {}).get(metric), "delta_m": g.delta_m}
+                for g in self.groups for head, values in g.mean.items()
+                for metric, value in values.items()]
+
+    def to_dataframe(self) -> Any:
+        """`rows()` as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+    def format(self) -> str:
+        """The tables `multihead compare` prints: runs, then groups with mean ± std and Δm%."""
+        lines = ["runs (final eval; best in brackets):"]
+        header = ["run"] + [f"{h}/{m}" for h, m in _pairs(r.final for r in self.runs)]
+        table = [header]
+        for run in self.runs:
+            table.append([run.run_dir] + [
+                f"{run.final[h][m]:.4g} [{run.best.get(h, {}).get(m, math.nan):.4g}]"
+                if m in run.final.get(h, {}) else "-" for h, m in _pairs(r.final for r in self.runs)])
+        lines += _table(table)
+        lines.append("")
+        lines.append("groups (mean ± std over seeds):")
+        pairs = _pairs(g.mean for g in self.groups)
+        table = [["group", "n"] + [f"{h}/{m}" for h, m in pairs] + (["Δm%"] if self.baseline else [])]
+        if self.baseline:
+            table.append(["baseline (single-task)", "-"] +
+                         [f"{self.baseline[h][m]:.4g}" if m in self.baseline.get(h, {}) else "-"
+                          for h, m in pairs] + ["0"])
+        for g in self.groups:
+            table.append([g.label, str(len(g.runs))] +
+                         [f"{g.mean[h][m]:.4g} ± {g.std[h][m]:.2g}" if m in g.mean.get(h, {}) else "-"
+                          for h, m in pairs] +
+                         ([f"{g.delta_m:+.2f}" if g.delta_m is not None else "-"] if self.baseline else []))
+        lines += _table(table)
+        if self.skipped:
+            lines.append(f"left out of Δm% (direction unknown): {', '.join(self.skipped)}")
+        return "\n".join(lines)
+
+
+def _pairs(trees: Iterable[Mapping[str, Mapping[str, float]]]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((h, m) for tree in trees for h, values in tree.items() for m in values))
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
+def run_dirs(path: str | os.PathLike[str]) -> list[str]:
+    """The finished run directories of a run or sweep directory (a sweep's done trials)."""
+    path = os.fspath(path)
+    if os.path.lexists(os.path.join(path, "sweep.json")):
+        from multihead.experiments.sweep.index import check_trial_dirs
+
+        try:  # the trials' run_dir must stay in the sweep: it is read below
+            index = read_json(path, "sweep.json")
+            check_trial_dirs(path, index.get("trials"))
+            return [inside(path, t["run_dir"]) for t in index["trials"] if t["status"] == "done"]
+        except BoundaryError as err:
+            raise CompareError(str(err)) from None
+    if os.path.lexists(os.path.join(path, "metrics.json")):
+        return [path]
+    raise CompareError(f"{path!r}: neither a finished run (metrics.json) nor a sweep (sweep.json)")
+
+
+def load_result(run_dir: str, directions: Mapping[str, str] | None = None) -> RunResult:
+    """A finished run's config and evaluations."""
+    try:  # regular files of the run only, read within bounds (a FIFO, a symlink, a bomb: one line)
+        metrics = read_json(run_dir, "metrics.json")
+        text = read_text(run_dir, "config.yaml", limit=MAX_BYTES)
+    except BoundaryError as err:
+        raise CompareError(str(err)) from None
+    config = parse_yaml(text, os.path.join(run_dir, "config.yaml")) or {}
+    if not isinstance(config, dict):
+        raise CompareError(f"{os.path.join(run_dir, 'config.yaml')}: the config must be a mapping")
+    where = os.path.join(run_dir, "metrics.json")
+    try:
+        final = {str(h): {str(m): _number(v) for m, v in values.items()}
+                 for h, values in _mapping(metrics.get("eval") or {}).items() if isinstance(values, dict)}
+        curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        for entry in metrics.get("evals") or []:
+            for head, values in _mapping(_mapping(entry)["eval"]).items():
+                for metric, value in _mapping(values).items():
+                    step = entry["step"]
+                    if isinstance(step, bool) or not isinstance(step, int):
+                        raise TypeError(f"step {step!r}")
+                    curves.setdefault(head, {}).setdefault(metric, []).append((step, _number(value)))
+    except (TypeError, KeyError, AttributeError) as err:
+        raise CompareError(f"{where}: not a metrics record of a finished run ({err})") from None
+    best: dict[str, dict[str, float]] = {}
+    for head, values in final.items():
+        for metric, value in values.items():
+            seen = [v for _, v in curves.get(head, {}).get(metric, [])] or [value]
+            pick = max if direction(metric, directions) == "max" else min
+            best.setdefault(head, {})[metric] = pick(seen)
+    return RunResult(run_dir, _flat(config), final, best, curves)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _mean_std(trees: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:
+    mean: dict[str, dict[str, float]] = {}
+    std: dict[str, dict[str, float]] = {}
+    for head, metric in _pairs(trees):
+        values = np.array([t[head][metric] for t in trees if metric in t.get(head, {})], dtype=np.float64)
+        mean.setdefault(head, {})[metric] = float(values.mean())
+        std.setdefault(head, {})[metric] = float(values.std())
+    return mean, std
+
+
+def group_runs(runs: Sequence[RunResult]) -> list[tuple[dict[str, Any], list[RunResult]]]:
+    """Runs grouped by the config values that differ between them, seeds aside; in first-seen order."""
+    keys = sorted({k for r in runs for k in r.config})
+    varying = [k for k in keys if k not in SEED_KEYS
+               and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+    groups: dict[str, tuple[dict[str, Any], list[RunResult]]] = {}
+    for run in runs:
+        hparams = {k: run.config.get(k) for k in varying}
+        groups.setdefault(json.dumps(hparams, sort_keys=True), (hparams, []))[1].append(run)
+    return list(groups.values())
+
+
+def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+            baseline: Sequence[str | os.PathLike[str]] | str | os.PathLike[str] = (),
+            directions: Mapping[str, str] | None = None) -> Comparison:
+    """Compares finished runs and sweeps, and their Δm% against single-task baselines.
+
+    Args:
+        paths: run directories and/or sweep directories.
+        baseline: single-task runs (e.g. `multihead train CONFIG --only-head y1`, one per
+            head, any number of seeds) or sweeps of them; each head's baseline is the mean
+            over the baseline runs that have that head.
+        directions: metric name -> `min` or `max`, for metrics whose name does not say.
+
+    Returns:
+        A `Comparison` (plain dataclasses; `.to_dataframe()` with pandas installed).
+
+    Raises:
+        CompareError: a path is neither a finished run nor a sweep.
+
+    Example:
+        >>> result = mh.compare(["runs/sweep-quickstart"], baseline=["runs/y1", "runs/y2"])  # doctest: +SKIP
+        >>> print(result.format())                                                            # doctest: +SKIP
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if isinstance(baseline, (str, os.PathLike)):
+        baseline = [baseline]
+    for name, mode in (directions or {}).items():
+        if mode not in ("min", "max"):
+            raise CompareError(f"directions[{name!r}]: {mode!r}; use min or max")
+    runs = [load_result(d, directions) for p in paths for d in run_dirs(p)]
+    if not runs:
+        raise CompareError(f"{[os.fspath(p) for p in paths]}: no finished run to compare")
+    base_runs = [load_result(d, directions) for p in baseline for d in run_dirs(p)]
+    base_mean = _mean_std([r.final for r in base_runs])[0] if base_runs else {}
+    groups, skipped = [], []
+    for hparams, members in group_runs(runs):
+        mean, std = _mean_std([r.final for r in members])
+        best_mean = _mean_std([r.best for r in members])[0]
+        dm, left_out = delta_m(mean, base_mean, directions) if base_mean else (None, [])
+        skipped += [s for s in left_out if s not in skipped]
+        label = ", ".join(f"{k}={_short(v)}" for k, v in hparams.items()) or "all"
+        groups.append(Group(label, hparams, [r.run_dir for r in members], mean, std, best_mean, dm))
+    return Comparison(runs, groups, base_mean, skipped)
+
+
+def _short(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: str = "loss") -> None:
+    """A PNG with one panel per head: each group's mean eval `metric` curve over its runs
+    (shaded ± std), the baseline as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    heads = list(dict.fromkeys(h for r in result.runs for h in r.curves))
+    fig = Figure(figsize=(5 * max(1, len(heads)), 4))
+    for i, head in enumerate(heads):
+        ax = fig.add_subplot(1, len(heads), i + 1)
+        for group in result.groups:
+            members = [r for r in result.runs if r.run_dir in group.runs and metric in r.curves.get(head, {})]
+            if not members:
+                continue
+            steps = sorted(set.intersection(*[{s for s, _ in r.curves[head][metric]} for r in members]))
+            values = np.array([[dict(r.curves[head][metric])[s] for s in steps] for r in members])
+            ax.plot(steps, values.mean(axis=0), label=group.label)
+            if len(members) > 1:
+                ax.fill_between(steps, values.mean(axis=0) - values.std(axis=0),
+                                values.mean(axis=0) + values.std(axis=0), alpha=0.2)
+        if metric in result.baseline.get(head, {}):
+            ax.axhline(result.baseline[head][metric], linestyle="--", color="gray", label="single-task")
+        ax.set_title(f"{head}: eval {metric}")
+        ax.set_xlabel("step")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=100)

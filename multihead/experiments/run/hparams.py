@@ -1,0 +1,161 @@
+"""A run's hyperparameters and final metrics for TensorBoard's HParams dashboard.
+
+Every `multihead train` run writes, at its end, one HParams session in the run directory
+itself (beside `train/` and `eval/`):
+
+- the hyperparameters, named by their config key path: `seed`, `task`, `model.trunk`
+  (the architecture, as compact YAML), `train.schedule`, `train.steps`, `train.batch_size`,
+  `train.trunk` (`per_head` or the aggregator), the trunk optimizer and its learning rate
+  when aggregated, and per head `model.heads.<h>.optimizer` (class name),
+  `model.heads.<h>.optimizer.config.learning_rate` and `model.heads.<h>.weight`; plus every
+  `--set KEY=VALUE` of the run under `KEY` (a sweep passes its axes that way, so the values
+  that differ across a sweep are always there);
+- the final evaluation of `metrics.json` as scalars `final/<head>/<metric>` and
+  `final/mean_loss` (the mean of the heads' losses), at the run's last step.
+
+`tensorboard --logdir SWEEP_DIR` then lists every trial in the HParams table,
+parallel-coordinates and scatter views; `multihead sweep` also writes the experiment
+summary at the sweep directory so the dashboard shows only the `final/...` metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import yaml
+
+from multihead.experiments.config.schema import ExperimentConfig, parse_yaml
+
+if TYPE_CHECKING:  # annotation only
+    from multihead.experiments.run.runner import Runner
+
+HParamValue = bool | int | float | str
+
+
+def _scalar(value: Any) -> HParamValue:
+    """A value the HParams plugin can show: bool, int, float or str (others as flow YAML)."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if value is None:
+        return "null"
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+
+
+def _optimizer(spec: Any) -> tuple[str, HParamValue | None]:
+    """(class name, learning rate) of an optimizer given as a name or a serialization dict."""
+    if isinstance(spec, str):
+        import keras  # the default learning rate of an optimizer given by name
+
+        optimizer = keras.optimizers.get(spec)
+        return type(optimizer).__name__, float(optimizer.get_config()["learning_rate"])
+    if isinstance(spec, Mapping):
+        rate = (spec.get("config") or {}).get("learning_rate")
+        return str(spec.get("class_name")), None if rate is None else _scalar(rate)
+    return _scalar(spec), None  # type: ignore[return-value]
+
+
+def run_hparams(config: ExperimentConfig, overrides: Sequence[str] = ()) -> dict[str, HParamValue]:
+    """The hyperparameters of a run (see the module docstring), key path -> value.
+
+    Args:
+        config: the run's resolved config.
+        overrides: the run's `KEY=VALUE` overrides; each becomes hyperparameter `KEY`.
+    """
+    values: dict[str, HParamValue] = {
+        "seed": config.seed,
+        "task": config.task,
+        "model.trunk": _scalar(config.model.trunk),
+        "train.schedule": config.train.schedule,
+        "train.steps": config.train.steps,
+        "train.batch_size": config.train.batch_size,
+    }
+    trunk = config.train.trunk
+    if isinstance(trunk, str):
+        values["train.trunk"] = trunk
+    else:
+        values["train.trunk"] = "aggregated"
+        values["train.trunk.aggregator"] = trunk.aggregator
+        name, rate = _optimizer(trunk.optimizer)
+        values["train.trunk.optimizer"] = name
+        if rate is not None:
+            values["train.trunk.optimizer.config.learning_rate"] = rate
+    for head, spec in config.model.heads.items():
+        name, rate = _optimizer(spec.optimizer)
+        values[f"model.heads.{head}.optimizer"] = name
+        if rate is not None:
+            values[f"model.heads.{head}.optimizer.config.learning_rate"] = rate
+        values[f"model.heads.{head}.weight"] = _scalar(spec.weight)
+    for assignment in overrides:
+        key, _, text = assignment.partition("=")
+        values[key.strip()] = _scalar(parse_yaml(text, source=f"--set {assignment!r}"))
+    return values
+
+
+def final_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """`final/<head>/<metric>` (and `final/mean_loss`) from a `metrics.json` tree's `eval`."""
+    out: dict[str, float] = {}
+    evaluation = metrics.get("eval") or {}
+    losses = []
+    for head, values in evaluation.items():
+        if not isinstance(values, Mapping):
+            continue
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"final/{head}/{name}"] = float(value)
+        if isinstance(values.get("loss"), (int, float)):
+            losses.append(float(values["loss"]))
+    if losses:
+        out["final/mean_loss"] = math.fsum(losses) / len(losses)
+    return out
+
+
+def write_run_hparams(run_dir: str, config: ExperimentConfig, metrics: Mapping[str, Any],
+                      overrides: Sequence[str] = ()) -> None:
+    """Writes the run's HParams session and final metrics into `run_dir` (see the module docstring)."""
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    values = run_hparams(config, overrides)
+    writer = tf.summary.create_file_writer(run_dir)
+    try:
+        with writer.as_default(step=int(metrics.get("steps") or 0)):
+            hp.hparams(values, trial_id=os.path.basename(os.path.normpath(run_dir)))
+            for tag, value in final_metrics(metrics).items():
+                tf.summary.scalar(tag, value)
+    finally:
+        writer.close()
+
+
+def write_experiment(sweep_dir: str, hparams: Mapping[str, Sequence[HParamValue]],
+                     metric_tags: Sequence[str]) -> None:
+    """The HParams experiment summary of a sweep at `sweep_dir`: its hyperparameters (with
+    the values seen) and the `final/...` metrics, so the dashboard lists only those."""
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    def domain(seen: Sequence[HParamValue]) -> Any:
+        kinds = {type(v) for v in seen}
+        if len(kinds) == 1 and kinds <= {bool, int, float, str}:
+            return hp.Discrete(sorted(set(seen)))
+        return None  # mixed types: no domain
+
+    params = [hp.HParam(name, domain(list(seen))) for name, seen in sorted(hparams.items())]
+    metrics = [hp.Metric(tag, display_name=tag) for tag in sorted(metric_tags)]
+    writer = tf.summary.create_file_writer(sweep_dir)
+    try:
+        with writer.as_default():
+            hp.hparams_config(hparams=params, metrics=metrics)
+    finally:
+        writer.close()
+
+
+def log_run_hparams(run_dir: str, config: ExperimentConfig, runner: Runner, metrics: Mapping[str, Any],
+                    overrides: Sequence[str] = ()) -> None:
+    """`write_run_hparams` for a finished `multihead train` run, when it writes TensorBoard
+    events and this process is the chief (the other workers of a multi-worker run write nothing)."""
+    from multihead.core.distribute import is_chief
+
+    if config.log.tensorboard and is_chief(runner.strategy):
+        write_run_hparams(run_dir, config, metrics, overrides)

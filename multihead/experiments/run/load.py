@@ -1,0 +1,220 @@
+"""Finished runs: rebuild a run directory's model (and Trainer) and restore a checkpoint.
+
+A supervised run directory holds `config.yaml` (the resolved config), `inputs.json` (the
+model's input, so nothing is rebuilt from `data.input_dim` or by reading the data again) and
+`checkpoints/` (`final`, the periodic `ckpt-<step>`), plus `best/` with a best-checkpoint
+callback. A run directory is data, not code: its files are read inside it only
+(`multihead._boundary`), its data source is never built, and `run_checkpoint` is the one
+rule that picks the checkpoint `load_run`, `predict` and `export` restore.
+
+Example:
+    >>> run = mh.load_run("runs/quickstart-20260101-120000")             # doctest: +SKIP
+    >>> run.model.predict(x)["y1"]                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from multihead._boundary import BoundaryError, inside, read_json, read_text
+from multihead.core.model import MultiHeadModel
+from multihead.core.trainer import Trainer
+from multihead.experiments.build.builders import build_model, build_objectives, build_trainer, build_trunk
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, parse_yaml
+from multihead.experiments.run.supervised import INPUTS_FILE
+from multihead.experiments.config.yaml12 import MAX_BYTES
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    """A finished run, rebuilt.
+
+    Attributes:
+        run_dir: the run directory.
+        config: its resolved config.
+        model: the model with the checkpoint's weights.
+        checkpoint: the checkpoint path restored.
+        trainer: the run's `Trainer` with optimizer state and step restored (`trainer=True`),
+            else None. It writes no TensorBoard events.
+    """
+
+    run_dir: str
+    config: ExperimentConfig
+    model: MultiHeadModel
+    checkpoint: str
+    trainer: Trainer | None = None
+
+
+def run_input_shape(run_dir: str, config: ExperimentConfig | None = None) -> Any:
+    """The model input shape of a run, from its `inputs.json` (the run's data is never read
+    or built again: a config's data source may be code).
+
+    Args:
+        run_dir: the run directory.
+        config: unused; kept so existing callers keep working.
+
+    Raises:
+        ConfigError: `inputs.json` is missing, not a regular file in the run, or not a
+            shape record (one line naming the file).
+    """
+    path = os.path.join(run_dir, INPUTS_FILE)
+    if not os.path.lexists(path):
+        raise ConfigError(f"{path}: missing; the run's input shape is read from it (runs written "
+                          "by `multihead train` have it): copy it from the run that wrote the "
+                          "checkpoints")
+    try:
+        tree = read_json(run_dir, INPUTS_FILE, limit=1 << 20)
+        if "shape" in tree and not isinstance(tree["shape"], dict):
+            return _shape(tree, path)
+        if not tree:
+            raise BoundaryError(f"{path}: holds no input")
+        return {str(name): _shape(spec, f"{path}: {name}") for name, spec in tree.items()}
+    except BoundaryError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _shape(spec: Any, where: str) -> tuple[int | None, ...]:
+    shape = spec.get("shape") if isinstance(spec, dict) else None
+    if not isinstance(shape, list) or not shape or len(shape) > 16 or any(
+            d is not None and (isinstance(d, bool) or not isinstance(d, int) or not 0 < d < 2**31)
+            for d in shape):
+        raise BoundaryError(f"{where}: shape must be a list [null, d1, ...] of positive "
+                            f"dimensions, got {shape!r}")
+    return tuple(shape)
+
+
+def read_run_config(run_dir: str, allow_import: Sequence[str] = ()) -> ExperimentConfig:
+    """The run's resolved `config.yaml`, read as a regular file inside the run directory
+    (bounded, YAML 1.2, validated).
+
+    Raises:
+        ConfigError: no config.yaml, a symlink or FIFO in its place, or an invalid config.
+    """
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.lexists(path):
+        raise ConfigError(f"{run_dir!r}: no config.yaml there; is it a multihead run directory?")
+    try:
+        text = read_text(run_dir, "config.yaml", limit=MAX_BYTES)
+    except BoundaryError as err:
+        raise ConfigError(str(err)) from None
+    raw = parse_yaml(text, path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a mapping at the top level")
+    return from_dict(raw, path, allow_import)
+
+
+def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
+    """The checkpoint prefix of a run, by the one rule `predict`, `export` and `load_run`
+    share: `final` (default; else the newest periodic one), `latest`, `best`, a name in
+    `checkpoints/` such as `ckpt-1000`, or a path.
+
+    `final` holds the weights the run ended with: with `early_stopping.restore_best`, the
+    best evaluation's, which the last periodic checkpoint (the stop step) does not.
+    Only the run's own files count: a checkpoint whose files are symlinks, a symlinked
+    `checkpoints/` or `best/`, and a `best.json` naming anything but a `best-<step>` there
+    are refused; `best/checkpoint` (TensorFlow's state file) is not read.
+
+    Raises:
+        ConfigError: there is no such checkpoint, or the run's files leave the run directory.
+    """
+    from multihead.io.best_checkpoint import BestCheckpoint
+    from multihead.io.manager import own_checkpoint, scan_checkpoints
+
+    try:
+        directory = inside(run_dir, "checkpoints")
+        if checkpoint in (None, "final", "latest"):
+            found = scan_checkpoints(directory)  # the state file is a hint, not trusted
+            final = os.path.join(directory, "final")
+            if checkpoint != "latest":
+                _refuse_links(final)  # not silently replaced by an older checkpoint either
+                if own_checkpoint(final):
+                    return final
+            if checkpoint != "final" and found:
+                return found[-1]
+        elif checkpoint == "best":
+            best = inside(run_dir, "best")
+            record = BestCheckpoint.read(best) if os.path.isdir(best) else None
+            if record is not None:
+                _refuse_links(record["path"])
+                if own_checkpoint(record["path"]):
+                    return record["path"]
+            if record is None and os.path.isdir(best):
+                names = sorted((e.name[:-len(".index")] for e in os.scandir(best)
+                                if re.fullmatch(r"best-[0-9]{1,18}\.index", e.name)),
+                               key=lambda n: int(n.split("-")[1]))
+                for name in reversed(names):
+                    if own_checkpoint(os.path.join(best, name)):
+                        return os.path.join(best, name)
+        else:
+            plain = "/" not in checkpoint and os.sep not in checkpoint and checkpoint not in ("..", ".")
+            named = os.path.join(directory, checkpoint)
+            if plain and os.path.lexists(named + ".index"):
+                _refuse_links(named)
+                if own_checkpoint(named):
+                    return named
+            elif not plain and os.path.exists(checkpoint + ".index"):
+                return checkpoint  # a path the user typed: theirs to choose
+    except BoundaryError as err:
+        raise ConfigError(str(err)) from None
+    raise ConfigError(f"checkpoint {checkpoint or 'final'!r}: not found in {run_dir!r}; use final, "
+                      "latest, best, a name in checkpoints/ (ckpt-<step>) or a checkpoint path")
+
+
+def _refuse_links(prefix: str | None) -> None:
+    """A checkpoint whose files are symlinks is refused by name (rather than "not found")."""
+    if prefix is None:
+        return
+    directory, name = os.path.split(prefix)
+    try:
+        links = sorted(e.name for e in os.scandir(directory) if e.is_symlink()
+                       and (e.name == name + ".index" or e.name.startswith(name + ".data-")))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if links:
+        raise BoundaryError(f"{os.path.join(directory, links[0])}: is a symlink; a run's "
+                            "checkpoints must be inside it (copy the target in its place)")
+
+
+def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
+             trainer: bool = False) -> LoadedRun:
+    """Rebuilds a finished supervised run's model from its `config.yaml` and restores a checkpoint.
+
+    Args:
+        run_dir: a run directory written by `multihead train`.
+        checkpoint: `final` (default), `latest`, `best`, `ckpt-<step>` or a checkpoint path.
+        trainer: also rebuild the run's `Trainer` (objectives, optimizers, step), restored
+            from the checkpoint, e.g. to evaluate with the run's losses and metrics.
+
+    Returns:
+        The rebuilt run. `run.trainer.evaluate(data.eval, batch_size=config.train.batch_size)`
+        gives the final evaluation of `metrics.json` exactly.
+
+    Raises:
+        ConfigError: not a run directory, not a supervised run, or no such checkpoint.
+    """
+    from multihead.io.checkpoints import restore_checkpoint
+
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"{run_dir!r}: not a directory; is it a multihead run directory?")
+    config = read_run_config(run_dir)
+    if config.task != "supervised":
+        raise ConfigError(f"{run_dir!r}: task {config.task!r}; load_run rebuilds supervised runs")
+    path = run_checkpoint(run_dir, checkpoint)
+    model = build_model(config, run_input_shape(run_dir))
+    built = None
+    if trainer:
+        built = build_trainer(config, model, build_objectives(config), run_dir=None,
+                              trunk=build_trunk(config), write_config=False)
+        built.build_optimizers()
+    try:
+        restore_checkpoint(path, model, parts=None if built else
+                           ["trunk"] + [f"heads/{h}" for h in model.head_names], trainer=built)
+    except ValueError as err:
+        raise ConfigError(f"{path}: {str(err).splitlines()[0]}") from None
+    return LoadedRun(run_dir=run_dir, config=config, model=model, checkpoint=path, trainer=built)

@@ -1,0 +1,301 @@
+"""What the RL tasks (`dqn`, `actor_critic`) share between their config and their loop.
+
+Config -> objects: environments of `env:`, checks of the task's heads, each
+head's `Objective` from `model.heads` with the task's research loss. The run:
+`RLRun` owns the trainer, the environment driver, the episode log and the
+evaluations, takes train steps (NaN check; the step itself updates the target networks), and ends the
+run with the final checkpoint and the metrics. Needs `pip install multihead[rl]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
+
+import keras
+import numpy as np
+
+from multihead.core.model import MultiHeadModel
+from multihead.core.objectives import HeadLoss, Objective
+from multihead.core.trainer import StepResult
+from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
+from multihead.experiments.config.schema import ConfigError, EnvConfig, ExperimentConfig
+from multihead.io.checkpoints import save_checkpoint
+from multihead.monitoring.progress import Progress
+from multihead.rl.driver import Driver, EnvFactory, EpisodeLog, Evaluations, Policy
+from multihead.rl.target_network import TargetNetwork
+
+#: Evaluation episode `i` starts from `reset(seed=EVAL_SEED_OFFSET + config.seed + i)`: start
+#: states apart from the training environments' and the same in every evaluation of a run.
+EVAL_SEED_OFFSET = 10_000
+
+
+class EnvSpec(NamedTuple):
+    """A factory of fresh environments and what the model needs to know of them."""
+
+    make: EnvFactory
+    obs_shape: tuple[int, ...]
+    num_actions: int
+
+
+def env_factory(config: EnvConfig) -> EnvSpec:
+    """The environments of `config`; raises `ConfigError` naming `env.*` keys."""
+    try:
+        import gymnasium
+    except ImportError:
+        raise ConfigError("env: the RL tasks need gymnasium: pip install 'multihead[rl]'") from None
+
+    def make() -> Any:
+        kwargs = dict(config.kwargs)
+        if config.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = config.max_episode_steps
+        return gymnasium.make(config.id, **kwargs)
+
+    if ":" not in config.id and config.id not in gymnasium.registry:
+        # Checked before gymnasium.make, which would look the name up as a module path.
+        from multihead._checks import suggest
+
+        raise ConfigError(f"env.id: {config.id!r} is not a registered gymnasium environment"
+                          f"{suggest(config.id, gymnasium.registry)}")
+    try:
+        env = make()
+    except gymnasium.error.Error as err:
+        raise ConfigError(f"env.id: cannot make {config.id!r}: {str(err).splitlines()[0]}") from None
+    except TypeError as err:
+        raise ConfigError(f"env.kwargs: {str(err).splitlines()[0]}") from None
+    try:
+        if not isinstance(env.action_space, gymnasium.spaces.Discrete):
+            raise ConfigError(f"env.id: {config.id!r} has action space {env.action_space}; "
+                              "the dqn and actor_critic tasks need a Discrete one")
+        shape = env.observation_space.shape
+        if not isinstance(env.observation_space, gymnasium.spaces.Box) or shape is None:
+            raise ConfigError(f"env.id: {config.id!r} has observation space {env.observation_space}; "
+                              "a Box (array) observation is needed")
+        return EnvSpec(make, tuple(int(d) for d in shape), int(env.action_space.n))
+    finally:
+        env.close()
+
+
+# -- config checks ------------------------------------------------------------------------
+
+
+def check_tau(tau: float | None, every: int | None, key: str) -> None:
+    """Raises `ConfigError` if a Polyak rate is outside (0, 1] or given with a sync period."""
+    if tau is not None and not 0.0 < tau <= 1.0:
+        raise ConfigError(f"{key}_tau: must satisfy 0 < tau <= 1, got {tau!r} (typical: 0.005)")
+    if tau is not None and every is not None:
+        raise ConfigError(f"{key}_every and {key}_tau: give one of them (hard sync period or Polyak rate)")
+
+
+def _check_task_heads(config: ExperimentConfig, heads: Mapping[str, str]) -> None:
+    """Raises `ConfigError` unless the model's heads are exactly `heads` (config key -> head)."""
+    for name, head in config.model.heads.items():
+        if head.metrics:
+            raise ConfigError(f"model.heads.{name}.metrics: not used by task {config.task} (no labels "
+                              "to compare with); remove it, evaluation reports episode returns")
+    for key, head in heads.items():
+        if head not in config.model.heads:
+            raise ConfigError(f"{key}: the model has no head {head!r}; "
+                              f"its heads are {list(config.model.heads)}")
+    if len(set(heads.values())) != len(heads):
+        raise ConfigError(f"{', '.join(heads)}: name a different head each, got {list(heads.values())}")
+    extra = [h for h in config.model.heads if h not in heads.values()]
+    if extra:
+        raise ConfigError(f"model.heads.{extra[0]}: task {config.task} trains the heads "
+                          f"{list(heads.values())} only ({', '.join(heads)}); remove the other heads")
+
+
+def check_head_outputs(model: MultiHeadModel, head: str, units: int, what: str) -> None:
+    """Raises `ConfigError` unless `model`'s head `head` outputs `units` values per example."""
+    shape = model.heads[head].compute_output_shape(model.trunk.compute_output_shape(
+        model.trunk.get_build_config()["input_shape"]))
+    if tuple(shape[1:]) != (units,):
+        raise ConfigError(
+            f"model.heads.{head}.layers: the {what} head must output {units} value{'s' if units != 1 else ''} "
+            "per example, "
+            f"it outputs shape {tuple(shape[1:])}; make its last layer Dense(units={units})"
+        )
+
+
+def env_and_model(config: ExperimentConfig,
+                  heads: Mapping[str, str]) -> tuple[EnvConfig, EnvSpec, MultiHeadModel]:
+    """Seeds Keras, checks the task's heads, makes the environments and builds the model.
+
+    Args:
+        config: the experiment.
+        heads: config key -> head the task trains, e.g. `{"dqn.head": "q"}`; the
+            model must have exactly these heads.
+    """
+    keras.utils.set_random_seed(config.seed)
+    _check_task_heads(config, heads)
+    env_cfg = config.env or EnvConfig()
+    spec = env_factory(env_cfg)
+    return env_cfg, spec, build_model(config, (None,) + spec.obs_shape)
+
+
+def research_objectives(config: ExperimentConfig, make_losses: Callable[[], Mapping[str, HeadLoss]],
+                        losses_set_by_task: Sequence[str] = ()) -> dict[str, Objective]:
+    """Each head's `Objective` from `model.heads` (optimizer, weight, every,
+    trains_trunk), with the task's research loss in place of the config's loss.
+
+    The config's loss and optimizer names are checked first, so a bad name is a
+    `ConfigError` naming its key before `make_losses` resolves it.
+
+    Args:
+        config: the experiment.
+        make_losses: returns head -> research loss, for every head of the model.
+        losses_set_by_task: heads whose config `loss` is not a Keras loss (the task
+            sets it), so it is not checked.
+    """
+    heads = {h: dataclasses.replace(c, loss="mse") if h in losses_set_by_task else c
+             for h, c in config.model.heads.items()}
+    checked = build_objectives(dataclasses.replace(config, model=dataclasses.replace(config.model, heads=heads)))
+    losses = make_losses()
+    return {h: dataclasses.replace(checked[h], loss=losses[h]) for h in config.model.heads}
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RLTask:
+    """What every RL task builds and validates in `prepare`, before anything is written.
+
+    Attributes:
+        config: the experiment.
+        env: its `env:` section.
+        env_spec: the environments.
+        model: the online model.
+        objectives: head -> objective with the task's research loss.
+        targets: head -> the target network the task's losses read; the trainer runs
+            each one's `update()` inside every train step, after the optimizers.
+        trunk: `Trainer(trunk=...)`.
+    """
+
+    config: ExperimentConfig
+    env: EnvConfig
+    env_spec: EnvSpec
+    model: MultiHeadModel
+    objectives: dict[str, Objective]
+    targets: dict[str, TargetNetwork]
+    trunk: Any = "per_head"
+
+
+@dataclasses.dataclass
+class RLRunner:
+    """Base of the RL runners: the `RLTask` that `prepare` built and validated; a subclass's
+    `run(run_dir, verbose)` trains for `train.steps` environment steps, or until a greedy
+    evaluation reaches `env.stop_return`, writing events and the final checkpoint to
+    `run_dir` (None writes nothing), and returns the metrics written to `metrics.json`."""
+
+    task: RLTask
+    #: RL runs take no step callbacks and cannot resume; they train on one device.
+    resumable: ClassVar[bool] = False
+    strategy: ClassVar[Any] = None
+
+    def check(self) -> None:
+        """Nothing left to check: `prepare` built the environments, model and objectives."""
+
+    @staticmethod
+    def refuse_resume(resume: bool, extra_callbacks: Sequence[Any]) -> None:
+        """The `Runner` arguments an RL run does not take, refused."""
+        if resume or extra_callbacks:
+            raise ValueError("an RL run takes no resume or extra_callbacks (its runner is not resumable)")
+
+    @property
+    def model(self) -> MultiHeadModel:
+        """The online model."""
+        return self.task.model
+
+
+class RLRun:
+    """One run of an `RLTask`: trainer, driver, episode log and evaluations.
+
+    Args:
+        task: the prepared task.
+        run_dir: where events and the final checkpoint go; None writes nothing.
+        verbose: print progress lines over environment steps.
+        act: the greedy policy that evaluations run.
+        num_envs: environments stepped side by side.
+        env_seed: training environment `i` first starts from `reset(seed=env_seed + i)`.
+    """
+
+    def __init__(self, task: RLTask, run_dir: str | None, verbose: bool, act: Policy, num_envs: int,
+                 env_seed: int) -> None:
+        cfg = task.config
+        self.task = task
+        self.run_dir = run_dir
+        self.total = cfg.train.steps
+        # The compiled train step updates the target networks after its optimizers apply.
+        self.trainer = build_trainer(cfg, task.model, task.objectives, run_dir, trunk=task.trunk,
+                                     strategy=None, write_config=True,
+                                     target_networks=list(task.targets.values()))
+        self.log = EpisodeLog(self.trainer.monitor, Progress(self.total) if verbose else None)
+        self.evaluations = Evaluations(task.env_spec.make, act, task.env.eval_episodes,
+                                       EVAL_SEED_OFFSET + cfg.seed, cfg.train.eval_every or self.total,
+                                       self.total, task.env.stop_return, self.log)
+        self.driver = Driver(task.env_spec.make, num_envs, env_seed, on_episode_end=self.log.finished)
+        self.losses: dict[str, list[float]] = {h: [] for h in task.objectives}
+        self._start = time.perf_counter()
+
+    @property
+    def running(self) -> bool:
+        """True while the environment-step budget is not used up."""
+        return self.driver.env_steps < self.total
+
+    def train(self, inputs: Any, targets: Any) -> StepResult:
+        """One train step on `(inputs, targets)`; the step ends with one `update()` of each
+        target network.
+
+        Raises:
+            FloatingPointError: a head's loss is not finite.
+        """
+        result = self.trainer.step((inputs, targets))
+        for head, loss in result.losses.items():
+            if not np.isfinite(loss):
+                raise FloatingPointError(
+                    f"the loss of head {head!r} became {loss} at env step {self.driver.env_steps}")
+            self.losses[head].append(loss)
+        return result
+
+    def after_steps(self) -> bool:
+        """Shows progress and evaluates when due; True when an evaluation reached
+        `env.stop_return` and the run stops."""
+        env_steps = self.driver.env_steps
+        self.log.stepped(env_steps, {h: v[-1] for h, v in self.losses.items() if v})
+        return self.evaluations(env_steps)
+
+    def finish(self) -> dict[str, Any]:
+        """Closes the environments, writes the final checkpoint (model, optimizers, target
+        networks) and closes the trainer.
+
+        Returns:
+            The metrics every RL task writes: environment steps, episodes, updates,
+            target updates and syncs, every evaluation, wall time.
+        """
+        wall = time.perf_counter() - self._start
+        env_steps = self.driver.env_steps
+        self.driver.close()
+        self.log.close(env_steps)
+        if self.run_dir is not None:
+            save_checkpoint(os.path.join(self.run_dir, "checkpoints", "final"), self.task.model,
+                            trainer=self.trainer, targets=dict(self.task.targets) or None)
+        self.trainer.close()
+        target = next(iter(self.task.targets.values()), None)  # a task has at most one
+        evals = self.evaluations
+        return {
+            "task": self.task.config.task,
+            "env": self.task.env.id,
+            "env_steps": env_steps,
+            "episodes": self.log.count,
+            "updates": self.trainer.global_step,
+            "target_updates": int(target.counter.numpy()) if target is not None else None,
+            "target_syncs": target.num_syncs if target is not None and target.every else None,
+            "eval_mean_return": evals.last_mean_return,
+            "eval_episodes": evals.episodes,
+            "evals": [{"env_steps": s, "mean_return": r} for s, r in evals.history],
+            "solved_at_env_steps": evals.solved_at,
+            "wall_time_s": wall,
+        }

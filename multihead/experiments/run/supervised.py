@@ -1,0 +1,233 @@
+"""`task: supervised`: multi-task regression/classification on the data of `data:` (any kind)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, ClassVar, Sequence
+
+import keras
+import tensorflow as tf
+
+from multihead.experiments.build.baselines import constant_baseline
+from multihead.experiments.build.builders import (
+    RunCallbacks,
+    build_callbacks,
+    build_data,
+    build_model,
+    build_objectives,
+    build_strategy,
+    build_trainer,
+    build_trunk,
+)
+from multihead.io.checkpoints import CheckpointManager, save_checkpoint
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
+from multihead.experiments.build.data_sources import input_spec
+from multihead.experiments.run.dry_run import dry_run
+from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
+from multihead.core.callbacks import Callback, EarlyStopping
+from multihead.core.data import MultiTaskData
+from multihead._boundary import write_atomic
+from multihead.core.distribute import scope
+from multihead.core.model import MultiHeadModel
+from multihead.core.objectives import Objective
+from multihead.core.sampling import TaskSampling
+
+
+#: Where a run records its model's input (written before training starts).
+INPUTS_FILE = "inputs.json"
+
+
+@dataclasses.dataclass
+class SupervisedRunner:
+    config: ExperimentConfig
+    data: MultiTaskData | dict[str, MultiTaskData]
+    model: MultiHeadModel
+    objectives: dict[str, Objective]
+    trunk: Any = "per_head"
+    strategy: Any = None
+    resumable: ClassVar[bool] = True
+
+    def check(self) -> None:
+        """One forward and backward pass on a few examples (`dry_run`), so what train would
+        run first fails now. Not under a strategy: eager work on distributed variables
+        outside the step can wait on the other workers' collectives."""
+        if self.strategy is None:
+            dry_run(self)
+
+    def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
+            extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+        """Trains and writes the run; with `resume`, continues from the run's latest checkpoint.
+        `extra_callbacks` go to `fit` too; a `RunWatch` among them that received a signal ends
+        the run with a checkpoint of the last step done and `RunInterrupted`."""
+        cfg = self.config
+        if not resume:
+            write_inputs(run_dir, self.data)
+        trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
+                                strategy=self.strategy, write_config=not resume)
+        checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
+                                        every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
+        callbacks = build_callbacks(cfg, os.path.join(run_dir, "best"))
+        if resume:
+            _restore_for_resume(checkpoints, cfg.train.steps)
+        start_step = trainer.global_step
+        remaining = cfg.train.steps - start_step
+        wall_time = 0.0
+        evals: list[tuple[int, dict[str, dict[str, float]]]] = []
+        train_data, eval_data = _splits(self.data)
+        if remaining > 0:
+            history = trainer.fit(train_data, remaining, batch_size=cfg.train.batch_size,
+                                  eval_data=eval_data, eval_every=cfg.train.eval_every,
+                                  verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
+                                  steps_per_execution=cfg.train.steps_per_execution,
+                                  callbacks=[*callbacks.as_list(), *extra_callbacks],
+                                  sampling=_sampling(cfg))
+            try:
+                stop_if_interrupted(extra_callbacks, lambda: _checkpoint_now(checkpoints, trainer),
+                                    trainer.global_step)
+            except RunInterrupted:
+                trainer.close()
+                raise
+            evals, wall_time = history.eval, history.wall_time
+            final_eval = _final_eval(evals, callbacks.early_stopping)
+        else:
+            final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
+        _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
+        # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
+        # evaluations of the eval data.
+        train_metrics = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
+                                         log=False)
+        baselines = {}
+        for head in self.model.head_names:
+            data = self.data[head] if isinstance(self.data, dict) else self.data
+            first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
+            output_shape = tuple(self.model(first)[head].shape[1:])
+            baselines[head] = constant_baseline(
+                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape)
+        if trainer.is_chief:  # the other workers of a multi-worker run write nothing
+            save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
+                            trainer=trainer)
+        trainer.close()
+        done = trainer.global_step - start_step
+        return {
+            "task": "supervised",
+            "steps": trainer.global_step,
+            "wall_time_s": wall_time,
+            "steps_per_s": done / wall_time if wall_time else None,
+            "train": train_metrics,
+            "eval": final_eval,
+            "baseline": {h: {"loss": v} for h, v in baselines.items()},
+            "evals": [{"step": step, "eval": metrics} for step, metrics in evals],
+            "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
+                        if trainer.stop_reason is not None else None),
+            **_callback_metrics(callbacks, run_dir),
+        }
+
+
+def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
+    """A periodic checkpoint of the trainer's current step: the latest, or a new one."""
+    latest = checkpoints.latest_checkpoint
+    if latest is None or checkpoints.step_of(latest) != trainer.global_step:
+        latest = checkpoints.save()
+    return latest
+
+
+def _tree(x: Any) -> Any:
+    return dict(x) if isinstance(x, dict) else x
+
+
+def _splits(data: MultiTaskData | dict[str, MultiTaskData]) -> tuple[Any, Any]:
+    """What `fit` and `evaluate` take: `(inputs, {head: labels})` for the train and eval
+    splits, or per head, a dict head -> that head's own pair."""
+    if isinstance(data, dict):
+        return ({h: (d.x_train, {h: d.y_train[h]}) for h, d in data.items()},
+                {h: (d.x_eval, {h: d.y_eval[h]}) for h, d in data.items()})
+    return data.train, data.eval
+
+
+def _sampling(config: ExperimentConfig) -> TaskSampling:
+    """How per-head data is drawn (`data.sampling`); "all" for one dataset."""
+    data = config.data
+    return TaskSampling(data.sampling, temperature=data.temperature,
+                        weights=dict(data.sampling_weights) or None, seed=config.seed)
+
+
+def write_inputs(run_dir: str, data: MultiTaskData | dict[str, MultiTaskData]) -> None:
+    """`RUN_DIR/inputs.json`: the model's input, so a finished run is rebuilt (load_run, export,
+    predict) without reading its data again: `{"shape": [null, ...], "dtype": ...}` or a mapping
+    input name -> that."""
+    def spec(a: Any) -> dict[str, Any]:
+        return {"shape": [None] + [int(d) for d in a.shape[1:]], "dtype": str(a.dtype)}
+
+    if isinstance(data, dict):  # every head's input has the same layout (input_spec checks)
+        data = next(iter(data.values()))
+    x = _tree(data.x_train)
+    tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
+    os.makedirs(run_dir, exist_ok=True)
+    # Atomic: a full disk leaves no inputs.json rather than an empty one.
+    write_atomic(os.path.join(run_dir, INPUTS_FILE), json.dumps(tree, indent=2))
+
+
+def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
+                early_stopping: EarlyStopping | None) -> dict[str, dict[str, float]]:
+    """The evaluation of the weights the run ends with: the last one, or that of the best
+    step when early stopping restored the best weights (bitwise, so its evaluation holds)."""
+    if early_stopping is not None and early_stopping.restore_best and \
+            early_stopping.best_step is not None:
+        return dict(evals)[early_stopping.best_step]
+    return evals[-1][1]
+
+
+def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
+    """What each configured callback did, for `metrics.json`."""
+    out: dict[str, Any] = {}
+    stop = callbacks.early_stopping
+    if stop is not None:
+        out["early_stopping"] = {
+            "monitor": stop.quantity.name, "mode": stop.quantity.mode,
+            "best_step": stop.best_step, "best_value": stop.best_value,
+            "stopped_step": stop.stopped_step,
+            "restored_best": stop.restore_best and stop.best_step is not None,
+        }
+    best = callbacks.best_checkpoint
+    if best is not None:
+        out["best_checkpoint"] = {
+            "path": os.path.relpath(best.path, run_dir) if best.path else None,
+            "monitor": best.quantity.name, "mode": best.quantity.mode,
+            "step": best.best_step, "value": best.best_value,
+        }
+    if callbacks.reduce_lr_on_plateau:
+        out["reduce_lr_on_plateau"] = {
+            plateau.head: [{"step": step, "from": old, "to": new}
+                           for step, old, new in plateau.reductions]
+            for plateau in callbacks.reduce_lr_on_plateau
+        }
+    return out
+
+
+def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
+    latest = checkpoints.latest_checkpoint
+    if latest is None:
+        raise ConfigError(f"--resume: no checkpoint in {checkpoints.directory!r} to resume from")
+    if checkpoints.step_of(latest) > steps:
+        raise ConfigError(
+            f"train.steps: {steps} is below the step of the latest checkpoint "
+            f"({checkpoints.step_of(latest)}); set train.steps to at least that"
+        )
+    try:
+        checkpoints.restore_latest()
+    except ValueError as err:  # mismatch or unreadable: bad input, not a crash
+        raise ConfigError(f"--resume: {err}") from None
+
+
+def prepare(config: ExperimentConfig) -> SupervisedRunner:
+    strategy = build_strategy(config)  # first: a multi-worker strategy precedes any TF work
+    keras.utils.set_random_seed(config.seed)
+    data = build_data(config)
+    with scope(strategy):  # mirrored variables
+        model = build_model(config, input_spec(data))
+    objectives = build_objectives(config)
+    build_callbacks(config, best_dir=None)  # a head's learning-rate schedule fails here, not mid-run
+    return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config),
+                            strategy=strategy)

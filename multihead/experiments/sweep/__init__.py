@@ -1,0 +1,1 @@
+"""Sweeps over a config: grid and random trials, local and Ray backends, Optuna search."""
