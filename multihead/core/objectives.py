@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, check_float, check_int
+from multihead.core.rules import REFUSED_OPTIMIZERS
 
 LossSpec = Union[str, Mapping[str, Any], keras.losses.Loss, Callable[..., Any]]
 OptimizerSpec = Union[str, Mapping[str, Any], keras.optimizers.Optimizer]
@@ -203,14 +204,10 @@ def resolve_optimizer(spec: OptimizerSpec, head: str) -> keras.optimizers.Optimi
 
 
 def _check_unwrapped(optimizer: keras.optimizers.Optimizer, head: str) -> keras.optimizers.Optimizer:
-    """Refuses a `LossScaleOptimizer`: the step hands each optimizer unscaled gradients of
-    an unscaled loss, so the wrapper's unscaling would shrink every update by its scale."""
+    """Refuses a `LossScaleOptimizer` (see `multihead.core.rules.REFUSED_OPTIMIZERS`)."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
-            f"head {head!r}: a LossScaleOptimizer is refused: the step computes unscaled "
-            "gradients, so its updates would be divided by the loss scale; give its inner "
-            "optimizer (e.g. keras.optimizers.Adam(...)) and a float32 model. Mixed precision "
-            "with a loss scale per head is planned (issue 28)")
+        raise ValueError(f"head {head!r}: a LossScaleOptimizer is refused: "
+                         f"{REFUSED_OPTIMIZERS['LossScaleOptimizer']}")
     return optimizer
 
 

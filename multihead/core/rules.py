@@ -67,6 +67,15 @@ class PythonSpelling:
 #: The spelling of the Python API.
 PYTHON = PythonSpelling()
 
+#: Keras optimizer classes refused as a head's or the trunk's optimizer -> why, and what to
+#: give instead (the Python API checks the object, a config its `class_name`).
+REFUSED_OPTIMIZERS = {
+    "LossScaleOptimizer": (
+        "mixed-precision loss scaling is not supported per head: the step computes unscaled "
+        "gradients, so its updates would be divided by the loss scale; use the inner "
+        "optimizer and a float32 model (a loss scale per head is planned, issue 28)"),
+}
+
 
 def check_jit_logging(jit_compile: bool, logging: bool, spell: Spelling) -> None:
     """XLA cannot compile summary ops: `jit_compile` needs TensorBoard logging off."""

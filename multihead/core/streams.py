@@ -216,7 +216,7 @@ class DataFeed:
             leaves = [] if isinstance(data[head], tf.data.Dataset) else tf.nest.flatten(data[head])
             sizes[head] = len(leaves[0]) if leaves else None
         probabilities = sampling.probabilities(list(datasets), sizes) if sampling.samples else None
-        train_step = self._ensure_built(None)
+        train_step = self._ensure_built(None)  # built by head_dataset above: no inputs needed
         streams = HeadStreams(key, train_step, self._position.heads, datasets, sampling,
                               probabilities, self._step)
         self._position.clear_restored()  # the per-head positions carry the resume
