@@ -26,11 +26,12 @@ setup(
     ],
     extras_require={
         # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
+        # (its etils.epath imports importlib_resources without declaring it in current releases)
         # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe; hypothesis: fuzz suite
         "test": ["pytest", "hypothesis", "gymnasium", "matplotlib", "scipy", "scikit-learn",
-                 "tensorflow-datasets", "optuna", "ray", "pandas"],
+                 "tensorflow-datasets", "importlib_resources", "optuna", "ray", "pandas"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
-        "tfds": ["tensorflow-datasets"],  # data.kind: tfds, datasets prepared locally
+        "tfds": ["tensorflow-datasets", "importlib_resources"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],
         "plot": ["matplotlib"],
         "optuna": ["optuna"],  # multihead sweep --search optuna

@@ -305,6 +305,14 @@ def test_data_kind_python_needs_allow_import_and_imports_nothing_without_it(
     capsys.readouterr()
     assert main([command, str(config), *extra, "--allow-import", name]) == 0
     assert marker.exists()
+    if command == "validate":  # the single-task baseline validates its config again
+        from multihead.experiments.run.single_task import only_head
+
+        raw = yaml.safe_load(config.read_text())
+        baseline = only_head(from_dict(raw, allow_import=[name]), "y1", allow_import=[name])
+        assert baseline.data.function == f"{name}:arrays" and list(baseline.model.heads) == ["y1"]
+        with pytest.raises(ConfigError, match=f"--allow-import {name}"):
+            only_head(from_dict(raw, allow_import=[name]), "y1")
 
 
 def test_per_head_python_sections_and_the_api_need_allow_import(tmp_path, monkeypatch):
@@ -341,3 +349,28 @@ def test_sweep_needs_allow_import_and_passes_it_on_to_every_trial(tmp_path, monk
     assert command[command.index("train"):] == [
         "train", "base.yaml", "--quiet", "--run-dir", "trials/t000", "--allow-import",
         "marker_sweep", "--allow-import", "m2", "--set", "seed=1"]
+
+
+def test_a_python_data_run_is_loaded_only_with_its_module_allowed(tmp_path, monkeypatch, capsys):
+    """`predict` and `mh.load_run` read the run's config.yaml, which a run directory from
+    someone else could point at any module: the same flag as train."""
+    _write_module(tmp_path, monkeypatch)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(_config({"kind": "python", "function": "my_data:arrays"},
+                                             steps=2)))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--quiet",
+                 "--allow-import", "my_data"]) == 0
+    x, _ = _arrays()
+    np.savez(tmp_path / "new.npz", x=x[:5])
+    out = tmp_path / "pred.npz"
+    capsys.readouterr()
+    assert main(["predict", str(run), "--data", str(tmp_path / "new.npz"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-import my_data" in err and not out.exists()
+    with pytest.raises(ConfigError, match="data.function: 'my_data:arrays' would import"):
+        mh.load_run(run)
+    assert main(["predict", str(run), "--data", str(tmp_path / "new.npz"), "--out", str(out),
+                 "--allow-import", "my_data"]) == 0
+    loaded = mh.load_run(run, allow_import=["my_data"])
+    np.testing.assert_array_equal(np.load(out)["y1"], loaded.model(x[:5])["y1"].numpy())

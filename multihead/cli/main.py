@@ -42,7 +42,8 @@ def _load(args: argparse.Namespace) -> ExperimentConfig:
     if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
         from multihead.experiments.run.single_task import only_head
 
-        config = only_head(config, args.only_head, source=f"{args.config}: --only-head")
+        config = only_head(config, args.only_head, source=f"{args.config}: --only-head",
+                           allow_import=args.allow_import or ())
     return config
 
 
@@ -366,7 +367,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if os.path.islink(args.out) or (os.path.lexists(args.out) and not os.path.isfile(args.out)):
         raise UsageError(f"--out {args.out!r}: exists and is not a regular file (a directory, a "
                          "symlink, ...); choose another path")
-    run = load_run(args.run_dir, checkpoint=args.checkpoint)
+    run = load_run(args.run_dir, checkpoint=args.checkpoint, allow_import=args.allow_import or ())
     heads = _heads_arg(args, run.model)
     inputs = read_inputs(run.config.data, args.data, input_names=_input_names(run.model))
     try:
@@ -498,6 +499,7 @@ def _add_commands(sub: Any) -> None:
     predict.add_argument("--checkpoint", metavar="NAME",
                          help="final (default), latest, best, ckpt-<step> or a checkpoint path")
     predict.add_argument("--batch-size", type=int, default=1024, help="examples per call")
+    allow_import(predict)
     predict.set_defaults(func=cmd_predict)
 
     validate = _command(sub, "validate", True, help="check a config and build its model, without training")

@@ -181,7 +181,7 @@ def _refuse_links(prefix: str | None) -> None:
 
 
 def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
-             trainer: bool = False) -> LoadedRun:
+             trainer: bool = False, allow_import: Sequence[str] = ()) -> LoadedRun:
     """Rebuilds a finished supervised run's model from its `config.yaml` and restores a checkpoint.
 
     Args:
@@ -189,6 +189,9 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
         checkpoint: `final` (default), `latest`, `best`, `ckpt-<step>` or a checkpoint path.
         trainer: also rebuild the run's `Trainer` (objectives, optimizers, step), restored
             from the checkpoint, e.g. to evaluate with the run's losses and metrics.
+        allow_import: modules the run's config may import (a `data.function` of `kind:
+            python`, an `env.id` `module:Env`); any other is refused before it is imported,
+            since a run directory may come from someone else.
 
     Returns:
         The rebuilt run. `run.trainer.evaluate(data.eval, batch_size=config.train.batch_size)`
@@ -202,7 +205,7 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise ConfigError(f"{run_dir!r}: not a directory; is it a multihead run directory?")
-    config = read_run_config(run_dir)
+    config = read_run_config(run_dir, allow_import)
     if config.task != "supervised":
         raise ConfigError(f"{run_dir!r}: task {config.task!r}; load_run rebuilds supervised runs")
     path = run_checkpoint(run_dir, checkpoint)

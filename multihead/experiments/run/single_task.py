@@ -17,20 +17,22 @@ differ from it only in the heads it trains, so:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from multihead._checks import suggest
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, to_dict
 from multihead.monitoring.metric_key import MetricKey
 
 
-def only_head(config: ExperimentConfig, head: str, source: str = "--only-head") -> ExperimentConfig:
+def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
+              allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """The single-task baseline of `config`: `head` alone (see the module docstring).
 
     Args:
         config: a validated multi-task config.
         head: the head to keep.
         source: what errors are prefixed with.
+        allow_import: the modules `config` was allowed to import (it is validated again).
 
     Returns:
         A new validated config; `config` is not changed.
@@ -69,4 +71,4 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head") 
         if monitor and MetricKey.parse(monitor).head not in (None, head):
             raise ConfigError(f"{source} {head!r}: callbacks.{name}.monitor is {monitor!r}, a head "
                               f"the baseline drops; add --set callbacks.{name}.monitor={MetricKey(head, 'loss')}")
-    return from_dict(raw, f"{source} {head}")
+    return from_dict(raw, f"{source} {head}", allow_import)
