@@ -71,6 +71,8 @@ _EXPORTS = {
     "History": "multihead.core.trainer",
     "StepResult": "multihead.core.trainer",
     "Trainer": "multihead.core.trainer",
+    "SettingError": "multihead.core.rules",
+    "TrainingState": "multihead.core.training_state",
     "TrunkPolicy": "multihead.core.trunk_update",
     "TrunkRule": "multihead.core.trunk_rule",
     "HeadsPass": "multihead.core.trunk_rule",
@@ -138,6 +140,8 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.core.sampling import TaskSampling
     from multihead.core.trainer import History
     from multihead.core.trainer import StepResult
+    from multihead.core.rules import SettingError
+    from multihead.core.training_state import TrainingState
     from multihead.core.trainer import Trainer
     from multihead.core.trunk_update import TrunkPolicy
     from multihead.core.trunk_rule import TrunkRule
@@ -209,11 +213,13 @@ __all__ = [
     "ReduceLROnPlateau",
     "ReplayBuffer",
     "RunReport",
+    "SettingError",
     "StepResult",
     "TargetNetwork",
     "TaskSampling",
     "TerminateOnNonFinite",
     "Trainer",
+    "TrainingState",
     "TrunkPolicy",
     "TrunkRule",
     "__version__",

@@ -171,28 +171,6 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
         assert s1 == s and [step for step, _ in s] == [0, 6, 12, 18, 24, 30, 36]
 
 
-def test_auto_steps_per_execution_sizes_calls_to_about_50_ms():
-    from multihead.core.trainer import _ExecutionSize
-
-    size = _ExecutionSize("auto")
-    assert size.next == 1  # the first call traces: one step
-    size.observe(1, 2.0)  # the trace took 2 s
-    assert size.next == 1
-    size.observe(1, 0.002)  # 2 ms per step -> 0.05 / 0.002 = 25 steps
-    assert size.next == 25
-    size.observe(25, 0.025)  # 1 ms per step -> 50
-    assert size.next == 50
-    size.observe(50, 1e-5)  # faster than the cap allows
-    assert size.next == _ExecutionSize.MAX_STEPS
-    size.observe(3, 30.0)  # a slow model: one step per call
-    assert size.next == 1
-    size.observe(0, 0.0)  # the end of an epoch, no step: keeps the size
-    assert size.next == 1
-    fixed = _ExecutionSize(7)
-    fixed.observe(7, 1e-6)
-    assert fixed.next == 7
-
-
 def test_auto_steps_per_execution_runs_a_small_model_in_few_calls():
     trainer = mh.Trainer(make_model(), _objectives())
     calls = []

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import re
+import weakref
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import keras
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead._checks import check_choice, check_float, check_int
+from multihead.core.rules import REFUSED_OPTIMIZERS
 
 LossSpec = Union[str, Mapping[str, Any], keras.losses.Loss, Callable[..., Any]]
 OptimizerSpec = Union[str, Mapping[str, Any], keras.optimizers.Optimizer]
@@ -180,17 +184,85 @@ def needs_own_targets(loss: HeadLoss) -> bool:
 
 
 def resolve_optimizer(spec: OptimizerSpec, head: str) -> keras.optimizers.Optimizer:
-    """Turns an optimizer spec into a Keras optimizer object (the same object if given one)."""
+    """Turns an optimizer spec into a Keras optimizer object (the same object if given one).
+
+    Raises:
+        ValueError: an unknown optimizer, or a `LossScaleOptimizer` (see `_check_unwrapped`).
+        TypeError: a spec of another type.
+    """
     if isinstance(spec, keras.optimizers.Optimizer):
-        return spec
+        return _check_unwrapped(spec, head)
     if isinstance(spec, (str, Mapping)):
         try:
-            return keras.optimizers.get(dict(spec) if isinstance(spec, Mapping) else spec)
+            optimizer = keras.optimizers.get(dict(spec) if isinstance(spec, Mapping) else spec)
         except (ValueError, TypeError) as err:
             raise ValueError(
                 f"head {head!r}: unknown optimizer {spec!r} ({_first_line(err)})"
             ) from None
+        return _check_unwrapped(optimizer, head)
     raise TypeError(f"head {head!r}: optimizer must be a name, dict or Keras optimizer, got {spec!r}")
+
+
+def _check_unwrapped(optimizer: keras.optimizers.Optimizer, head: str) -> keras.optimizers.Optimizer:
+    """Refuses a `LossScaleOptimizer` (see `multihead.core.rules.REFUSED_OPTIMIZERS`)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(f"head {head!r}: a LossScaleOptimizer is refused: "
+                         f"{REFUSED_OPTIMIZERS['LossScaleOptimizer']}")
+    return optimizer
+
+
+#: The attribute through which an optimizer object names the Trainer that uses it.
+_OWNER = "_multihead_trainer"
+
+
+def claim_optimizers(owner: Any, optimizers: Mapping[str, keras.optimizers.Optimizer],
+                     trunk_optimizer: keras.optimizers.Optimizer | None = None) -> None:
+    """Marks each optimizer as used by `owner` (a weak reference on the optimizer object,
+    no registry); raises if another live trainer uses one already.
+
+    Two trainers stepping one optimizer object would share its slots and iteration
+    count, and each would apply the other's moments to its own variables.
+
+    Args:
+        owner: the trainer claiming the optimizers.
+        optimizers: head -> that head's optimizer.
+        trunk_optimizer: the trunk optimizer under trunk aggregation, or None.
+
+    Raises:
+        ValueError: naming the head (or the trunk) whose optimizer another trainer uses.
+    """
+    claims = dict(optimizers)
+    if trunk_optimizer is not None:
+        claims[None] = trunk_optimizer  # type: ignore[index]
+    taken = _taken(claims, owner)
+    if taken is not None:
+        gc.collect()  # a trainer that is unreachable but not yet collected is no user
+        taken = _taken(claims, owner)
+    if taken is not None:
+        what = "the trunk optimizer" if taken == () else f"objectives[{taken[0]!r}].optimizer"
+        raise ValueError(
+            f"{what} is used by another Trainer, which would share its state (slots, "
+            "iteration count) with this one; give each Trainer its own optimizer objects "
+            "(or an optimizer name such as 'adam'), or del the other trainer first")
+    for opt in claims.values():
+        object.__setattr__(opt, _OWNER, weakref.ref(owner))
+
+
+def _taken(claims: Mapping[str | None, Any], owner: Any) -> tuple[str, ...] | None:
+    """`(head,)` (or `()` for the trunk) of the first optimizer another live trainer uses.
+
+    Returns a name, not the other trainer: an error's traceback must not keep it alive.
+    """
+    for head, opt in claims.items():
+        user = _user(opt)
+        if user is not None and user is not owner:
+            return () if head is None else (head,)
+    return None
+
+
+def _user(optimizer: keras.optimizers.Optimizer) -> Any:
+    ref = getattr(optimizer, _OWNER, None)
+    return ref() if ref is not None else None
 
 
 #: Metric names that Keras `compile` resolves against the loss (accuracy) or that name
@@ -304,3 +376,40 @@ def resolve_metric(spec: MetricSpec, head: str, loss_spec: LossSpec | None = Non
 
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def check_objectives(model: Any, objectives: Mapping[str, Objective]) -> None:
+    """Every head of `model` has an `Objective`, and every key of `objectives` is a head."""
+    model.check_heads(objectives, "objectives")
+    missing = [h for h in model.head_names if h not in objectives]
+    if missing:
+        raise ValueError(
+            f"head {missing[0]!r} has no objective: give every head an Objective "
+            f"(objectives cover {sorted(objectives)})"
+        )
+    for head, objective in objectives.items():
+        if not isinstance(objective, Objective):
+            raise TypeError(
+                f"objectives[{head!r}] must be a multihead.Objective, got {type(objective).__name__}"
+            )
+
+
+def check_distinct_optimizers(optimizers: Mapping[str, Any]) -> None:
+    """No two heads share an optimizer object (each is built on its own head's var_list)."""
+    seen: dict[int, str] = {}
+    for head, opt in optimizers.items():
+        if id(opt) in seen:
+            raise ValueError(
+                f"heads {seen[id(opt)]!r} and {head!r} were given the same optimizer object; "
+                "each head needs its own (it is built on that head's var_list)"
+            )
+        seen[id(opt)] = head
+
+
+def check_created_in_scope(optimizers: Mapping[str, Any], strategy: tf.distribute.Strategy) -> None:
+    """Each optimizer object was created under `strategy.scope()` (or by name, in it)."""
+    for head, opt in optimizers.items():
+        if internals.optimizer_strategy(opt) not in (None, strategy):
+            raise ValueError(
+                f"the optimizer of head {head!r} was created outside strategy.scope(); create "
+                "it inside `with strategy.scope():` or give its name (e.g. 'adam')")

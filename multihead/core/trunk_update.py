@@ -32,6 +32,7 @@ updated that step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import keras
@@ -54,6 +55,7 @@ from multihead.aggregation.registry import (
     resolve_aggregator,
 )
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
+from multihead.core.rules import PYTHON, SettingError, check_trunk_aggregation
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
 from multihead.core.applier import PlannedUpdate, all_finite
@@ -133,8 +135,10 @@ class TrunkPolicy:
         elif not isinstance(self.aggregator, (Aggregator, Mapping)):
             raise TypeError("TrunkPolicy.aggregator: expected a name, a multihead.Aggregator "
                             f"instance or a registered-class mapping, got {describe(self.aggregator)}")
-        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"))
-        check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False))
+        check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"),
+                     error=functools.partial(SettingError, "trunk.dtype"))
+        check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False),
+                     error=functools.partial(SettingError, "trunk.rep_grad"))
         agg = resolve_aggregator(self.aggregator, self.options, what="TrunkPolicy.aggregator")
         object.__setattr__(self, "_method", agg)
         weighting = self.loss_weighting
@@ -153,12 +157,12 @@ class TrunkPolicy:
                 f"trunk aggregator {agg.label!r} scales the losses itself (each head descends "
                 f"log(L + 1e-8)); it does not compose with the loss weighting {weighting!r}")
         if self.rep_grad and agg.buffers:
-            raise ValueError(
+            raise SettingError("trunk.rep_grad",
                 f"trunk aggregator {agg.label!r} cannot use rep_grad=True: it keeps a "
                 "running copy of the heads' gradients of the trunk's variables (as LibMTL, "
                 "which refuses it too); set rep_grad: false")
         if self.rep_grad and not agg.rep_grad:
-            raise ValueError(
+            raise SettingError("trunk.rep_grad",
                 f"trunk aggregator {agg.label!r} cannot use rep_grad=True: it needs the "
                 "heads' gradients in parameter space (its guarantee is about the update of the "
                 "trunk's variables, not of its output); set rep_grad: false, or use one of "
@@ -175,6 +179,16 @@ class TrunkPolicy:
     def is_loss_weighting(self) -> bool:
         """True when a loss weighting scales the heads' losses."""
         return self.loss_weighting is not None
+
+    @property
+    def loss_weighting_label(self) -> str | None:
+        """How messages name the loss weighting: its registered name, or its class name."""
+        weighting = self.loss_weighting
+        if weighting is None or isinstance(weighting, str):
+            return weighting
+        if isinstance(weighting, Mapping):
+            return str(weighting.get("class_name"))
+        return type(weighting).__name__
 
     def build_loss_weighting(self, num_heads: int) -> LossWeighting | None:
         """The loss weighting of one trunk update, built for `num_heads` heads (a fresh one
@@ -598,21 +612,9 @@ class TrunkUpdate(_Aggregated, tf.Module):
         policy = resolve_trunk(trunk)
         if policy is None:
             return None
-        if schedule != "simultaneous":
-            raise ValueError(
-                f"trunk aggregation needs schedule='simultaneous' (all heads' gradients at the "
-                f"same parameters), got schedule={schedule!r}"
-            )
+        check_trunk_aggregation(schedule, {h: (o.trains_trunk, o.every) for h, o in objectives.items()},
+                                PYTHON)
         heads = [h for h, o in objectives.items() if o.trains_trunk]
-        if not heads:
-            raise ValueError("trunk aggregation needs at least one head with trains_trunk=True")
-        for head in heads:
-            if objectives[head].every != 1:
-                raise ValueError(
-                    f"head {head!r} has every={objectives[head].every}: with trunk aggregation every "
-                    "head that trains the trunk is aggregated on every step; set every=1, or "
-                    "trains_trunk=False for a head updated less often"
-                )
         optimizer = resolve_optimizer(policy.optimizer, "trunk")
         for head, opt in head_optimizers.items():
             if opt is optimizer:

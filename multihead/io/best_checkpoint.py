@@ -127,7 +127,7 @@ class BestCheckpoint(Callback):
 
     def _save(self, step: int, value: float) -> None:
         trainer = self.trainer
-        if not getattr(trainer, "is_chief", True):
+        if not trainer.checkpoint_state().is_chief:
             # A non-chief worker of a multi-worker run takes part in the save (it may
             # involve collectives) into a scratch directory it deletes.
             scratch = tempfile.mkdtemp(prefix="multihead-worker-best-")

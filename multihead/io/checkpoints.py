@@ -131,5 +131,5 @@ def restore_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
     wanted = expand_parts(parts, available_parts(model, trainer, targets), trainer)
     restore_objects(os.fspath(path), part_objects(model, trainer, targets, wanted))
     if "data" in wanted:
-        trainer.data_position.mark_restored()
+        trainer.checkpoint_state().mark_restored()
     return wanted

@@ -179,7 +179,8 @@ class CheckpointManager:
         self._objects = part_objects(model, trainer, targets, self._parts)
         self._objects["run"] = self._clock
         # Non-chief workers of a multi-worker run do not write into `directory`.
-        self._chief = trainer.is_chief if trainer is not None else True
+        self._state = trainer.checkpoint_state() if trainer is not None else None
+        self._chief = self._state.is_chief if self._state is not None else True
         if self._chief and os.path.isdir(self.directory):
             _reset_state_file(self.directory, scan_checkpoints(self.directory))
         self._manager = tf.train.CheckpointManager(
@@ -216,8 +217,8 @@ class CheckpointManager:
         return CheckpointCallback(self)
 
     def _step(self) -> int:
-        if self.trainer is not None:
-            return self.trainer.global_step
+        if self._state is not None:
+            return self._state.global_step
         return (self._last_saved or 0) + 1  # without a trainer: numbered by save
 
     def maybe_save(self, step: int) -> str | None:
@@ -246,9 +247,8 @@ class CheckpointManager:
             The checkpoint prefix (`<directory>/ckpt-<step>`).
         """
         step = self._step()
-        monitor = self.trainer.monitor if self.trainer is not None else None
-        if monitor is not None:
-            monitor.flush()  # events up to this step are on disk before the save
+        if self._state is not None:
+            self._state.flush_logs()  # events up to this step are on disk before the save
         self._clock.saved_at.assign(time.time())
         path = self._write(step)
         self._last_saved = step
@@ -301,10 +301,10 @@ class CheckpointManager:
                     RuntimeWarning, stacklevel=2,
                 )
                 continue
-            if self.trainer is not None:
-                self.trainer.data_position.mark_restored()
-                if rewind_logs and self.trainer.monitor is not None:
-                    rewind_events(self.trainer.monitor.log_dir, float(self._clock.saved_at.numpy()))
+            if self._state is not None:
+                self._state.mark_restored()
+                if rewind_logs and self._state.log_dir is not None:
+                    rewind_events(self._state.log_dir, float(self._clock.saved_at.numpy()))
             step = self.step_of(path)
             self._last_saved = self._last_seen = step
             return step

@@ -76,10 +76,7 @@ def available_parts(model: MultiHeadModel, trainer: Trainer | None = None,
     """
     parts = ["trunk"] + [f"heads/{h}" for h in model.head_names] + ["rng"]
     if trainer is not None:
-        parts += [f"optimizers/{h}" for h in trainer.optimizers]
-        if trainer.trunk_update is not None:
-            parts.append("trunk_update")
-        parts += ["step", "data"]
+        parts += list(trainer.checkpoint_state().parts())
     parts += [f"targets/{name}" for name in target_map(targets)]
     return parts
 
@@ -124,6 +121,7 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
                  parts: Sequence[str]) -> dict[str, Any]:
     """Part name -> the trackable object saved under it."""
     objects: dict[str, Any] = {}
+    state = trainer.checkpoint_state().parts() if trainer is not None else {}
     for part in parts:
         kind, _, name = part.partition("/")
         if kind == "trunk":
@@ -135,14 +133,8 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
                 "trunk": internals.seed_generator_states(model.trunk),
                 "heads": group({h: internals.seed_generator_states(model.heads[h]) for h in model.head_names}),
             })
-        elif kind == "optimizers":
-            objects[part] = trainer.optimizers[name]
-        elif kind == "trunk_update":
-            objects[part] = trainer.trunk_update
-        elif kind == "step":
-            objects[part] = trainer.step_variable
-        elif kind == "data":
-            objects[part] = trainer.data_position
+        elif part in state:  # optimizers/<head>, trunk_update, step, data
+            objects[part] = state[part]
         elif kind == "targets":
             objects[part] = targets[name]
     return objects

@@ -14,6 +14,7 @@ import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from multihead.core.rules import REFUSED_OPTIMIZERS
 from multihead.experiments.config.sizes import check_model_size
 
 #: Seeds go to numpy (at most 2**32 - 1) and TF; bounded as every config integer is (int32).
@@ -27,10 +28,6 @@ _CLIPS = ("clipnorm", "clipvalue", "global_clipnorm")
 #: Bound on the magnitude of a trunk aggregator's numeric options (a step size, a decay, a
 #: weight): beyond it float32 updates overflow.
 OPTION_MAGNITUDE_MAX = 1e6
-#: Keras optimizers that wrap another and cannot stand as a head's optimizer.
-_WRAPPERS = {"LossScaleOptimizer": "mixed-precision loss scaling is not supported per head; "
-                                   "use the inner optimizer (e.g. {class_name: Adam, ...}) and "
-                                   "a float32 model"}
 
 
 def _walk(tree: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -100,8 +97,8 @@ def _check_optimizer(spec: Any, path: str, error: type[Exception]) -> None:
         raise error(f"{path}: an optimizer mapping needs class_name, e.g. "
                     "{class_name: Adam, config: {learning_rate: 0.001}}; got keys "
                     f"{sorted(map(str, spec))}")
-    if name in _WRAPPERS:
-        raise error(f"{path}.class_name: {name} is refused: {_WRAPPERS[name]}")
+    if name in REFUSED_OPTIMIZERS:  # the rule the Python API applies to the object
+        raise error(f"{path}.class_name: {name} is refused: {REFUSED_OPTIMIZERS[name]}")
     config = spec.get("config")
     if isinstance(config, Mapping):
         rate = config.get("learning_rate")

@@ -27,9 +27,49 @@ from multihead._checks import (
     describe,
     suggest,
 )
+from multihead.core.rules import (
+    SettingError,
+    check_jit_logging,
+    check_rep_grad_data,
+    check_strategy_limits,
+    check_trunk_aggregation,
+)
 from multihead.experiments.config.errors import ConfigError
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 
+
+class _ConfigSpelling:
+    """The key paths and YAML values of the core's setting fields (`multihead.core.rules`),
+    so a rule written once in the core words its error for a config."""
+
+    _KEYS = {"jit_compile": "train.jit_compile", "log_dir": "log.tensorboard",
+             "schedule": "train.schedule", "trunk": "train.trunk",
+             "trunk.rep_grad": "train.trunk.rep_grad", "trunk.aggregator": "train.trunk.aggregator",
+             "trunk.dtype": "train.trunk.dtype", "trunk.options": "train.trunk.options"}
+
+    def key(self, field: str, head: str | None = None) -> str:
+        if field.startswith("objectives."):  # a head's setting: model.heads.<head>.<name>
+            name = field.partition(".")[2]
+            return f"model.heads.{head}.{name}" if head is not None else name
+        return self._KEYS[field]
+
+    def value(self, value: Any) -> str:
+        if isinstance(value, bool) or value is None:
+            return {True: "true", False: "false", None: "null"}[value]
+        return str(value)
+
+    def setting(self, field: str, value: Any, head: str | None = None) -> str:
+        if field == "log_dir":  # the API's log directory is the config's switch
+            return f"log.tensorboard: {self.value(value is not None)}"
+        return f"{self.key(field, head)}: {self.value(value)}"
+
+
+_CONFIG = _ConfigSpelling()
+
+
+def _config_error(err: SettingError) -> ConfigError:
+    """A core rule's error, spelled with `_CONFIG`, as a `ConfigError`."""
+    return ConfigError(str(err))
 
 
 # -- YAML ------------------------------------------------------------------------------
@@ -452,9 +492,13 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
 
             sweep_spec(config.sweep)
         check_data(config.data, list(config.model.heads))
-        if config.train.jit_compile and config.log.tensorboard:
-            raise ConfigError("train.jit_compile: XLA cannot compile the TensorBoard summaries in "
-                              "the step; set log.tensorboard: false to train with XLA")
+        trunk = config.train.trunk
+        try:
+            check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
+                                bool(config.data.per_head), _CONFIG)
+            check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
+        except SettingError as err:
+            raise _config_error(err) from None
         for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
                                ("actor_critic", ("actor_critic",))):
             if getattr(config, section) is not None and config.task not in tasks:
@@ -759,23 +803,23 @@ def _check_distribute(config: ExperimentConfig) -> None:
     if config.task != "supervised":
         raise ConfigError(f"distribute.strategy: {dist.strategy} is only supported with task "
                           f"supervised, but task is {config.task!r}; set distribute.strategy: none")
-    if config.train.jit_compile:
-        raise ConfigError("train.jit_compile: true is not supported with distribute.strategy "
-                          f"{dist.strategy}; set it to false")
     trunk = config.train.trunk
+    weighting = None
     if isinstance(trunk, TrunkConfig):
         from multihead.aggregation.registry import LOSS_WEIGHTINGS  # TF import: only when used
 
-        if trunk.rep_grad:
-            raise ConfigError("train.trunk.rep_grad: true is not supported with distribute."
-                              f"strategy {dist.strategy}; set it to false")
         if isinstance(trunk.aggregator, str) and trunk.aggregator in LOSS_WEIGHTINGS:
-            raise ConfigError(f"train.trunk.aggregator: {trunk.aggregator} (a loss weighting) is "
-                              f"not supported with distribute.strategy {dist.strategy}; use a "
-                              "gradient aggregator such as sum, mean, pcgrad or mgda")
-        if trunk.loss_weighting is not None:
-            raise ConfigError(f"train.trunk.loss_weighting: not supported with distribute."
-                              f"strategy {dist.strategy}; remove it")
+            weighting = trunk.aggregator
+        elif trunk.loss_weighting is not None:
+            weighting = (trunk.loss_weighting if isinstance(trunk.loss_weighting, str)
+                         else str(trunk.loss_weighting.get("class_name")))
+    try:
+        check_strategy_limits(f"distribute.strategy {dist.strategy}",
+                              jit_compile=config.train.jit_compile,
+                              rep_grad=isinstance(trunk, TrunkConfig) and trunk.rep_grad,
+                              loss_weighting=weighting, spell=_CONFIG)
+    except SettingError as err:
+        raise _config_error(err) from None
 
 
 def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
@@ -803,27 +847,22 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
                     options=trunk.options, rep_grad=trunk.rep_grad, dtype=trunk.dtype,
                     loss_weighting=trunk.loss_weighting,
                     loss_weighting_options=trunk.loss_weighting_options)
-    except (ValueError, TypeError) as err:
+    except SettingError as err:  # the policy's own rules name their field
+        raise ConfigError(f"{_CONFIG.key(err.field, err.head)}: {err}") from None
+    except (ValueError, TypeError) as err:  # a method's own options
         text = str(err)
-        key = ("rep_grad" if "rep_grad" in text else
-               "dtype" if "TrunkPolicy.dtype" in text else
-               "loss_weighting_options" if "loss_weighting_options" in text or (
+        key = ("loss_weighting_options" if "loss_weighting_options" in text or (
                    "loss weighting" in text and trunk.loss_weighting is not None) else
                "loss_weighting" if "TrunkPolicy.loss_weighting" in text else
                "aggregator" if "TrunkPolicy.aggregator" in text else "options")
         raise ConfigError(f"train.trunk.{key}: {text.removeprefix(f'TrunkPolicy.{key}: ')}") from None
-    if config.train.schedule != "simultaneous":
-        raise ConfigError(f"train.schedule: trunk aggregation needs simultaneous, got "
-                          f"{config.train.schedule!r}; or set train.trunk: per_head")
+    try:
+        check_trunk_aggregation(config.train.schedule,
+                                {n: (h.trains_trunk, h.every) for n, h in config.model.heads.items()},
+                                _CONFIG)
+    except SettingError as err:
+        raise _config_error(err) from None
     trunk_heads = [n for n, h in config.model.heads.items() if h.trains_trunk]
-    if not trunk_heads:
-        raise ConfigError("train.trunk: no head trains the trunk (all have trains_trunk: false)")
-    for name in trunk_heads:
-        if config.model.heads[name].every != 1:
-            raise ConfigError(
-                f"model.heads.{name}.every: must be 1 with trunk aggregation (every head that "
-                f"trains the trunk is aggregated every step), got {config.model.heads[name].every}"
-            )
     try:
         TrunkPolicy(aggregator=trunk.aggregator, options=trunk.options).method.check_heads(
             len(trunk_heads))
