@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import keras
 import numpy as np
@@ -31,8 +31,21 @@ from multihead._checks import check_choice, check_float, check_int
 from multihead.monitoring.metric_key import MetricKey
 from multihead.monitoring.progress import Progress
 
-if TYPE_CHECKING:  # annotations only: callbacks never import the trainer
-    from multihead.core.trainer import StepResult, Trainer
+if TYPE_CHECKING:  # annotations only
+    from multihead.core.results import StepResult
+
+
+class TrainerView(Protocol):
+    """What a callback may read and set on the trainer running `fit` (a `multihead.Trainer`);
+    callbacks never import the trainer module, which imports them."""
+
+    model: Any
+    objectives: Mapping[str, Any]
+    optimizers: Mapping[str, Any]
+    stop_training: bool
+    stop_reason: str | None
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any: ...
 
 Metrics = Mapping[str, Mapping[str, float]]
 
@@ -47,9 +60,9 @@ class Callback:
     """
 
     every: int | None = None
-    trainer: Trainer
+    trainer: TrainerView
 
-    def set_trainer(self, trainer: Trainer) -> None:
+    def set_trainer(self, trainer: TrainerView) -> None:
         """Called once per `fit`, before `on_train_begin`."""
         self.trainer = trainer
 
@@ -78,7 +91,7 @@ class Callback:
 class CallbackList:
     """Dispatches each hook to every callback, in order."""
 
-    def __init__(self, callbacks: Sequence[Any], trainer: Trainer) -> None:
+    def __init__(self, callbacks: Sequence[Any], trainer: TrainerView) -> None:
         self.callbacks = [_adapted(c, i) for i, c in enumerate(callbacks)]
         for callback in self.callbacks:
             callback.set_trainer(trainer)
@@ -168,7 +181,7 @@ class NonFiniteGuard(Callback):
 # -- stopping -------------------------------------------------------------------------------
 
 
-def _request_stop(trainer: Trainer, reason: str) -> None:
+def _request_stop(trainer: TrainerView, reason: str) -> None:
     """Sets `trainer.stop_training`; `trainer.stop_reason` keeps the first reason of a `fit`."""
     if not trainer.stop_training or trainer.stop_reason is None:
         trainer.stop_reason = reason
