@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import types
 from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -137,6 +138,8 @@ class Aggregator:
     needs_losses: ClassVar[bool] = False
     log_losses: ClassVar[bool] = False
     buffers: ClassVar[tuple[str, ...]] = ()
+    #: A built-in's options (set per instance); read-only empty for a user's method.
+    _options: Mapping[str, Any] = types.MappingProxyType({})
 
     @property
     def label(self) -> str:
@@ -145,7 +148,7 @@ class Aggregator:
 
     def get_config(self) -> dict[str, Any]:
         """The constructor's keyword arguments (Keras serialization); built-ins: their options."""
-        return dict(getattr(self, "_options", {}))
+        return dict(self._options)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Aggregator:

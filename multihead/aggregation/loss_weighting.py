@@ -34,7 +34,8 @@ heads then get exactly the gradient of that scalarised loss.
 from __future__ import annotations
 
 import math
-from typing import Any
+import types
+from typing import Any, Mapping
 
 import tensorflow as tf
 
@@ -155,6 +156,8 @@ class LossWeighting(tf.Module):
     """
 
     needs_grad_norms = False
+    #: A built-in's options (set per instance); read-only empty for a user's weighting.
+    _options: Mapping[str, Any] = types.MappingProxyType({})
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name=name)
@@ -188,7 +191,7 @@ class LossWeighting(tf.Module):
 
     def get_config(self) -> dict[str, Any]:
         """The constructor's keyword options (Keras serialization)."""
-        return dict(getattr(self, "_options", {}))
+        return dict(self._options)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> LossWeighting:

@@ -20,14 +20,14 @@ class _RecordingStep:
         self.heads = heads
         self.step = 0
 
-    def run(self, iterator, steps, per_head=False):
+    def run(self, iterator, steps, own_batches=False):
         first, count = self.step, 0
         for _ in range(steps):
             batch = next(iterator, None)
             if batch is None:
                 break
             inputs = batch[0]
-            self.seen.append({h: int(inputs[h][0]) for h in self.heads} if per_head
+            self.seen.append({h: int(inputs[h][0]) for h in self.heads} if own_batches
                              else int(inputs[0]))
             count += 1
         self.step += count
