@@ -12,7 +12,7 @@ import yaml
 
 from multihead.cli.main import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
 SMALL = ["--set", "data.train_size=2000", "--set", "data.eval_size=500", "--set", "train.steps=30",
          "--set", "model.trunk.mlp.units=[16]"]

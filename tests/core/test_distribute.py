@@ -20,7 +20,7 @@ import multihead as mh
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.core.distribute import is_chief, local_workers, make_strategy
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
 
 # Runs in a subprocess with 2 logical CPU devices. Single-device reference and mirrored run of

@@ -12,7 +12,7 @@ from multihead.cli.main import main
 from multihead.monitoring import tags
 from multihead.monitoring.report import read_scalars
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "experiments", "architectures")
 TINY = ["--set", "train.steps=4", "--set", "train.eval_every=4", "--set", "train.batch_size=16",
         "--set", "log.every=2", "--set", "log.histograms_every=0"]

@@ -37,7 +37,7 @@ from multihead.experiments.config.yaml12 import dump_yaml, load_yaml
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
-SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "experiments", "*.yaml")))
+SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "*.yaml")))
 CASE_LIMIT_S = 10
 CPU_LIMIT_S = 5
 #: Keys whose value sizes the run: kept small so a valid case builds fast.
@@ -384,7 +384,7 @@ def test_a_corpus_of_mutations_of_every_shipped_config(tmp_path, monkeypatch):
     counts = _check_corpus(tmp_path, _cases(n_per_config=9, seed=0), train_every=3,
                            max_trains=2)
     assert counts["cases"] >= 110 and counts["trained"] >= 2, counts
-    assert not os.path.exists(os.path.join(os.path.dirname(__file__), "..", "runs", "case"))
+    assert not os.path.exists(os.path.join(os.path.dirname(__file__), "..", "..", "runs", "case"))
 
 
 @pytest.mark.slow

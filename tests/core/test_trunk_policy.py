@@ -15,7 +15,7 @@ from multihead.experiments.config.schema import ConfigError, load_config
 from multihead.core.trunk_update import _PAIRWISE_MAX_HEADS
 
 HEADS = ("a", "b", "c")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _head_opts(heads=HEADS):

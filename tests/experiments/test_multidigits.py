@@ -14,7 +14,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from multihead.cli.main import main  # noqa: E402
 from multihead.experiments.build.multidigits import multidigits, source_split  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "multidigits.yaml")
 
 

@@ -18,7 +18,7 @@ from multihead.rl.dqn import dqn_loss, linear_epsilon, td_target
 
 pytest.importorskip("gymnasium")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "dqn_cartpole.yaml")
 
 

@@ -25,7 +25,7 @@ from multihead.experiments.sweep.sweep import (
     trial_overrides,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {
     "seed": 0,
     "data": {"kind": "mmoe", "train_size": 128, "eval_size": 32, "input_dim": 6},

@@ -11,7 +11,7 @@ from test_sweep import TINY, _results, _sweep, _write
 
 from multihead.cli.main import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
 SMALL = ["--set", "data.eval_size=500", "--set", "train.steps=300",
          "--set", "train.eval_every=100", "--set", "model.trunk.mlp.units=[16]", "--set", "log.every=100"]

@@ -19,7 +19,7 @@ from multihead.rl.actor_critic import actor_critic_losses, nstep_returns, policy
 
 pytest.importorskip("gymnasium")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "a2c_cartpole.yaml")
 T, K, GAMMA = 3, 2, 0.5
 
