@@ -285,7 +285,7 @@ def test_buffers_are_checkpointed_under_trunk_update_by_trunk_variable_index(tmp
 
 
 def test_logged_agg_weight_of_moco_is_its_lambda_computed_by_hand(tmp_path):
-    from tests.test_trunk_policy import _scalars
+    from test_trunk_policy import _scalars
     x, y = make_batch(HEADS, seed=0)
     model = make_model(HEADS, seed=4)
     with tf.GradientTape(persistent=True) as tape:
