@@ -198,6 +198,15 @@ class DataFeed:
                             per_epoch if per_epoch > 0 else None)
         return self._last
 
+    def release(self) -> None:
+        """Drops the last `fit`'s stream now, so its iterators and their threads end here
+        and not at some later garbage collection (with a strategy, an iterator collected
+        while a function traces can stall it for minutes: docs/distributed.md). The next
+        `fit` continues from the position, as after a restore."""
+        if self._last is not None:
+            self._last = None
+            self._position.mark_restored()
+
     def _head_streams(self, key: Any, data: Mapping[str, Any], batch_size: int | None,
                       seed: int | None, sampling: TaskSampling) -> HeadStreams:
         """Per-head streams: each head's data shuffled with its own seed (`seed` + the

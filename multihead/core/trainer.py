@@ -9,6 +9,8 @@ settings) and `training_state` (what a checkpoint holds).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -168,10 +170,16 @@ class Trainer:
             self.data_position = DataPosition(heads=model.head_names)
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
+        # Every worker of a multi-worker run monitors, so all of them trace the same step
+        # variants at the same steps (their all-reduces pair up only then); the others
+        # write to a scratch directory removed by `close`, as Keras' TensorBoard callback does.
+        self._scratch_logs: str | None = None
+        if log_dir is not None and not self.is_chief:
+            log_dir = self._scratch_logs = tempfile.mkdtemp(prefix="multihead-worker-logs-")
         self.monitor = (
             Monitor(os.fspath(log_dir), every=log_every, histograms_every=histograms_every,
                     variable_norms=log_variable_norms)
-            if log_dir is not None and self.is_chief else None
+            if log_dir is not None else None
         )
         self._jit_compile = jit_compile
         self._labels = LabelCheck(model, self.objectives, self.loss_fns)
@@ -206,7 +214,8 @@ class Trainer:
         return TrainingState(
             optimizers=dict(self.optimizers), trunk_update=self.trunk_update,
             step=self.step_variable, data_position=self.data_position,
-            log_dir=monitor.log_dir if monitor is not None else None, is_chief=self.is_chief,
+            log_dir=monitor.log_dir if monitor is not None and self.is_chief else None,
+            is_chief=self.is_chief,
             flush_logs=monitor.flush if monitor is not None else _nothing)
 
     def _build(self) -> None:
@@ -482,9 +491,15 @@ class Trainer:
         return runs
 
     def close(self) -> None:
-        """Flushes and closes the TensorBoard writers."""
+        """Flushes and closes the TensorBoard writers and ends the last `fit`'s data
+        iterators. A later `fit` continues from the data position, as after a restore:
+        exactly the uninterrupted run's batches for arrays, or for a dataset built anew
+        (a dataset object already iterated has drawn its reshuffle seeds)."""
+        self._feed.release()
         if self.monitor:
             self.monitor.close()
+        if self._scratch_logs is not None:
+            shutil.rmtree(self._scratch_logs, ignore_errors=True)
 
 
 def _nothing() -> None:

@@ -52,8 +52,12 @@ def _same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("closed", [False, True], ids=["open", "closed_between"])
 @pytest.mark.parametrize("source", ["arrays", "dataset"])
-def test_two_fits_continue_the_stream_and_equal_one_fit_bitwise(source):
+def test_two_fits_continue_the_stream_and_equal_one_fit_bitwise(source, closed):
+    """`close()` between the fits ends the first fit's iterators; the second continues from
+    the data position, as after a restore (a dataset is then built anew, as a resumed run
+    builds it: a reused dataset object has drawn its reshuffle seeds already)."""
     data = _data()
 
     def run(calls):
@@ -62,8 +66,12 @@ def test_two_fits_continue_the_stream_and_equal_one_fit_bitwise(source):
             tf.data.Dataset.from_tensor_slices(data).shuffle(N, seed=3).batch(16)
         train = []
         for steps in calls:
+            if closed and source == "dataset":
+                feed = tf.data.Dataset.from_tensor_slices(data).shuffle(N, seed=3).batch(16)
             history = trainer.fit(feed, steps=steps, batch_size=16, verbose=False)
             train.append(history.train)
+            if closed:
+                trainer.close()
         return trainer, train
 
     split, split_history = run([20, 20])
