@@ -19,7 +19,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+import contextlib
+from typing import Any, Iterator, Mapping, Protocol
 
 
 class SettingError(ValueError):
@@ -34,6 +35,24 @@ class SettingError(ValueError):
         super().__init__(message)
         self.field = field
         self.head = head
+
+
+class SettingTypeError(SettingError, TypeError):
+    """A setting of the wrong type (a `TypeError` too, as before it named its field)."""
+
+
+@contextlib.contextmanager
+def setting(field: str) -> Iterator[None]:
+    """Within: a `ValueError` or `TypeError` becomes a `SettingError` of `field` (one that
+    names its field already passes unchanged), e.g. a method constructor's own check."""
+    try:
+        yield
+    except SettingError:
+        raise
+    except TypeError as err:
+        raise SettingTypeError(field, str(err)) from err
+    except ValueError as err:
+        raise SettingError(field, str(err)) from err
 
 
 class Spelling(Protocol):

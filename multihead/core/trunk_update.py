@@ -55,7 +55,7 @@ from multihead.aggregation.registry import (
     resolve_aggregator,
 )
 from multihead.core.objectives import Objective, OptimizerSpec, resolve_optimizer
-from multihead.core.rules import PYTHON, SettingError, check_trunk_aggregation
+from multihead.core.rules import PYTHON, SettingError, check_trunk_aggregation, setting
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
 from multihead.core.applier import PlannedUpdate, all_finite
@@ -116,46 +116,60 @@ class TrunkPolicy:
     loss_weighting_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.options, Mapping):
-            raise TypeError(f"TrunkPolicy.options: expected a mapping, got {describe(self.options)}")
-        if not isinstance(self.loss_weighting_options, Mapping):
-            raise TypeError("TrunkPolicy.loss_weighting_options: expected a mapping, got "
-                            f"{describe(self.loss_weighting_options)}")
-        if isinstance(self.aggregator, str) and self.aggregator in LOSS_WEIGHTINGS:
-            # `aggregator: uncertainty` (the form configs have used): that weighting under `sum`.
-            if self.loss_weighting is not None:
-                raise ValueError(f"TrunkPolicy.aggregator: {self.aggregator!r} is a loss weighting "
-                                 "and loss_weighting is given too; name an aggregator there")
-            object.__setattr__(self, "loss_weighting", self.aggregator)
-            object.__setattr__(self, "loss_weighting_options", dict(self.options))
-            object.__setattr__(self, "aggregator", "sum")
-            object.__setattr__(self, "options", {})
-        if isinstance(self.aggregator, str):
-            check_choice(self.aggregator, "TrunkPolicy.aggregator", TRUNK_AGGREGATORS)
-        elif not isinstance(self.aggregator, (Aggregator, Mapping)):
-            raise TypeError("TrunkPolicy.aggregator: expected a name, a multihead.Aggregator "
-                            f"instance or a registered-class mapping, got {describe(self.aggregator)}")
+        # Each check runs under the field it judges: an error names that field
+        # (`SettingError.field`), which the config layer maps to its key path.
+        with setting("trunk.options"):
+            if not isinstance(self.options, Mapping):
+                raise TypeError(f"TrunkPolicy.options: expected a mapping, got {describe(self.options)}")
+        with setting("trunk.loss_weighting_options"):
+            if not isinstance(self.loss_weighting_options, Mapping):
+                raise TypeError("TrunkPolicy.loss_weighting_options: expected a mapping, got "
+                                f"{describe(self.loss_weighting_options)}")
+        with setting("trunk.aggregator"):
+            if isinstance(self.aggregator, str) and self.aggregator in LOSS_WEIGHTINGS:
+                # `aggregator: uncertainty` (the form configs have used): that weighting under `sum`.
+                if self.loss_weighting is not None:
+                    raise ValueError(f"TrunkPolicy.aggregator: {self.aggregator!r} is a loss "
+                                     "weighting and loss_weighting is given too; name an "
+                                     "aggregator there")
+                object.__setattr__(self, "loss_weighting", self.aggregator)
+                object.__setattr__(self, "loss_weighting_options", dict(self.options))
+                object.__setattr__(self, "aggregator", "sum")
+                object.__setattr__(self, "options", {})
+            if isinstance(self.aggregator, str):
+                check_choice(self.aggregator, "TrunkPolicy.aggregator", TRUNK_AGGREGATORS)
+            elif not isinstance(self.aggregator, (Aggregator, Mapping)):
+                raise TypeError("TrunkPolicy.aggregator: expected a name, a multihead.Aggregator "
+                                f"instance or a registered-class mapping, got {describe(self.aggregator)}")
         check_choice(self.dtype, "TrunkPolicy.dtype", ("float32", "float64"),
                      error=functools.partial(SettingError, "trunk.dtype"))
         check_choice(self.rep_grad, "TrunkPolicy.rep_grad", (True, False),
                      error=functools.partial(SettingError, "trunk.rep_grad"))
-        agg = resolve_aggregator(self.aggregator, self.options, what="TrunkPolicy.aggregator")
+        named = isinstance(self.aggregator, str)
+        with setting("trunk.options" if named or self.options else "trunk.aggregator"):
+            # a name's options go to its constructor; an instance or mapping takes none
+            agg = resolve_aggregator(self.aggregator, self.options, what="TrunkPolicy.aggregator")
         object.__setattr__(self, "_method", agg)
         weighting = self.loss_weighting
-        if isinstance(weighting, str):
-            make_loss_weighting(weighting, **self.loss_weighting_options)  # validates, builds nothing
-        elif isinstance(weighting, Mapping):
-            from_registered(weighting, LossWeighting, "TrunkPolicy.loss_weighting")
-        elif weighting is not None and not isinstance(weighting, LossWeighting):
-            raise TypeError("TrunkPolicy.loss_weighting: expected a name, a multihead.LossWeighting "
-                            f"instance or a registered-class mapping, got {describe(weighting)}")
-        if weighting is not None and not isinstance(weighting, str) and self.loss_weighting_options:
-            raise ValueError("TrunkPolicy.loss_weighting_options: options go to the constructor "
-                             "of a loss weighting instance or in its mapping's config")
-        if weighting is not None and agg.log_losses:
-            raise ValueError(
-                f"trunk aggregator {agg.label!r} scales the losses itself (each head descends "
-                f"log(L + 1e-8)); it does not compose with the loss weighting {weighting!r}")
+        with setting("trunk.loss_weighting"):
+            if isinstance(weighting, str):
+                check_choice(weighting, "TrunkPolicy.loss_weighting", LOSS_WEIGHTINGS)
+            elif isinstance(weighting, Mapping):
+                from_registered(weighting, LossWeighting, "TrunkPolicy.loss_weighting")
+            elif weighting is not None and not isinstance(weighting, LossWeighting):
+                raise TypeError("TrunkPolicy.loss_weighting: expected a name, a "
+                                "multihead.LossWeighting instance or a registered-class "
+                                f"mapping, got {describe(weighting)}")
+            if weighting is not None and agg.log_losses:
+                raise ValueError(
+                    f"trunk aggregator {agg.label!r} scales the losses itself (each head descends "
+                    f"log(L + 1e-8)); it does not compose with the loss weighting {weighting!r}")
+        with setting("trunk.loss_weighting_options"):
+            if isinstance(weighting, str):
+                make_loss_weighting(weighting, **self.loss_weighting_options)  # validates only
+            elif weighting is not None and self.loss_weighting_options:
+                raise ValueError("TrunkPolicy.loss_weighting_options: options go to the "
+                                 "constructor of a loss weighting instance or in its mapping's config")
         if self.rep_grad and agg.buffers:
             raise SettingError("trunk.rep_grad",
                 f"trunk aggregator {agg.label!r} cannot use rep_grad=True: it keeps a "

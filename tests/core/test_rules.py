@@ -48,7 +48,27 @@ CASES = [
     pytest.param(dict(trunk={"aggregator": "sum", "dtype": "float16"}), {}, "trunk.dtype",
                  "TrunkPolicy.dtype: must be one of",
                  {"train.trunk": "{aggregator: sum, dtype: float16}"},
-                 "train.trunk.dtype: TrunkPolicy.dtype: must be one of", "", id="policy-dtype"),
+                 "train.trunk.dtype: must be one of", "", id="policy-dtype"),
+    # A method constructor's own check names the field its arguments came from.
+    pytest.param(dict(trunk={"aggregator": "gradvac", "options": {"beta": 2.0}}), {},
+                 "trunk.options", "aggregator 'gradvac': beta must be a number in [0.0, 1.0]",
+                 {"train.trunk": "{aggregator: gradvac, options: {beta: 2.0}}"},
+                 "train.trunk.options: aggregator 'gradvac': beta must be", "", id="method-options"),
+    pytest.param(dict(trunk={"aggregator": "pcgrad", "loss_weighting": "dwa",
+                             "loss_weighting_options": {"temperature": -1.0}}), {},
+                 "trunk.loss_weighting_options", "loss weighting 'dwa': temperature must be",
+                 {"train.trunk": "{aggregator: pcgrad, loss_weighting: dwa, "
+                                 "loss_weighting_options: {temperature: -1.0}}"},
+                 "train.trunk.loss_weighting_options: loss weighting 'dwa': temperature", "",
+                 id="weighting-options"),
+    pytest.param(dict(trunk={"aggregator": "pcgrad", "loss_weighting": "nope"}), {},
+                 "trunk.loss_weighting", "TrunkPolicy.loss_weighting: must be one of",
+                 {"train.trunk": "{aggregator: pcgrad, loss_weighting: nope}"},
+                 "train.trunk.loss_weighting: must be one of", "", id="weighting-name"),
+    pytest.param(dict(trunk={"aggregator": {"class_name": "x>Y"}}), {},
+                 "trunk.aggregator", "'x>Y' is not a registered Aggregator subclass",
+                 {"train.trunk": "{aggregator: {class_name: x>Y}}"},
+                 "train.trunk.aggregator: 'x>Y' is not a registered", "", id="aggregator-class"),
 ]
 
 

@@ -45,7 +45,9 @@ class _ConfigSpelling:
     _KEYS = {"jit_compile": "train.jit_compile", "log_dir": "log.tensorboard",
              "schedule": "train.schedule", "trunk": "train.trunk",
              "trunk.rep_grad": "train.trunk.rep_grad", "trunk.aggregator": "train.trunk.aggregator",
-             "trunk.dtype": "train.trunk.dtype", "trunk.options": "train.trunk.options"}
+             "trunk.dtype": "train.trunk.dtype", "trunk.options": "train.trunk.options",
+             "trunk.loss_weighting": "train.trunk.loss_weighting",
+             "trunk.loss_weighting_options": "train.trunk.loss_weighting_options"}
 
     def key(self, field: str, head: str | None = None) -> str:
         if field.startswith("objectives."):  # a head's setting: model.heads.<head>.<name>
@@ -847,15 +849,10 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
                     options=trunk.options, rep_grad=trunk.rep_grad, dtype=trunk.dtype,
                     loss_weighting=trunk.loss_weighting,
                     loss_weighting_options=trunk.loss_weighting_options)
-    except SettingError as err:  # the policy's own rules name their field
-        raise ConfigError(f"{_CONFIG.key(err.field, err.head)}: {err}") from None
-    except (ValueError, TypeError) as err:  # a method's own options
-        text = str(err)
-        key = ("loss_weighting_options" if "loss_weighting_options" in text or (
-                   "loss weighting" in text and trunk.loss_weighting is not None) else
-               "loss_weighting" if "TrunkPolicy.loss_weighting" in text else
-               "aggregator" if "TrunkPolicy.aggregator" in text else "options")
-        raise ConfigError(f"train.trunk.{key}: {text.removeprefix(f'TrunkPolicy.{key}: ')}") from None
+    except SettingError as err:  # every check of the policy names its field
+        field = err.field.partition(".")[2]  # the policy's own wording names it TrunkPolicy.<field>
+        text = str(err).removeprefix(f"TrunkPolicy.{field}: ")
+        raise ConfigError(f"{_CONFIG.key(err.field, err.head)}: {text}") from None
     try:
         check_trunk_aggregation(config.train.schedule,
                                 {n: (h.trains_trunk, h.every) for n, h in config.model.heads.items()},
