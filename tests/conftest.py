@@ -49,3 +49,15 @@ def model_factory():
 @pytest.fixture
 def batch_factory():
     return make_batch
+
+
+def assert_train_refuses(config, override: str, message: str, tmp_path, capsys) -> None:
+    """`multihead train config --set override` exits 2 with one line holding `message` and
+    leaves no run directory."""
+    from multihead.cli.main import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not run_dir.exists()

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import multihead as mh
 from multihead.experiments.run import runner as tasks
+from conftest import assert_train_refuses
 from multihead.cli.main import main
 from multihead.experiments.config.schema import load_config
 from multihead.rl.dqn import dqn_loss, linear_epsilon, td_target
@@ -157,11 +158,7 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
     ("model.heads.q.metrics=[mae]", "model.heads.q.metrics: not used by task dqn"),
 ])
 def test_bad_config_is_one_line_error_exit_2_nothing_written(tmp_path, capsys, override, message):
-    run_dir = tmp_path / "run"
-    assert main(["train", CONFIG, "--run-dir", str(run_dir), "--set", override]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1
-    assert not run_dir.exists()
+    assert_train_refuses(CONFIG, override, message, tmp_path, capsys)
 
 
 @pytest.mark.slow
