@@ -76,11 +76,19 @@ def _print_table(metrics: dict[str, Any], stream: Any) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
 
 
+def _print_parameters(runner: Any, stream: Any) -> None:
+    """The parameters of the trunk and of each head of the runner's model, if it has one."""
+    counts = getattr(getattr(runner, "model", None), "parameter_counts", None)
+    if counts is not None and runner.model.built:
+        print(f"parameters:\n{counts().table()}", file=stream)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
-    _prepare(args, config)
+    runner = _prepare(args, config)
     heads = ", ".join(config.model.heads)
     print(f"{args.config}: ok (task {config.task}, heads {heads}, {config.train.steps} steps)")
+    _print_parameters(runner, sys.stdout)
     return 0
 
 
@@ -411,6 +419,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         _write_config(run_dir, config)
         if not args.quiet:
             print(f"run directory: {run_dir}", file=sys.stderr)
+            _print_parameters(runner, sys.stderr)
         return _guarded_run(args, config, run_dir, runner)
 
 

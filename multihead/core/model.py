@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead.core.model_size import ParameterCounts, count_parameters
 from multihead.core.partition import Partition, partition_variables
 
 _HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
@@ -176,6 +177,19 @@ class MultiHeadModel(keras.Model):
         if self.routes_heads:
             return features
         return tf.nest.map_structure(tf.stop_gradient, features)
+
+    def parameter_counts(self) -> ParameterCounts:
+        """The trainable and non-trainable parameters of the trunk and of each head, by head
+        name (see `multihead.core.model_size`); `.table()` formats them."""
+        return count_parameters(self)
+
+    def summary(self, line_length: int | None = None, positions: Any = None,
+                print_fn: Any = None, **kwargs: Any) -> None:
+        """Keras' summary, then the parameters of the trunk and of each head by head name
+        (`parameter_counts().table()`), once the model is built."""
+        super().summary(line_length=line_length, positions=positions, print_fn=print_fn, **kwargs)
+        if self.built and self.trunk.built:
+            (print_fn or print)(self.parameter_counts().table())
 
     def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
         feats = self.features(inputs, training=training)

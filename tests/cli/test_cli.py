@@ -49,6 +49,24 @@ def test_validate_builds_without_writing(tmp_path, capsys):
     assert "ok" in capsys.readouterr().out
 
 
+def test_validate_and_train_show_the_parameters_of_the_trunk_and_each_head(tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    # trunk: Dense 6 -> 4, 6*4 + 4 = 28; each head: Dense 4 -> 1, 4 + 1 = 5; nothing frozen
+    expected = [["trunk", "28", "0"], ["head", "y1", "5", "0"], ["head", "y2", "5", "0"],
+                ["total", "38", "0"]]
+
+    def table(text: str) -> list[list[str]]:
+        lines = text.splitlines()
+        start = lines.index("parameters:") + 2  # the line, then the table's header
+        return [line.split() for line in lines[start:start + 4]]
+
+    assert main(["validate", str(config)]) == 0
+    assert table(capsys.readouterr().out) == expected
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run")]) == 0
+    assert table(capsys.readouterr().err) == expected
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["train.stesp=3"], "train.stesp: unknown key (did you mean 'steps'?)"),
     (["train.steps=abc"], "train.steps: expected an integer"),
