@@ -123,7 +123,8 @@ class TrainStep:
             monitor.distributed = True  # see Monitor.distributed
         if monitor is not None:  # its buffers must exist before the first trace
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
-                         {h.name: h.optimizer for h in self._heads}, addresses=addresses)
+                         {h.name: h.optimizer for h in self._heads}, addresses=addresses,
+                         other_tags=rule.summary_tags())
         self._applier = Applier(monitor, distributed=strategy is not None)
         self.trace_count = 0
         #: Per head, in head order: steps whose update was dropped as non-finite.

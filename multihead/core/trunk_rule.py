@@ -162,6 +162,10 @@ class TrunkRule(Protocol):
     def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """The updates of one step, in the order they are applied."""
 
+    def summary_tags(self) -> list[str]:
+        """The scalar tags the rule writes into the train run on logging steps (for the
+        Custom Scalars layout, `multihead.monitoring.layout`)."""
+
 
 def head_plans(heads: Sequence[HeadSpec], heads_pass: HeadsPass) -> list[PlannedUpdate]:
     """Each head's optimizer applies the head's whole gradient to its whole var_list,
@@ -203,3 +207,7 @@ class PerHeadTrunk:
     def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """One update per head, in head order (see `head_plans`)."""
         return head_plans(heads_pass.heads, heads_pass)
+
+    def summary_tags(self) -> list[str]:
+        """None: the monitor logs each head's update itself."""
+        return []

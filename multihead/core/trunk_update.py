@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, describe
-from multihead.aggregation.base import Aggregator, BufferedAggregator
+from multihead.aggregation.base import Aggregator, BufferedAggregator, CoordinatewiseAggregator
 from multihead.aggregation.buffered import db_mtl_loss_factor
 from multihead.aggregation.dispatch import run as run_aggregator, step_draws
 from multihead.aggregation.loss_weighting import LossWeighting
@@ -392,6 +392,20 @@ class _Aggregated:
             self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
                                   projections, trunk_grads)
         return list(trunk_grads) + list(extra_grads)
+
+    def summary_tags(self) -> list[str]:
+        """The tags `_log_aggregation` writes on logging steps (all heads in the step)."""
+        names = self.heads
+        written = [tags.AGG_UPDATE_NORM]
+        if not isinstance(self.aggregator, CoordinatewiseAggregator):  # no row weights
+            written += [tags.agg_weight(h) for h in names]
+        if self.weighting is not None:
+            written += [tags.agg_loss_weight(h) for h in names]
+        written += [tags.agg_trunk_grad_norm(h) for h in names]
+        written += [tags.agg_cosine(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+        if self.aggregator.counts_projections:
+            written.append(tags.AGG_PROJECTIONS)
+        return written
 
     def _log_aggregation(self, when_logging: Callable[[Callable[[], None]], None], names: Sequence[str], weights: tf.Tensor,
                          factors: tf.Tensor | None, gram: tf.Tensor | None,

@@ -2,7 +2,7 @@
 
 What is logged, per head (tags `kind/head/...`, so TensorBoard's Scalars page has
 one section per kind with one card per head, and a Custom Scalars layout has one
-section per head):
+section per head, one chart per tag: see `multihead.monitoring.layout`):
 
 * `loss/<head>`: the head's loss (unweighted, without regularization).
 * `grad_norm/<head>/trunk`, `grad_norm/<head>/head`: global L2 norm of the
@@ -54,8 +54,7 @@ trunk per head but the last (set `grad_cosine=False` to drop the latter).
 from __future__ import annotations
 
 import os
-import re
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
 
 import keras
 import tensorflow as tf
@@ -65,6 +64,10 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, check_int
 from multihead.monitoring import tags
+from multihead.monitoring.layout import custom_scalars_layout
+
+if TYPE_CHECKING:  # annotation only
+    from tensorboard.plugins.custom_scalar import layout_pb2
 
 _Grad = tf.Tensor | tf.IndexedSlices | None
 T = TypeVar("T")
@@ -249,6 +252,7 @@ class Monitor:
         trunk_variables: Sequence[keras.Variable],
         optimizers: Mapping[str, keras.optimizers.Optimizer],
         addresses: Mapping[int, str] | None = None,
+        other_tags: Sequence[str] = (),
     ) -> None:
         """Creates the monitor's buffers for these heads; call once, eagerly, before tracing.
 
@@ -262,6 +266,8 @@ class Monitor:
                 `{id(v): a for a, v in variable_addresses(model).items()}`. A variable
                 without one is named by its Keras path (`multi_head_model/dense/kernel`),
                 which depends on how many layers the process built before.
+            other_tags: scalar tags that others write into the train run at logging
+                steps (the trunk rule's `summary_tags()`), for the Custom Scalars layout.
         """
         self._heads = tuple(var_lists)
         self._addresses = {}
@@ -293,33 +299,33 @@ class Monitor:
                     tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
                                 name="monitor_trunk_grad") for v in trunk]
                 self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
-        self._write_layout()
+        written = self._scalar_tags(var_lists, trunk_heads) + list(other_tags)
+        self._write_layout(custom_scalars_layout(self._heads, written))
 
-    def _write_layout(self) -> None:
-        """A Custom Scalars layout with one section per head."""
-        from tensorboard.plugins.custom_scalar import layout_pb2
+    def _scalar_tags(self, var_lists: Mapping[str, Sequence[keras.Variable]],
+                     trunk_heads: Sequence[str]) -> list[str]:
+        """The scalar tags `head_update` writes for these heads (per-variable norms aside)."""
+        written = []
+        for head, variables in var_lists.items():
+            written += [tags.loss(head), tags.lr(head), tags.update_ratio(head)]
+            if head in trunk_heads:
+                written.append(tags.trunk_grad_norm(head))
+                optimizer = self._optimizers.get(head)
+                if optimizer is not None and (optimizer.clipnorm or optimizer.global_clipnorm
+                                              or optimizer.clipvalue):
+                    written.append(tags.grad_norm_clipped(head))
+            if any(id(v) not in self._trunk_ids for v in variables):
+                written.append(tags.head_grad_norm(head))
+        if self.grad_cosine:
+            written += [tags.grad_cosine(a, b) for i, a in enumerate(trunk_heads)
+                        for b in trunk_heads[i + 1:]]
+        return written
+
+    def _write_layout(self, layout: layout_pb2.Layout) -> None:
+        """Writes the Custom Scalars layout (see `multihead.monitoring.layout`) at step 0."""
         from tensorboard.plugins.custom_scalar import summary as cs_summary
 
-        def chart(title: str, regex: str) -> layout_pb2.Chart:
-            return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
-
-        def regex(*choices: str) -> str:
-            # `*` is no head-name character: it stands for any other head.
-            alternatives = [re.escape(t).replace(r"\*", "[^/]+") for t in choices]
-            return f"^{alternatives[0]}$" if len(choices) == 1 else f"^({'|'.join(alternatives)})$"
-
-        categories = []
-        for head in self._heads:
-            categories.append(layout_pb2.Category(title=head, chart=[
-                chart("loss", regex(tags.loss(head))),
-                chart("gradient norm (trunk, head)",
-                      regex(tags.trunk_grad_norm(head), tags.head_grad_norm(head))),
-                chart("learning rate", regex(tags.lr(head))),
-                chart("update ratio", regex(tags.update_ratio(head))),
-                chart("trunk gradient cosine with other heads",
-                      regex(tags.grad_cosine(head, "*"), tags.grad_cosine("*", head))),
-            ]))
-        layout = cs_summary.pb(layout_pb2.Layout(category=categories))
+        layout = cs_summary.pb(layout)
         with self._train_writer.as_default():
             tf.summary.experimental.write_raw_pb(layout.SerializeToString(), step=0)
         self._train_writer.flush()
