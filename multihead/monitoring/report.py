@@ -2,7 +2,9 @@
 
 For each head: final and best training loss, the mean norm of the trunk part and
 of the head part of the gradient its optimizer applied, and the mean update
-ratio; then the heads x heads matrix of mean trunk-gradient cosines (negative:
+ratio (with an aggregated trunk, also the head's mean aggregation weight, loss
+weight and trunk-gradient norm fed to the aggregator, and the mean norm of the
+aggregated trunk gradient); a line per empty column says why it is empty; then the heads x heads matrix of mean trunk-gradient cosines (negative:
 the heads pull the shared trunk in conflicting directions). The numbers are the
 ones `multihead.Monitor` logged (`loss/<head>`, `grad_norm/<head>/trunk|head`,
 `update_ratio/<head>`, `grad_cosine/<a>/<b>`, or `agg_cosine/<a>/<b>` when one
@@ -52,6 +54,11 @@ class HeadSummary:
         mean_head_grad_norm: mean L2 norm of the head part of the applied gradient.
         mean_update_ratio: mean of `||update|| / ||weights||` over the head's var_list.
         eval_loss: the last evaluation loss (the `eval` run), if any.
+        mean_agg_weight: with an aggregated trunk, the mean weight the aggregator gave
+            the head's trunk gradient (`agg_weight/<head>`).
+        mean_agg_loss_weight: the mean weight a loss weighting gave the head's loss.
+        mean_agg_trunk_grad_norm: the mean norm of the head's trunk gradient fed to the
+            aggregator (`agg_trunk_grad_norm/<head>`).
     """
 
     head: str
@@ -63,6 +70,9 @@ class HeadSummary:
     mean_head_grad_norm: float | None
     mean_update_ratio: float | None
     eval_loss: float | None
+    mean_agg_weight: float | None = None
+    mean_agg_loss_weight: float | None = None
+    mean_agg_trunk_grad_norm: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +92,8 @@ class RunReport:
             gate gave each expert (`gate/<head>/expert_<i>`) at the last logged step;
             empty without gates. One expert near 1 is expert collapse.
         gate_entropy: head -> the mean entropy of its gate weights at that step.
+        mean_agg_update_norm: with an aggregated trunk, the mean norm of the aggregated
+            trunk gradient the trunk optimizer applied (`agg_update_norm`); else None.
     """
 
     run_dir: str
@@ -92,6 +104,12 @@ class RunReport:
     eval: dict[str, Series]
     utilisation: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     gate_entropy: dict[str, float] = dataclasses.field(default_factory=dict)
+    mean_agg_update_norm: float | None = None
+
+    @property
+    def aggregated(self) -> bool:
+        """Whether one trunk optimizer applied an aggregate of the heads' trunk gradients."""
+        return self.mean_agg_update_norm is not None
 
 
 # -- reading event files ---------------------------------------------------------------
@@ -221,6 +239,9 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
             mean_head_grad_norm=_mean(train.get(tags.head_grad_norm(head))),
             mean_update_ratio=_mean(train.get(tags.update_ratio(head))),
             eval_loss=float(eval_loss.values[-1]) if eval_loss is not None else None,
+            mean_agg_weight=_mean(train.get(tags.agg_weight(head))),
+            mean_agg_loss_weight=_mean(train.get(tags.agg_loss_weight(head))),
+            mean_agg_trunk_grad_norm=_mean(train.get(tags.agg_trunk_grad_norm(head))),
         )
     # Each head's optimizer updating the trunk logs `grad_cosine`; one trunk optimizer
     # fed the heads' aggregated gradients logs the same cosine as `agg_cosine`.
@@ -236,7 +257,8 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
             else:
                 conflict[a][b] = _mean(cosines.get(frozenset((a, b))))
     utilisation, entropy = _gate_utilisation(train, heads)
-    return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy)
+    return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy,
+                     _mean(train.get(tags.AGG_UPDATE_NORM)))
 
 
 def _gate_utilisation(train: Mapping[str, Series], heads: Sequence[str],
@@ -269,6 +291,8 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
         "conflict": {a: {b: clean(v) for b, v in row.items()} for a, row in report.conflict.items()},
         "gate_utilisation": {h: [clean(v) for v in row] for h, row in report.utilisation.items()},
         "gate_entropy": {h: clean(v) for h, v in report.gate_entropy.items()},
+        "mean_agg_update_norm": clean(report.mean_agg_update_norm),
+        "empty": _why_empty(report),
     }
 
 
@@ -281,18 +305,62 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def format_report(report: RunReport) -> str:
-    """The human-readable report: the per-head table, then the conflict matrix."""
-    has_eval = any(s.eval_loss is not None for s in report.summaries.values())
-    header = ("head", "final loss", "best loss (step)", "trunk grad norm", "head grad norm",
-              "update ratio") + (("eval loss",) if has_eval else ())
-    rows = [header]
+#: The per-head table's optional columns: (header, HeadSummary field, digits).
+_AGG_COLUMNS = (("agg weight", "mean_agg_weight", 4), ("loss weight", "mean_agg_loss_weight", 4),
+                ("agg trunk grad norm", "mean_agg_trunk_grad_norm", 4))
+
+
+def _why_empty(report: RunReport) -> dict[str, dict[str, str]]:
+    """Column -> head -> why that head's cell of the per-head table is `-`."""
+    empty: dict[str, dict[str, str]] = {}
     for s in report.summaries.values():
+        if s.mean_trunk_grad_norm is None:
+            empty.setdefault("trunk grad norm", {})[s.head] = (
+                "aggregated: one trunk optimizer applied the heads' weighted trunk gradients "
+                f"(see agg trunk grad norm, and {tags.AGG_UPDATE_NORM})"
+                if s.mean_agg_trunk_grad_norm is not None
+                else "the head does not train the trunk (trains_trunk=False)")
+        if s.mean_head_grad_norm is None:
+            empty.setdefault("head grad norm", {})[s.head] = "the head has no variables of its own"
+        if report.aggregated and s.mean_agg_trunk_grad_norm is None:
+            empty.setdefault("agg weight, agg trunk grad norm", {})[s.head] = (
+                "the head is not aggregated (trains_trunk=False)")
+        elif report.aggregated and s.mean_agg_weight is None:
+            empty.setdefault("agg weight", {})[s.head] = (
+                "the aggregator combines coordinate-wise, with no weight per head")
+    return empty
+
+
+def _empty_lines(report: RunReport) -> list[str]:
+    """One line per (columns, reason): `trunk grad norm: -  for a, b: aggregated: ...`."""
+    lines = []
+    for column, by_head in _why_empty(report).items():
+        for reason in dict.fromkeys(by_head.values()):
+            heads = ", ".join(h for h, r in by_head.items() if r == reason)
+            lines.append(f"{column}: -  for {heads}: {reason}")
+    return lines
+
+
+def format_report(report: RunReport) -> str:
+    """The human-readable report: the per-head table (with an aggregated trunk: each
+    head's aggregation weight), why a cell is empty, then the conflict matrix."""
+    has_eval = any(s.eval_loss is not None for s in report.summaries.values())
+    summaries = report.summaries.values()
+    extra = [c for c in _AGG_COLUMNS if any(getattr(s, c[1]) is not None for s in summaries)]
+    header = (("head", "final loss", "best loss (step)", "trunk grad norm", "head grad norm",
+               "update ratio") + tuple(c[0] for c in extra) + (("eval loss",) if has_eval else ()))
+    rows = [header]
+    for s in summaries:
         rows.append((s.head, f"{_fmt(s.final_loss)} @{s.final_step}",
                      f"{_fmt(s.best_loss)} @{s.best_step}", _fmt(s.mean_trunk_grad_norm),
                      _fmt(s.mean_head_grad_norm), _fmt(s.mean_update_ratio, 3))
+                    + tuple(_fmt(getattr(s, field), digits) for _, field, digits in extra)
                     + ((_fmt(s.eval_loss),) if has_eval else ()))
     lines = [f"run {report.run_dir}", ""] + _table(rows)
+    lines += _empty_lines(report)
+    if report.aggregated:
+        lines += ["", f"aggregated trunk gradient norm ({tags.AGG_UPDATE_NORM}), mean over logged "
+                  f"steps: {_fmt(report.mean_agg_update_norm)}"]
     lines += ["", "trunk gradient cosine, mean over logged steps (< 0: the heads conflict)"]
     matrix = [("",) + report.heads]
     for a in report.heads:

@@ -197,3 +197,46 @@ def test_aggregated_trunk_run_reports_the_logged_cosines(tmp_path, capsys):
         assert tags.agg_cosine(x, y) in raw, sorted(raw)
         mean = np.mean(list(raw[tags.agg_cosine(x, y)].values()))
         assert data["conflict"][x][y] == pytest.approx(mean, rel=1e-9)
+
+
+def test_aggregated_run_reports_the_weights_and_why_the_trunk_norm_is_empty(tmp_path, capsys):
+    """MGDA over a and b (c does not train the trunk): the aggregation weights, the norms fed
+    to the aggregator and the aggregated norm are the means of the raw events, and each
+    empty cell is explained."""
+    trainer = mh.Trainer(make_model(HEADS, seed=1),
+                         {"a": mh.Objective("mse"), "b": mh.Objective("mse"),
+                          "c": mh.Objective("mse", trains_trunk=False)},
+                         trunk={"aggregator": "mgda"}, log_dir=str(tmp_path), log_every=1,
+                         histograms_every=0)
+    for s in range(3):
+        trainer.step(make_batch(HEADS, seed=s))
+    trainer.close()
+    raw = _raw_scalars(str(tmp_path / "train"))
+    data = _report_json(capsys, str(tmp_path))
+    mean = {tag: np.mean(list(raw[tag].values())) for tag in raw}
+    for head in ("a", "b"):
+        row = data["heads"][head]
+        assert row["mean_agg_weight"] == pytest.approx(mean[tags.agg_weight(head)], rel=1e-9)
+        assert row["mean_agg_trunk_grad_norm"] == pytest.approx(
+            mean[tags.agg_trunk_grad_norm(head)], rel=1e-9)
+        assert row["mean_trunk_grad_norm"] is None
+    assert sum(data["heads"][h]["mean_agg_weight"] for h in "ab") == pytest.approx(1.0, abs=1e-5)
+    assert data["heads"]["c"]["mean_agg_weight"] is None
+    assert data["mean_agg_update_norm"] == pytest.approx(mean[tags.AGG_UPDATE_NORM], rel=1e-9)
+    assert data["empty"]["trunk grad norm"]["a"].startswith("aggregated")
+    assert "c" in data["empty"]["agg weight, agg trunk grad norm"]
+    assert "trains_trunk=False" in data["empty"]["trunk grad norm"]["c"]
+
+    assert cli.main(["report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("head "))
+    assert "agg weight" in header and "agg trunk grad norm" in header
+    row_a = next(line for line in lines if line.startswith("a "))
+    assert f"{mean[tags.agg_weight('a')]:.4g}" in row_a.split()
+    assert any(line.startswith("trunk grad norm: -  for a, b: aggregated") for line in lines)
+    assert any(line.startswith("trunk grad norm: -  for c: the head does not train the trunk")
+               for line in lines)
+    assert any(line.startswith("agg weight, agg trunk grad norm: -  for c: the head is not "
+                               "aggregated") for line in lines)
+    aggregated = next(line for line in lines if line.startswith("aggregated trunk gradient norm"))
+    assert aggregated.endswith(f": {mean[tags.AGG_UPDATE_NORM]:.4g}")
