@@ -9,11 +9,11 @@ import urllib.request
 
 import pytest
 import yaml
-from test_tensorboard_server import _tensorboard, _wait_until
+from test_tensorboard_server import _get, _tensorboard, _wait_until
 
 from multihead.cli.main import main
 from multihead.experiments.config.schema import from_dict
-from multihead.experiments.run.hparams import final_metrics, run_hparams
+from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
 from multihead.experiments.sweep.sweep import Sweep, SweepObjective, new_index
 
 LR = "model.heads.y1.optimizer.config.learning_rate"
@@ -38,7 +38,7 @@ def test_run_hparams_are_the_usual_ones_plus_the_overrides():
     aggregated = from_dict({**TINY, "train": {**TINY["train"], "trunk": {"aggregator": "pcgrad",
                                                                         "optimizer": "rmsprop"}}})
     values = run_hparams(aggregated, ["train.batch_size=16", "model.trunk.mlp.units=[8, 8]"])
-    assert values["seed"] == 0 and values["task"] == "supervised"
+    assert values["seed"] == "0" and values["task"] == "supervised"  # a seed: its decimal string
     assert values["model.heads.y1.optimizer"] == "Adam" and values[LR] == 0.01
     # an optimizer given by name: Keras' default learning rate (SGD 0.01, RMSprop 0.001)
     assert values["model.heads.y2.optimizer"] == "SGD"
@@ -50,6 +50,20 @@ def test_run_hparams_are_the_usual_ones_plus_the_overrides():
     assert values["model.trunk"] == "{mlp: {units: [4]}}" and values["train.schedule"] == "simultaneous"
     assert values["train.batch_size"] == 16  # the override, parsed as --set parses it
     assert values["model.trunk.mlp.units"] == "[8, 8]"  # not a scalar: flow YAML
+
+
+def test_a_sweep_experiment_shows_the_swept_axes_only(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import metadata
+
+    write_experiment(str(tmp_path), {"seed": ["0", "1", "0"], LR: [0.1, 0.1, 0.1], "task": ["s"] * 3},
+                     ["final/mean_loss"])
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    (experiment,) = [metadata.parse_experiment_plugin_data(v.metadata.plugin_data.content)
+                     for e in EventFileLoader(str(events)).Load() for v in e.summary.value
+                     if v.tag == metadata.EXPERIMENT_TAG]
+    assert [(h.name, [v.string_value for v in h.domain_discrete.values]) for h in experiment.hparam_infos] \
+        == [("seed", ["0", "1"])]
 
 
 def test_final_metrics_are_those_of_metrics_json():
@@ -75,16 +89,19 @@ def test_a_run_writes_its_session_and_final_metrics(tmp_path):
     config.write_text(yaml.safe_dump(TINY))
     run = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run), "--quiet", "--set", f"{LR}=0.05"]) == 0
-    (events,) = run.glob("events.out.tfevents.*")  # the session: the run directory itself
+    assert not list(run.glob("events.out.tfevents.*"))  # no run named "." in TensorBoard
     session, scalars = None, {}
-    for event in EventFileLoader(str(events)).Load():
-        for value in event.summary.value:
-            if value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
-                session = metadata.parse_session_start_info_plugin_data(value.metadata.plugin_data.content)
-            else:
-                scalars[value.tag] = (event.step, float(tensor_util.make_ndarray(value.tensor)))
+    for events in (run / "train").glob("events.out.tfevents.*"):  # the session: the train run
+        for event in EventFileLoader(str(events)).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                    session = metadata.parse_session_start_info_plugin_data(
+                        value.metadata.plugin_data.content)
+                elif value.tag.startswith("final/"):
+                    scalars[value.tag] = (event.step, float(tensor_util.make_ndarray(value.tensor)))
     assert session.hparams[LR].number_value == 0.05
     assert session.hparams["model.heads.y2.optimizer"].string_value == "SGD"
+    assert session.hparams["seed"].string_value == "0"  # an integer, not TensorBoard's "0.0000"
     metrics = json.loads((run / "metrics.json").read_text())
     expected = final_metrics(metrics)
     assert scalars.keys() == expected.keys()
@@ -112,7 +129,7 @@ def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tm
                                  lambda e: e.get("metricInfos"), "the HParams experiment")
         infos = {h["name"]: h for h in experiment["hparamInfos"]}
         assert infos[LR]["domainDiscrete"] == [0.01, 0.1]
-        assert {"seed", "model.heads.y2.optimizer", "train.trunk", "model.trunk"} <= set(infos)
+        assert set(infos) == {LR}  # the swept axis; the constant ones are hidden
         tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
         assert tags == {"final/y1/loss", "final/y1/mean_absolute_error", "final/y2/loss", "final/mean_loss"}
         groups = _wait_until(
@@ -123,9 +140,11 @@ def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tm
                 "colParams": [{"hparam": LR}] + [{"metric": {"tag": t, "group": ""}} for t in sorted(tags)]}),
             lambda g: len(g.get("sessionGroups", [])) == 2, "two session groups")["sessionGroups"]
         served = {g["sessions"][0]["name"]: g for g in groups}
-        assert sorted(served) == ["trials/t000", "trials/t001"]
+        assert sorted(served) == ["trials/t000/train", "trials/t001/train"]
+        runs = _get(port, "/data/runs")
+        assert "." not in runs and "trials/t000/train" in runs
         for trial in sweep.index["trials"]:
-            group = served[trial["run_dir"]]
+            group = served[f"{trial['run_dir']}/train"]
             assert group["hparams"][LR] == trial["overrides"][LR]
             assert group["hparams"]["model.heads.y2.weight"] == 0.5
             values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}

@@ -1,7 +1,9 @@
 """A run's hyperparameters and final metrics for TensorBoard's HParams dashboard.
 
-Every `multihead train` run writes, at its end, one HParams session in the run directory
-itself (beside `train/` and `eval/`):
+Every `multihead train` run writes, at its end, one HParams session into its train run
+(`<run_dir>/train`, TensorBoard's convention: a session is a run, and its metrics are
+that run's scalars; an event file at the run directory itself would show as a run
+named `.`):
 
 - the hyperparameters, named by their config key path: `seed`, `task`, `model.trunk`
   (the architecture, as compact YAML), `train.schedule`, `train.steps`, `train.batch_size`,
@@ -13,9 +15,15 @@ itself (beside `train/` and `eval/`):
 - the final evaluation of `metrics.json` as scalars `final/<head>/<metric>` and
   `final/mean_loss` (the mean of the heads' losses), at the run's last step.
 
+A seed (`seed`, any `*.seed`) is logged as its decimal string: TensorBoard prints a number
+to 5 significant digits (seed 1 as `1.0000`, 123456 as `1.2346e+5`), and a seed is an
+identity, not a quantity to order on an axis.
+
 `tensorboard --logdir SWEEP_DIR` then lists every trial in the HParams table,
 parallel-coordinates and scatter views; `multihead sweep` also writes the experiment
-summary at the sweep directory so the dashboard shows only the `final/...` metrics.
+summary at the sweep directory (TensorBoard's convention), with the hyperparameters
+that differ between its trials (the swept axes; the constant ones are hidden) and only
+the `final/...` metrics.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ if TYPE_CHECKING:  # annotation only
     from multihead.experiments.run.runner import Runner
 
 HParamValue = bool | int | float | str
+
+#: The run a session is written to: the train run (`Monitor` writes `<log_dir>/train`).
+TRAIN_RUN = "train"
 
 
 def _scalar(value: Any) -> HParamValue:
@@ -97,7 +108,13 @@ def run_hparams(config: ExperimentConfig, overrides: Sequence[str] = ()) -> dict
     for assignment in overrides:
         key, _, text = assignment.partition("=")
         values[key.strip()] = _scalar(parse_yaml(text, source=f"--set {assignment!r}"))
-    return values
+    return {key: _seed_text(value) if key.rpartition(".")[2] == "seed" else value
+            for key, value in values.items()}
+
+
+def _seed_text(value: HParamValue) -> HParamValue:
+    """An integer seed as its decimal string (see the module docstring)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def final_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -120,12 +137,13 @@ def final_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def write_run_hparams(run_dir: str, config: ExperimentConfig, metrics: Mapping[str, Any],
                       overrides: Sequence[str] = ()) -> None:
-    """Writes the run's HParams session and final metrics into `run_dir` (see the module docstring)."""
+    """Writes the run's HParams session and final metrics into its train run, `<run_dir>/train`
+    (see the module docstring)."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 
     values = run_hparams(config, overrides)
-    writer = tf.summary.create_file_writer(run_dir)
+    writer = tf.summary.create_file_writer(os.path.join(run_dir, TRAIN_RUN))
     try:
         with writer.as_default(step=int(metrics.get("steps") or 0)):
             hp.hparams(values, trial_id=os.path.basename(os.path.normpath(run_dir)))
@@ -137,8 +155,9 @@ def write_run_hparams(run_dir: str, config: ExperimentConfig, metrics: Mapping[s
 
 def write_experiment(sweep_dir: str, hparams: Mapping[str, Sequence[HParamValue]],
                      metric_tags: Sequence[str]) -> None:
-    """The HParams experiment summary of a sweep at `sweep_dir`: its hyperparameters (with
-    the values seen) and the `final/...` metrics, so the dashboard lists only those."""
+    """The HParams experiment summary of a sweep at `sweep_dir`: the hyperparameters whose
+    values differ between trials (with the values seen; all of them when none differs)
+    and the `final/...` metrics, so the dashboard lists only those."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 
@@ -148,7 +167,8 @@ def write_experiment(sweep_dir: str, hparams: Mapping[str, Sequence[HParamValue]
             return hp.Discrete(sorted(set(seen)))
         return None  # mixed types: no domain
 
-    params = [hp.HParam(name, domain(list(seen))) for name, seen in sorted(hparams.items())]
+    swept = {name: seen for name, seen in hparams.items() if len(set(seen)) > 1} or hparams
+    params = [hp.HParam(name, domain(list(seen))) for name, seen in sorted(swept.items())]
     metrics = [hp.Metric(tag, display_name=tag) for tag in sorted(metric_tags)]
     writer = tf.summary.create_file_writer(sweep_dir)
     try:
