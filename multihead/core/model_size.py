@@ -31,8 +31,6 @@ import numpy as np
 if TYPE_CHECKING:  # annotation only
     import keras
 
-    from multihead.core.model import MultiHeadModel
-
 
 class PartSize(NamedTuple):
     """The parameters of one part of a model (scalars: numbers of floats, not variables)."""
@@ -74,8 +72,9 @@ def _size(variables: Sequence[keras.Variable]) -> int:
     return int(sum(int(np.prod(v.shape)) for v in variables))
 
 
-def count_parameters(model: MultiHeadModel) -> ParameterCounts:
-    """The model's `ParameterCounts` (see the module docstring); the model must be built."""
+def count_parameters(model: keras.Model) -> ParameterCounts:
+    """The `ParameterCounts` of a built `MultiHeadModel` (see the module docstring); the model
+    module calls this, so this module does not import it."""
     partition = model.partition  # raises a clear error for a model without variables
     owned = model.trunk.head_owned_layers() if model.routes_heads else {}
     frozen_owned = {h: [v for layer in layers for v in layer.non_trainable_variables]
