@@ -141,8 +141,10 @@ def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tm
             lambda g: len(g.get("sessionGroups", [])) == 2, "two session groups")["sessionGroups"]
         served = {g["sessions"][0]["name"]: g for g in groups}
         assert sorted(served) == ["trials/t000/train", "trials/t001/train"]
-        runs = _get(port, "/data/runs")
-        assert "." not in runs and "trials/t000/train" in runs
+        # The trials' sessions are their train runs; the sweep root holds the experiment
+        # summary only (TensorBoard's convention), no scalars for the Scalars tab.
+        assert set(_get(port, "/data/plugin/scalars/tags")) == {
+            f"trials/t00{i}/{run}" for i in (0, 1) for run in ("train", "eval")}
         for trial in sweep.index["trials"]:
             group = served[f"{trial['run_dir']}/train"]
             assert group["hparams"][LR] == trial["overrides"][LR]
