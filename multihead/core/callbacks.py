@@ -122,15 +122,17 @@ class CallbackList:
 
 
 class ProgressCallback(Callback):
-    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses."""
+    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses;
+    with `per_epoch` (steps an epoch, for `fit(epochs=...)`) also `epoch e/E`."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, per_epoch: int | None = None) -> None:
         self.total = total
+        self.per_epoch = per_epoch
         self._progress: Progress | None = None
         self._done = 0
 
     def on_train_begin(self) -> None:
-        self._progress, self._done = Progress(self.total), 0
+        self._progress, self._done = Progress(self.total, per_epoch=self.per_epoch), 0
 
     def on_step_end(self, step: int, result: StepResult) -> None:
         self._done += 1

@@ -41,7 +41,7 @@ from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
 from multihead.core.sampling import TaskSampling
 from multihead.core.step import SCHEDULES, TrainStep
-from multihead.core.streams import DataFeed
+from multihead.core.streams import DataFeed, batches_per_epoch
 from multihead.core.training_state import TrainingState
 from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk
 from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
@@ -321,8 +321,9 @@ class Trainer:
     def fit(
         self,
         data: Any,
-        steps: int,
+        steps: int | None = None,
         *,
+        epochs: int | None = None,
         batch_size: int | None = None,
         eval_data: Any = None,
         eval_every: int | None = None,
@@ -333,7 +334,8 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         sampling: str | TaskSampling | Mapping[str, Any] = "all",
     ) -> History:
-        """Trains for `steps` more steps, cycling through `data` as often as needed.
+        """Trains for `steps` more steps (or `epochs` more epochs), cycling through `data`
+        as often as needed.
 
         A second `fit` on the same data (the same dataset object, or the same arrays
         with the same batch size and seed) continues the stream where the last one
@@ -346,7 +348,13 @@ class Trainer:
                 that head's own data (a dataset or arrays `(inputs, labels)`), drawn
                 as `sampling` says. Each head's data has a checkpointed position of
                 its own; a per-head run takes one compiled call per step.
-            steps: number of training steps.
+            steps: number of training steps; give this or `epochs`.
+            epochs: number of epochs, `epochs * batches_per_epoch(data, batch_size)`
+                steps: an epoch is one pass over `data` (`ceil(rows / batch_size)`
+                batches for arrays; a dataset's cardinality, which must be known and
+                finite). For per-head data it is one pass over the largest head's data
+                (the head with the most batches), the others cycling meanwhile. The
+                progress line shows `epoch e/E`.
             batch_size: batch size for array data.
             eval_data: data for `evaluate`, run every `eval_every` steps and at the end
                 (a dict head -> data evaluates each head on its own).
@@ -374,6 +382,14 @@ class Trainer:
         Returns:
             The per-head history of training losses and evaluations of this call.
         """
+        per_epoch = None
+        if (steps is None) == (epochs is None):
+            raise ValueError(f"fit: give exactly one of steps and epochs, got steps={steps!r} "
+                             f"and epochs={epochs!r}")
+        if epochs is not None:
+            epochs = check_int(epochs, "epochs", minimum=1)
+            per_epoch = batches_per_epoch(data, batch_size)
+            steps = epochs * per_epoch
         steps = check_int(steps, "steps", minimum=1)
         call_size = ExecutionSize(steps_per_execution)
         if eval_every is not None:
@@ -387,7 +403,7 @@ class Trainer:
         if checkpoints is not None:
             extra.append(checkpoints.callback())
         if verbose:
-            extra.append(ProgressCallback(steps))
+            extra.append(ProgressCallback(steps, per_epoch=per_epoch))
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
         self.stop_training, self.stop_reason = False, None
