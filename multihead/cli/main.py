@@ -80,7 +80,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
     _prepare(args, config)
     heads = ", ".join(config.model.heads)
-    print(f"{args.config}: ok (task {config.task}, heads {heads}, {config.train.steps} steps)")
+    length = f"{config.train.epochs} epochs" if config.train.epochs else f"{config.train.steps} steps"
+    print(f"{args.config}: ok (task {config.task}, heads {heads}, {length})")
     return 0
 
 
@@ -94,7 +95,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 #: Config keys that may change when a run is resumed (the rest must equal the run's config).
-_RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep",
+_RESUMABLE_CHANGES = ("train.steps", "train.epochs", "checkpoint.every", "checkpoint.keep",
                       "distribute.strategy", "distribute.devices")
 
 
@@ -134,7 +135,8 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
-    if CheckpointManager.step_of(latest) > config.train.steps:
+    # With train.epochs the runner checks the length, once it knows the data's.
+    if config.train.steps is not None and CheckpointManager.step_of(latest) > config.train.steps:
         raise UsageError(
             f"--resume: train.steps is {config.train.steps} but the latest checkpoint is at step "
             f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"

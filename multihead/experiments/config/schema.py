@@ -220,7 +220,12 @@ class TrunkConfig:
 class TrainConfig:
     """`train:` how long and how."""
 
-    steps: int = _field(1000, minimum=1)
+    steps: Union[int, None] = _field(None, minimum=1, doc="training steps; default 1000 when "
+                                                          "train.epochs is not given")
+    epochs: Union[int, None] = _field(
+        None, minimum=1, doc="instead of train.steps (task supervised): passes over the training "
+                             "data, ceil(rows / batch_size) steps each; with data.per_head, over "
+                             "the largest head's data")
     batch_size: int = _field(128, minimum=1)
     schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
@@ -394,6 +399,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         for name, head in config.model.heads.items():
             head.weight = _check_weight(head.weight, f"model.heads.{name}.weight")
         config.train.trunk = _check_trunk(config)
+        _check_length(config.train, config.task)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
         if config.sweep is not None:  # its own module: the rules of the sweep section
@@ -416,6 +422,20 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         return config
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _check_length(train: TrainConfig, task: str) -> None:
+    """Exactly one of `train.steps` and `train.epochs`; steps default to 1000."""
+    if train.epochs is None:
+        if train.steps is None:
+            train.steps = 1000
+        return
+    if train.steps is not None:
+        raise ConfigError(f"train.epochs: give train.steps or train.epochs, not both (steps "
+                          f"{train.steps}, epochs {train.epochs}); set the other to null")
+    if task != "supervised":
+        raise ConfigError(f"train.epochs: only for task supervised (task {task!r} has no "
+                          "dataset to pass over); give train.steps")
 
 
 def _check_weight(weight: Any, path: str) -> Union[float, dict[str, Any]]:
