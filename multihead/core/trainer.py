@@ -192,6 +192,8 @@ class Trainer:
         self.stop_training = False
         #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
         self.stop_reason: str | None = None
+        #: One-line notices of the last `fit`'s callbacks (`Callback.announce`), in order.
+        self.notices: list[str] = []
         # Last: a trainer whose construction failed claims no optimizer.
         claim_optimizers(self, self.optimizers, self.trunk_optimizer)
         if model.built:
@@ -406,7 +408,7 @@ class Trainer:
             extra.append(ProgressCallback(steps, per_epoch=per_epoch))
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
-        self.stop_training, self.stop_reason = False, None
+        self.stop_training, self.stop_reason, self.notices = False, None, []
         start = time.perf_counter()
         done = 0
         hooks.on_train_begin()

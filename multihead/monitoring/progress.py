@@ -53,6 +53,13 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def note(self, line: str) -> None:
+        """Prints `line` on a line of its own (on a terminal, over the progress line, which
+        the next update redraws below it)."""
+        self.stream.write(("\r" + line + "\x1b[K\n") if self._tty else line + "\n")
+        self.stream.flush()
+        self._shown = -1
+
     def _epoch(self, done: int) -> str:
         """`epoch e/E  ` (the epoch the step `done` belongs to), or "" without epochs."""
         if not self.per_epoch:

@@ -219,6 +219,18 @@ def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
             "monitor": best.quantity.name, "mode": best.quantity.mode,
             "step": best.best_step, "value": best.best_value,
         }
+    heads = callbacks.head_early_stopping
+    if heads is not None:
+        out["head_early_stopping"] = {
+            head: {"monitor": w.quantity.name, "mode": w.quantity.mode, "best_step": w.best_step,
+                   "best_value": w.best_value, "stopped_step": w.stopped_step, "reason": w.reason}
+            for head, w in heads.watches.items()}
+    if callbacks.head_best:
+        out["head_best_checkpoints"] = {
+            head: {"path": os.path.relpath(b.path, run_dir) if b.path else None,
+                   "monitor": b.quantity.name, "mode": b.quantity.mode,
+                   "step": b.best_step, "value": b.best_value}
+            for head, b in callbacks.head_best.items()}
     if callbacks.reduce_lr_on_plateau:
         out["reduce_lr_on_plateau"] = {
             plateau.head: [{"step": step, "from": old, "to": new}
