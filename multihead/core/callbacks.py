@@ -46,6 +46,17 @@ class TrainerView(Protocol):
     stop_reason: str | None
     notices: list[str]
 
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The frozen heads, in head order."""
+
+    def freeze(self, head: str) -> None:
+        """Freezes `head` from the next step on: no update of its variables, none of its
+        gradient reaches the trunk (`Trainer.freeze`)."""
+
+    def unfreeze(self, head: str) -> None:
+        """Lets a frozen `head` update again from the next step on."""
+
     def fit(self, *args: Any, **kwargs: Any) -> Any: ...
 
 Metrics = Mapping[str, Mapping[str, float]]

@@ -25,6 +25,7 @@ from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, Pro
 from multihead.core.data import DataPosition
 from multihead.core.evaluation import Evaluator
 from multihead.core.execution import ExecutionSize
+from multihead.core.freezing import FrozenHeads
 from multihead.core.labels import LabelCheck, split_batch
 from multihead.core.loss_weights import LossWeight, sync_weights
 from multihead.core.model import MultiHeadModel
@@ -168,6 +169,7 @@ class Trainer:
             self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
             self.data_position = DataPosition(heads=model.head_names)
+            self._frozen = FrozenHeads(model.head_names)
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
         # Every worker of a multi-worker run monitors, so all of them trace the same step
@@ -215,7 +217,7 @@ class Trainer:
         monitor = self.monitor
         return TrainingState(
             optimizers=dict(self.optimizers), trunk_update=self.trunk_update,
-            step=self.step_variable, data_position=self.data_position,
+            step=self.step_variable, data_position=self.data_position, frozen=self._frozen,
             log_dir=monitor.log_dir if monitor is not None and self.is_chief else None,
             is_chief=self.is_chief,
             flush_logs=monitor.flush if monitor is not None else _nothing)
@@ -235,7 +237,7 @@ class Trainer:
         self._train_step = TrainStep(
             self.model, heads, self.schedule, self.step_variable, rule, self.monitor,
             self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
-            addresses=addresses,
+            addresses=addresses, frozen=self._frozen,
         )
 
     def _build_heads(self) -> list[HeadSpec]:
@@ -313,6 +315,31 @@ class Trainer:
         output = train_step(inputs, targets, heads)
         return step_result(self.model.head_names, int(output.step), output.losses.numpy(),
                            output.updated.numpy(), output.skipped.numpy())
+
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The frozen heads, in head order (see `freeze`)."""
+        return self._frozen.names
+
+    def freeze(self, head: str) -> None:
+        """Freezes `head`: from the next step on, its optimizer does not update (its
+        variables, iterations and slots stay as they are) and none of its gradient
+        reaches the trunk (`StepResult.updated` leaves it out). Under trunk aggregation it is
+        dropped from the aggregate as a non-finite head is (see
+        `multihead.core.trunk_update`). The step is not retraced; checkpoints save the
+        flags (part `frozen`). Freezing a frozen head does nothing.
+
+        Example:
+            >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP
+            ('b',)
+        """
+        self.model.check_heads([head], "head")
+        self._frozen.set(head, True)
+
+    def unfreeze(self, head: str) -> None:
+        """Lets a frozen `head` update again from the next step on (see `freeze`)."""
+        self.model.check_heads([head], "head")
+        self._frozen.set(head, False)
 
     def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
         if isinstance(heads, str) or not heads:
