@@ -20,7 +20,7 @@ import json
 import os
 from typing import Sequence
 
-from multihead._boundary import write_atomic
+from multihead._boundary import read_json, write_atomic
 from multihead._checks import check_choice, check_float, check_int
 from multihead.core.callbacks import MODES, Callback, Metrics, MonitoredQuantity
 from multihead.monitoring.metric_key import MetricKey
@@ -118,10 +118,11 @@ class HeadEarlyStopping(Callback):
 
     def _read_record(self) -> list[tuple[int, dict[str, float]]]:
         assert self.record is not None
-        if not os.path.exists(self.record):
+        if not os.path.lexists(self.record):
             return []
-        with open(self.record, encoding="utf-8") as fh:
-            tree = json.load(fh)
+        # A regular file, not a symlink, of bounded size (a run directory is data).
+        tree = read_json(os.path.dirname(os.path.abspath(self.record)),
+                         os.path.basename(self.record), limit=1 << 24)
         try:
             return [(int(e["step"]), {h: float(v) for h, v in e["values"].items()})
                     for e in tree["evaluations"]]
