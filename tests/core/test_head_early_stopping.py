@@ -117,6 +117,24 @@ def test_fit_stops_when_every_head_is_frozen_and_prints_a_line_per_head(capsys):
     assert trainer.stop_reason == lines[-1]
 
 
+def test_a_head_unfrozen_by_a_callback_trains_and_is_watched_again():
+    trainer = _trainer()
+    stop = mh.HeadEarlyStopping(heads=["b"], patience=1, min_delta=10.0)  # frozen at the 2nd eval
+    seen = {}
+
+    def thaw(step, metrics):
+        seen[step] = _values(trainer.model.head_variables("b"))
+        if step == 20:
+            trainer.unfreeze("b")
+
+    _fit(trainer, [stop, LambdaCallback(on_eval_end=thaw)], steps=40, verbose=False)
+    # Frozen at 20, thawed there, trained 21..30, frozen again at 30 (no improvement by 10).
+    assert stop.watches["b"].stopped_step == 30 and trainer.frozen == ("b",)
+    assert any((x != y).any() for x, y in zip(seen[20], seen[30]))
+    _assert_bitwise(seen[30], seen[40])
+    assert trainer.global_step == 40  # a trains on
+
+
 def test_a_resumed_fit_replays_the_record_and_continues_exactly(tmp_path):
     def run(split):
         trainer = _trainer()
