@@ -40,11 +40,13 @@ _EXPORTS = {
     "available_parts": "multihead.io.parts",
     "Callback": "multihead.core.callbacks",
     "EarlyStopping": "multihead.core.callbacks",
+    "HeadEarlyStopping": "multihead.core.head_early_stopping",
     "LambdaCallback": "multihead.core.callbacks",
     "ReduceLROnPlateau": "multihead.core.callbacks",
     "TerminateOnNonFinite": "multihead.core.callbacks",
     "MultiTaskData": "multihead.core.data",
     "as_dataset": "multihead.core.data",
+    "batches_per_epoch": "multihead.core.streams",
     "mmoe_synthetic": "multihead.core.data",
     "make_strategy": "multihead.core.distribute",
     "ExportResult": "multihead.io.export",
@@ -110,11 +112,13 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.io.parts import available_parts
     from multihead.core.callbacks import Callback
     from multihead.core.callbacks import EarlyStopping
+    from multihead.core.head_early_stopping import HeadEarlyStopping
     from multihead.core.callbacks import LambdaCallback
     from multihead.core.callbacks import ReduceLROnPlateau
     from multihead.core.callbacks import TerminateOnNonFinite
     from multihead.core.data import MultiTaskData
     from multihead.core.data import as_dataset
+    from multihead.core.streams import batches_per_epoch
     from multihead.core.data import mmoe_synthetic
     from multihead.core.distribute import make_strategy
     from multihead.io.export import ExportResult
@@ -194,6 +198,7 @@ __all__ = [
     "CrossStitch",
     "DSelectK",
     "EarlyStopping",
+    "HeadEarlyStopping",
     "ExportResult",
     "HeadsPass",
     "History",
@@ -225,6 +230,7 @@ __all__ = [
     "__version__",
     "aggregate",
     "as_dataset",
+    "batches_per_epoch",
     "available_parts",
     "checkpoint_parts",
     "compare",

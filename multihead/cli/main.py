@@ -87,7 +87,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
     runner = _prepare(args, config)
     heads = ", ".join(config.model.heads)
-    print(f"{args.config}: ok (task {config.task}, heads {heads}, {config.train.steps} steps)")
+    length = f"{config.train.epochs} epochs" if config.train.epochs else f"{config.train.steps} steps"
+    print(f"{args.config}: ok (task {config.task}, heads {heads}, {length})")
     _print_parameters(runner, sys.stdout)
     return 0
 
@@ -102,7 +103,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 #: Config keys that may change when a run is resumed (the rest must equal the run's config).
-_RESUMABLE_CHANGES = ("train.steps", "checkpoint.every", "checkpoint.keep",
+_RESUMABLE_CHANGES = ("train.steps", "train.epochs", "checkpoint.every", "checkpoint.keep",
                       "distribute.strategy", "distribute.devices")
 
 
@@ -142,7 +143,8 @@ def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: An
     latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
-    if CheckpointManager.step_of(latest) > config.train.steps:
+    # With train.epochs the runner checks the length, once it knows the data's.
+    if config.train.steps is not None and CheckpointManager.step_of(latest) > config.train.steps:
         raise UsageError(
             f"--resume: train.steps is {config.train.steps} but the latest checkpoint is at step "
             f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"
@@ -271,8 +273,18 @@ def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: st
               file=sys.stderr)
         return 1
     write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
-                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")))
+                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")),
+                 stopped=metrics.get("stopped"), stopped_heads=_stopped_heads(metrics))
     return code
+
+
+def _stopped_heads(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The heads per-head early stopping froze, `{head: {"step", "reason"}}`, or None."""
+    watches = metrics.get("head_early_stopping")
+    if not watches:
+        return None
+    return {h: {"step": w["stopped_step"], "reason": w["reason"]}
+            for h, w in watches.items() if w["stopped_step"] is not None}
 
 
 def signal_name(signum: int) -> str:
@@ -332,7 +344,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         from multihead.experiments.build.builders import build_model
         from multihead.experiments.run.load import run_input_shape
 
-        path = run_checkpoint(run_dir)  # the one rule predict and load_run use
+        path = run_checkpoint(run_dir, _export_checkpoint(args, config))  # predict's, load_run's rule
         model = build_model(config, run_input_shape(run_dir))
     else:
         model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
@@ -352,6 +364,22 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"export: {err}") from None
     print(f"wrote {args.out} from {path} (signatures: {', '.join(signatures)})")
     return 0
+
+
+def _export_checkpoint(args: argparse.Namespace, config: ExperimentConfig) -> str | None:
+    """The checkpoint `export` restores: the final one, or with `--best` the run's best
+    (`best`), or with `--best --head H` head H's own best (`best/H`)."""
+    if not args.best:
+        return None
+    heads = [h.strip() for h in (args.heads or "").split(",") if h.strip()]
+    if len(heads) > 1:
+        raise UsageError(f"--best --heads {args.heads!r}: each head has its own best checkpoint; "
+                         "export one head at a time (--best --head H)")
+    if not heads:
+        return "best"
+    from multihead.experiments.run.load import best_checkpoint_name
+
+    return best_checkpoint_name(config, heads[0])
 
 
 def _input_names(model: Any) -> list[str] | None:
@@ -495,7 +523,10 @@ def _add_commands(sub: Any) -> None:
     export = _command(sub, "export", True, help="write a run's model as a SavedModel, a signature per head")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     export.add_argument("out", metavar="OUT", help="the SavedModel directory to write (new or empty)")
-    export.add_argument("--heads", metavar="A,B", help="heads to export (default: all)")
+    export.add_argument("--heads", "--head", metavar="A,B", help="heads to export (default: all)")
+    export.add_argument("--best", action="store_true",
+                        help="export the best checkpoint: with --head H, the model at H's own best "
+                             "evaluation (RUN_DIR/best/H, callbacks.best_checkpoint.per_head)")
     allow_import(export)
     export.set_defaults(func=cmd_export)
 

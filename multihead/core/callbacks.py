@@ -44,6 +44,18 @@ class TrainerView(Protocol):
     optimizers: Mapping[str, Any]
     stop_training: bool
     stop_reason: str | None
+    notices: list[str]
+
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The frozen heads, in head order."""
+
+    def freeze(self, head: str) -> None:
+        """Freezes `head` from the next step on: no update of its variables, none of its
+        gradient reaches the trunk (`Trainer.freeze`)."""
+
+    def unfreeze(self, head: str) -> None:
+        """Lets a frozen `head` update again from the next step on."""
 
     def fit(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -81,6 +93,11 @@ class Callback:
 
     def on_train_end(self) -> None:
         """At the end of `fit`, also when a callback stopped it or it raised."""
+
+    def announce(self, line: str) -> None:
+        """Says in one line that something happened (e.g. a head stopped early): kept in
+        `trainer.notices`, printed by `fit(verbose=True)` after the call's progress line."""
+        self.trainer.notices.append(line)
 
     def request_stop(self, reason: str) -> None:
         """Ends `fit` after the current compiled call, recording why in
@@ -122,15 +139,20 @@ class CallbackList:
 
 
 class ProgressCallback(Callback):
-    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses."""
+    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses;
+    with `per_epoch` (steps an epoch, for `fit(epochs=...)`) also `epoch e/E`. When a
+    callback stopped `fit`, its reason (`trainer.stop_reason`) is printed after the line, as
+    are callbacks' notices (`Callback.announce`)."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, per_epoch: int | None = None) -> None:
         self.total = total
+        self.per_epoch = per_epoch
         self._progress: Progress | None = None
         self._done = 0
 
     def on_train_begin(self) -> None:
-        self._progress, self._done = Progress(self.total), 0
+        self._progress, self._done = Progress(self.total, per_epoch=self.per_epoch), 0
+        self._noticed = 0
 
     def on_step_end(self, step: int, result: StepResult) -> None:
         self._done += 1
@@ -139,10 +161,16 @@ class ProgressCallback(Callback):
     def on_call_end(self, step: int) -> None:
         assert self._progress is not None
         self._progress.update(self._done, self._latest, force=self._done == self.total)
+        notices = self.trainer.notices
+        for line in notices[self._noticed:]:
+            self._progress.note(line)
+        self._noticed = len(notices)
 
     def on_train_end(self) -> None:
         if self._progress is not None and self._done:
             self._progress.close(self._done)
+        if self._progress is not None and self.trainer.stop_reason is not None:
+            self._progress.note(self.trainer.stop_reason)  # why `fit` ended early
 
 
 class NonFiniteGuard(Callback):
@@ -291,7 +319,9 @@ class EarlyStopping(Callback):
     call). With `restore_best`, the model's weights (`model.weights`: trainable and
     non-trainable, as numpy copies) are snapshot at every improving evaluation and
     assigned back at the end of `fit`, bitwise, also when `fit` ran to the end.
-    Optimizer slots and the step counter are not restored.
+    Optimizer slots and the step counter are not restored. The stop is one line in
+    `stop_reason` (and `trainer.stop_reason`, printed by `fit(verbose=True)`): the
+    monitor, its best value and step, the stop step, and whether the weights were restored.
 
     Example:
         >>> stop = mh.EarlyStopping("eval/y1/loss", patience=3, min_delta=1e-3)
@@ -340,10 +370,12 @@ class EarlyStopping(Callback):
         self.wait += 1
         if self.wait >= self.patience and self.stopped_step is None:
             self.stopped_step = step
+            restored = (f"restored the weights of step {self.best_step}"
+                        if self._best_weights is not None else "weights not restored")
             self.stop_reason = (
                 f"EarlyStopping: {self.quantity.name} did not improve by more than {self.min_delta:g} "
                 f"for {self.wait} evaluation(s) (best {self.best_value:.6g} at step {self.best_step}); "
-                f"stopped at step {step}")
+                f"stopped at step {step}; {restored}")
             self.request_stop(self.stop_reason)
 
     def on_train_end(self) -> None:

@@ -36,6 +36,7 @@ import tensorflow as tf
 from multihead.core import distribute
 from multihead.core.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
 from multihead.core.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
+from multihead.core.freezing import FrozenHeads
 from multihead.core.model import MultiHeadModel, trunk_losses
 from multihead.core.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, TrunkRule
 from multihead.monitoring import tags
@@ -96,6 +97,8 @@ class TrainStep:
         strategy: a `tf.distribute` strategy, or None.
         target_networks: objects whose `update()` runs after each step's updates.
         addresses: id of a variable -> its address in the model (for the monitor's tags).
+        frozen: the heads' freeze flags, read in the step (a frozen head takes no part in
+            it: see `multihead.core.freezing`); None: no head is ever frozen.
     """
 
     def __init__(
@@ -110,8 +113,10 @@ class TrainStep:
         strategy: tf.distribute.Strategy | None = None,
         target_networks: Sequence[Any] = (),
         addresses: Mapping[int, str] | None = None,
+        frozen: FrozenHeads | None = None,
     ) -> None:
         self._model = model
+        self._frozen = frozen
         self._heads = tuple(heads)
         self._schedule = schedule
         self._step = step
@@ -340,7 +345,8 @@ class TrainStep:
             features=None if fwd is None else fwd.features,
             trunk_reg=0.0 if fwd is None else fwd.trunk_reg,
             scaling=fwd.scaling if fwd is not None else LossScaling({}),
-            when_logging=None if monitor is None else monitor.when_scalars)
+            when_logging=None if monitor is None else monitor.when_scalars,
+            active=None if self._frozen is None else self._frozen.active())
 
     # -- schedules --------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from multihead._checks import check_int
 from multihead.core.data import DataPosition, StreamPosition, as_dataset
 from multihead.core.labels import LabelCheck
 from multihead.core.model import MultiHeadModel
@@ -34,6 +35,42 @@ def is_empty(dataset: tf.data.Dataset) -> bool:
     if known != int(tf.data.UNKNOWN_CARDINALITY):
         return known == 0
     return next(iter(dataset.take(1)), None) is None
+
+
+def batches_per_epoch(data: Any, batch_size: int | None) -> int:
+    """The steps of one epoch of `fit`'s `data`: the batches of one pass over it, or for a
+    dict head -> data, of one pass over the largest head's data (the head with the most
+    batches; the smaller heads' data cycles meanwhile).
+
+    Raises:
+        ValueError: a dataset's length is unknown (e.g. after `filter`) or infinite
+            (`repeat()`), or it yields no batch; the message names the data.
+    """
+    if isinstance(data, Mapping):
+        return max(_batches(d, batch_size, f"data[{h!r}]") for h, d in data.items())
+    return _batches(data, batch_size, "data")
+
+
+def _batches(data: Any, batch_size: int | None, what: str) -> int:
+    """The batches of one pass over one head's (or every head's) data."""
+    if isinstance(data, tf.data.Dataset):
+        count = int(data.cardinality())
+        if count == int(tf.data.INFINITE_CARDINALITY):
+            raise ValueError(f"epochs: {what} repeats forever, so an epoch has no length; give "
+                             "steps instead, or drop its repeat()")
+        if count == int(tf.data.UNKNOWN_CARDINALITY):
+            raise ValueError(f"epochs: the length of {what} is unknown to tf.data (e.g. after "
+                             "filter or from a generator); give steps instead, or apply "
+                             "tf.data.experimental.assert_cardinality(n)")
+    else:
+        leaves = tf.nest.flatten(data)
+        if not leaves:
+            raise ValueError(f"epochs: {what} holds no arrays")
+        size = check_int(batch_size, "batch_size", minimum=1, hint="array data needs a batch size")
+        count = -(-len(leaves[0]) // size)
+    if count == 0:
+        raise ValueError(f"epochs: {what} yields no batch; give it some examples")
+    return count
 
 
 class DataKey:

@@ -25,6 +25,7 @@ from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, Pro
 from multihead.core.data import DataPosition
 from multihead.core.evaluation import Evaluator
 from multihead.core.execution import ExecutionSize
+from multihead.core.freezing import FrozenHeads
 from multihead.core.labels import LabelCheck, split_batch
 from multihead.core.loss_weights import LossWeight, sync_weights
 from multihead.core.model import MultiHeadModel
@@ -41,7 +42,7 @@ from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
 from multihead.core.sampling import TaskSampling
 from multihead.core.step import SCHEDULES, TrainStep
-from multihead.core.streams import DataFeed
+from multihead.core.streams import DataFeed, batches_per_epoch
 from multihead.core.training_state import TrainingState
 from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk
 from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
@@ -168,6 +169,7 @@ class Trainer:
             self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
             self.data_position = DataPosition(heads=model.head_names)
+            self._frozen = FrozenHeads(model.head_names)
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
         # Every worker of a multi-worker run monitors, so all of them trace the same step
@@ -192,6 +194,8 @@ class Trainer:
         self.stop_training = False
         #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
         self.stop_reason: str | None = None
+        #: One-line notices of the last `fit`'s callbacks (`Callback.announce`), in order.
+        self.notices: list[str] = []
         # Last: a trainer whose construction failed claims no optimizer.
         claim_optimizers(self, self.optimizers, self.trunk_optimizer)
         if model.built:
@@ -213,7 +217,7 @@ class Trainer:
         monitor = self.monitor
         return TrainingState(
             optimizers=dict(self.optimizers), trunk_update=self.trunk_update,
-            step=self.step_variable, data_position=self.data_position,
+            step=self.step_variable, data_position=self.data_position, frozen=self._frozen,
             log_dir=monitor.log_dir if monitor is not None and self.is_chief else None,
             is_chief=self.is_chief,
             flush_logs=monitor.flush if monitor is not None else _nothing)
@@ -233,7 +237,7 @@ class Trainer:
         self._train_step = TrainStep(
             self.model, heads, self.schedule, self.step_variable, rule, self.monitor,
             self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
-            addresses=addresses,
+            addresses=addresses, frozen=self._frozen,
         )
 
     def _build_heads(self) -> list[HeadSpec]:
@@ -312,6 +316,31 @@ class Trainer:
         return step_result(self.model.head_names, int(output.step), output.losses.numpy(),
                            output.updated.numpy(), output.skipped.numpy())
 
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The frozen heads, in head order (see `freeze`)."""
+        return self._frozen.names
+
+    def freeze(self, head: str) -> None:
+        """Freezes `head`: from the next step on, its optimizer does not update (its
+        variables, iterations and slots stay as they are) and none of its gradient
+        reaches the trunk (`StepResult.updated` leaves it out). Under trunk aggregation it is
+        dropped from the aggregate as a non-finite head is (see
+        `multihead.core.trunk_update`). The step is not retraced; checkpoints save the
+        flags (part `frozen`). Freezing a frozen head does nothing.
+
+        Example:
+            >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP
+            ('b',)
+        """
+        self.model.check_heads([head], "head")
+        self._frozen.set(head, True)
+
+    def unfreeze(self, head: str) -> None:
+        """Lets a frozen `head` update again from the next step on (see `freeze`)."""
+        self.model.check_heads([head], "head")
+        self._frozen.set(head, False)
+
     def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
         if isinstance(heads, str) or not heads:
             raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
@@ -321,8 +350,9 @@ class Trainer:
     def fit(
         self,
         data: Any,
-        steps: int,
+        steps: int | None = None,
         *,
+        epochs: int | None = None,
         batch_size: int | None = None,
         eval_data: Any = None,
         eval_every: int | None = None,
@@ -333,7 +363,8 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         sampling: str | TaskSampling | Mapping[str, Any] = "all",
     ) -> History:
-        """Trains for `steps` more steps, cycling through `data` as often as needed.
+        """Trains for `steps` more steps (or `epochs` more epochs), cycling through `data`
+        as often as needed.
 
         A second `fit` on the same data (the same dataset object, or the same arrays
         with the same batch size and seed) continues the stream where the last one
@@ -346,7 +377,13 @@ class Trainer:
                 that head's own data (a dataset or arrays `(inputs, labels)`), drawn
                 as `sampling` says. Each head's data has a checkpointed position of
                 its own; a per-head run takes one compiled call per step.
-            steps: number of training steps.
+            steps: number of training steps; give this or `epochs`.
+            epochs: number of epochs, `epochs * batches_per_epoch(data, batch_size)`
+                steps: an epoch is one pass over `data` (`ceil(rows / batch_size)`
+                batches for arrays; a dataset's cardinality, which must be known and
+                finite). For per-head data it is one pass over the largest head's data
+                (the head with the most batches), the others cycling meanwhile. The
+                progress line shows `epoch e/E`.
             batch_size: batch size for array data.
             eval_data: data for `evaluate`, run every `eval_every` steps and at the end
                 (a dict head -> data evaluates each head on its own).
@@ -374,6 +411,14 @@ class Trainer:
         Returns:
             The per-head history of training losses and evaluations of this call.
         """
+        per_epoch = None
+        if (steps is None) == (epochs is None):
+            raise ValueError(f"fit: give exactly one of steps and epochs, got steps={steps!r} "
+                             f"and epochs={epochs!r}")
+        if epochs is not None:
+            epochs = check_int(epochs, "epochs", minimum=1)
+            per_epoch = batches_per_epoch(data, batch_size)
+            steps = epochs * per_epoch
         steps = check_int(steps, "steps", minimum=1)
         call_size = ExecutionSize(steps_per_execution)
         if eval_every is not None:
@@ -387,10 +432,10 @@ class Trainer:
         if checkpoints is not None:
             extra.append(checkpoints.callback())
         if verbose:
-            extra.append(ProgressCallback(steps))
+            extra.append(ProgressCallback(steps, per_epoch=per_epoch))
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
-        self.stop_training, self.stop_reason = False, None
+        self.stop_training, self.stop_reason, self.notices = False, None, []
         start = time.perf_counter()
         done = 0
         hooks.on_train_begin()

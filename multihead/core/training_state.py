@@ -24,6 +24,7 @@ class TrainingState:
             loss weighting, buffers), or None for `trunk="per_head"`.
         step: the step counter variable.
         data_position: where `fit` is in its data stream(s).
+        frozen: the heads' freeze flags (`multihead.core.freezing.FrozenHeads`).
         log_dir: the TensorBoard log directory, or None when not logging.
         is_chief: False on the non-chief workers of a multi-worker run (they write
             checkpoints to a scratch directory only).
@@ -35,6 +36,7 @@ class TrainingState:
     trunk_update: Any | None
     step: tf.Variable
     data_position: DataPosition
+    frozen: Any
     log_dir: str | None
     is_chief: bool
     flush_logs: Callable[[], None]
@@ -46,12 +48,13 @@ class TrainingState:
 
     def parts(self) -> dict[str, Any]:
         """Checkpoint part name -> trackable object: `optimizers/<head>`, `trunk_update`
-        (under trunk aggregation), `step`, `data`; in this order."""
+        (under trunk aggregation), `step`, `data`, `frozen`; in this order."""
         parts: dict[str, Any] = {f"optimizers/{h}": opt for h, opt in self.optimizers.items()}
         if self.trunk_update is not None:
             parts["trunk_update"] = self.trunk_update
         parts["step"] = self.step
         parts["data"] = self.data_position
+        parts["frozen"] = self.frozen
         return parts
 
     def mark_restored(self) -> None:

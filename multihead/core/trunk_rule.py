@@ -125,6 +125,9 @@ class HeadsPass(NamedTuple):
         scaling: what the rule's `scale_losses` computed in the pass.
         when_logging: runs a function (summary writes) on scalar logging steps only;
             None without a monitor.
+        active: head -> bool scalar, whether the head takes part in this step (False:
+            frozen, or no present label in its batch): a head that does not is dropped
+            exactly as the non-finite guard drops one. None: every head takes part.
     """
 
     heads: tuple[HeadSpec, ...]
@@ -137,6 +140,11 @@ class HeadsPass(NamedTuple):
     trunk_reg: tf.Tensor | float = 0.0
     scaling: LossScaling = NO_SCALING
     when_logging: Callable[[Callable[[], None]], None] | None = None
+    active: Mapping[str, tf.Tensor] | None = None
+
+    def takes_part(self, head: str) -> tf.Tensor | None:
+        """Whether `head` takes part in this step (a bool scalar), or None: it does."""
+        return None if self.active is None else self.active.get(head)
 
 
 @runtime_checkable
@@ -169,14 +177,15 @@ class TrunkRule(Protocol):
 
 def head_plans(heads: Sequence[HeadSpec], heads_pass: HeadsPass) -> list[PlannedUpdate]:
     """Each head's optimizer applies the head's whole gradient to its whole var_list,
-    when due; a guarded head's only when its loss and gradient are finite. The gradient
-    is taken only where the update happens."""
+    when due and taking part (`HeadsPass.active`); a guarded head's only when its loss
+    and gradient are finite. The gradient is taken only where the update happens."""
     plans = []
     for head in heads:
         grads = (heads_pass.given[head.name] if heads_pass.given is not None
                  else _deferred(heads_pass.backward, head))
         plans.append(PlannedUpdate(head.optimizer, grads, head.var_list, head.name, head.guarded,
-                                   heads_pass.losses[head.name], every=head.every))
+                                   heads_pass.losses[head.name], every=head.every,
+                                   when=heads_pass.takes_part(head.name)))
     return plans
 
 

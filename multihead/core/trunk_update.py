@@ -22,11 +22,12 @@ Two ways to get the `g_k` of an aggregate:
   constant weights (identical result), `mgda` (the paper's upper bound),
   `imtl` (the paper works on shared features) and the loss weightings.
 
-Non-finite heads: a guarded head whose loss or gradient is not finite drops out
-of the step. Its own update is skipped; under aggregation the trunk aggregate of
-that step is taken over the other heads (exactly as a partial step without it),
-and with two or more such heads, or under a loss weighting, the trunk is not
-updated that step.
+Dropped heads: a guarded head whose loss or gradient is not finite drops out of
+the step, and so does a head that does not take part in it (`HeadsPass.active`:
+frozen, or without a present label in its batch). Its own update is skipped;
+under aggregation the trunk aggregate of that step is taken over the other heads
+(exactly as a partial step without it), and with two or more such heads, or
+under a loss weighting, the trunk is not updated that step.
 """
 
 from __future__ import annotations
@@ -235,6 +236,13 @@ def resolve_trunk(trunk: str | TrunkPolicy | Mapping[str, Any] | None) -> TrunkP
     )
 
 
+def _both(a: tf.Tensor | None, b: tf.Tensor | None) -> tf.Tensor | None:
+    """`a and b` of two optional bool scalars (None: true)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return tf.logical_and(a, b)
+
+
 def _add(grads: Sequence[tf.Tensor], more: Sequence[tf.Tensor | None] | None) -> list[tf.Tensor]:
     if more is None:
         return list(grads)
@@ -327,22 +335,25 @@ class _Aggregated:
                 trunk_vars, reg_grads, rep_grad,
                 None if losses is None else tf.stack([losses[i] for i in members]))
 
-        plans = [self._trunk_plan(agg, finite, trunk_gradients)] if agg else []
+        ok = {h.name: _both(finite[h.name], p.takes_part(h.name)) for h in agg}
+        plans = [self._trunk_plan(agg, ok, trunk_gradients)] if agg else []
         for head in agg:  # head variables only: their var_list excludes the trunk
             plans.append(PlannedUpdate(head.optimizer, own[head.name], head.var_list, head.name,
-                                       head.guarded, p.losses[head.name], finite[head.name]))
+                                       head.guarded, p.losses[head.name], finite[head.name],
+                                       when=p.takes_part(head.name)))
         return plans + head_plans(rest, p._replace(given=replica_grads))
 
-    def _trunk_plan(self, agg: Sequence[HeadSpec], finite: Mapping[str, tf.Tensor | None],
+    def _trunk_plan(self, agg: Sequence[HeadSpec], kept: Mapping[str, tf.Tensor | None],
                     trunk_gradients: Callable[[Sequence[int]], list[Any]]) -> PlannedUpdate:
-        """The trunk update over the heads whose loss and gradient are finite: all of them;
-        all but one (the aggregate of the others, as a step without it); else none."""
+        """The trunk update over the heads that take part with a finite loss and gradient
+        (`kept`, None: always): all of them; all but one (the aggregate of the others, as a
+        step without it); else none."""
         k = len(agg)
         everyone = list(range(k))
         plan = PlannedUpdate(self.optimizer, lambda: trunk_gradients(everyone), self.var_list)
-        if not any(h.guarded for h in agg):
+        if all(kept[h.name] is None for h in agg):
             return plan
-        ok = tf.stack([tf.constant(True) if finite[h.name] is None else finite[h.name] for h in agg])
+        ok = tf.stack([tf.constant(True) if kept[h.name] is None else kept[h.name] for h in agg])
         bad = k - tf.reduce_sum(tf.cast(ok, tf.int32))
         if k == 1 or self.weighting is not None:  # a loss weighting weighs all heads or none
             return plan._replace(when=tf.equal(bad, 0))

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from multihead._checks import variable_label
-from multihead.io.parts import GROUPS, ORDER, checkpoint_root
+from multihead.io.parts import GROUPS, OPTIONAL, ORDER, checkpoint_root
 
 _VALUE = "VARIABLE_VALUE"
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -181,6 +181,8 @@ def restore_objects(path: str, objects: Mapping[str, Any]) -> None:
         CheckpointReadError: the file is missing, truncated or corrupted.
     """
     graph = FileGraph(path)
+    objects = {part: obj for part, obj in objects.items()
+               if part not in OPTIONAL or graph.node(part) is not None}
     root = checkpoint_root(objects)
     view = tf.train.TrackableView(root)
     mismatches = {}

@@ -12,6 +12,7 @@ The object graph of a multihead checkpoint is
                           weighting, RNG), when the trainer has one
     step                  the trainer's step counter
     data                  the position of `Trainer.fit` in its data stream
+    frozen                the trainer's per-head freeze flags (`Trainer.freeze`)
     targets/<name>        target networks (copies and sync counters)
 
 so a checkpoint restores into a freshly built model in another process (Keras
@@ -36,7 +37,11 @@ if TYPE_CHECKING:
 GROUPS = ("heads", "optimizers", "targets")
 #: The order parts are listed in (the order of the object graph in the module doc; `run`
 #: is the `CheckpointManager`'s own record).
-ORDER = ("trunk", "heads", "rng", "optimizers", "trunk_update", "step", "data", "targets", "run")
+ORDER = ("trunk", "heads", "rng", "optimizers", "trunk_update", "step", "data", "frozen", "targets",
+         "run")
+#: Parts that checkpoints written before they existed lack: restoring such a checkpoint
+#: keeps their current value (no head frozen).
+OPTIONAL = ("frozen",)
 
 
 def target_map(targets: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -106,8 +111,9 @@ def expand_parts(parts: Sequence[str] | None, known: list[str], trainer: Trainer
             members = [part] if part in known else []
         if not members:
             hint = ""
-            if trainer is None and part.split("/")[0] in ("optimizers", "step", "data", "trunk_update"):
-                hint = " (optimizer, step and data parts need trainer=...)"
+            if trainer is None and part.split("/")[0] in ("optimizers", "step", "data", "trunk_update",
+                                                         "frozen"):
+                hint = " (optimizer, step, data and frozen parts need trainer=...)"
             elif part.startswith("targets"):
                 hint = " (target parts need targets={name: target})"
             raise ValueError(f"unknown checkpoint part {part!r}{hint}; parts are {known}")
@@ -133,7 +139,7 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
                 "trunk": internals.seed_generator_states(model.trunk),
                 "heads": group({h: internals.seed_generator_states(model.heads[h]) for h in model.head_names}),
             })
-        elif part in state:  # optimizers/<head>, trunk_update, step, data
+        elif part in state:  # optimizers/<head>, trunk_update, step, data, frozen
             objects[part] = state[part]
         elif kind == "targets":
             objects[part] = targets[name]

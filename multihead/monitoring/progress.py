@@ -9,7 +9,8 @@ from typing import Mapping, TextIO
 
 
 class Progress:
-    """Prints progress of a run of `total` steps to `stream`.
+    """Prints progress of a run of `total` steps to `stream`; with `per_epoch` (steps an
+    epoch) the line starts with the epoch, `epoch e/E`.
 
     On a terminal the line is redrawn at most every `interval` seconds; in a log
     file (not a tty) a line is appended every `log_interval` seconds, so CI logs
@@ -17,8 +18,9 @@ class Progress:
     """
 
     def __init__(self, total: int, stream: TextIO | None = None, interval: float = 0.25,
-                 log_interval: float = 10.0) -> None:
+                 log_interval: float = 10.0, per_epoch: int | None = None) -> None:
         self.total = total
+        self.per_epoch = per_epoch
         self.stream = stream if stream is not None else sys.stderr
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._interval = interval if self._tty else log_interval
@@ -43,13 +45,27 @@ class Progress:
         eta = (self.total - done) / rate if rate > 0 else float("inf")
         width = len(str(self.total))
         heads = "  ".join(f"{h}={v:.4g}" for h, v in self._losses.items())
-        line = (f"step {done:>{width}}/{self.total}  {rate:7.1f} steps/s  "
+        line = (f"{self._epoch(done)}step {done:>{width}}/{self.total}  {rate:7.1f} steps/s  "
                 f"eta {_duration(eta)}  loss {heads}")
         if self._tty:
             self.stream.write("\r" + line + "\x1b[K")
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
+
+    def note(self, line: str) -> None:
+        """Prints `line` on a line of its own (on a terminal, over the progress line, which
+        the next update redraws below it)."""
+        self.stream.write(("\r" + line + "\x1b[K\n") if self._tty else line + "\n")
+        self.stream.flush()
+        self._shown = -1
+
+    def _epoch(self, done: int) -> str:
+        """`epoch e/E  ` (the epoch the step `done` belongs to), or "" without epochs."""
+        if not self.per_epoch:
+            return ""
+        epochs = -(-self.total // self.per_epoch)
+        return f"epoch {max(1, -(-done // self.per_epoch))}/{epochs}  "
 
     def close(self, done: int) -> None:
         """Prints the final line (unless it is already shown)."""

@@ -75,6 +75,8 @@ def test_validate_and_train_show_the_parameters_of_the_trunk_and_each_head(tmp_p
     (["model.trunk={class_name: Dnse}"], "model.trunk.class_name: unknown Keras layer 'Dnse'"),
     (["data.tasks=[y1]"], "model.heads.y2: the data has no task 'y2'"),
     (["bad"], "expected KEY.PATH=VALUE"),
+    (["train.epochs=2"], "train.epochs: give train.steps or train.epochs, not both"),
+    (["train.steps=null", "train.epochs=0"], "train.epochs: must be >= 1"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
@@ -87,6 +89,18 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, ov
     assert message in err
     assert QUICKSTART in err or "--set 'bad'" in err
     assert not run_dir.exists()
+
+
+def test_train_epochs_runs_ceil_rows_over_batch_steps_each_and_shows_the_epoch(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    # 300 rows, batch 128: ceil(300 / 128) = 3 steps an epoch, 6 for 2 epochs.
+    assert main(["train", QUICKSTART, "--run-dir", str(run_dir), "--set", "data.train_size=300",
+                 "--set", "data.eval_size=100", "--set", "model.trunk.mlp.units=[16]",
+                 "--set", "train.steps=null", "--set", "train.epochs=2"]) == 0
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 6
+    assert "epoch 2/2  step 6/6" in capsys.readouterr().err
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
+    assert (saved["steps"], saved["epochs"]) == (None, 2)
 
 
 def test_missing_config_file_and_non_empty_run_dir(tmp_path, capsys):

@@ -136,6 +136,23 @@ def test_early_stopping_without_restore_keeps_the_last_weights():
     _assert_bitwise(_weights(trainer.model), saved[stop.stopped_step])
 
 
+@pytest.mark.parametrize("restore", [True, False])
+def test_fit_verbose_prints_the_early_stop_in_one_line(restore, capsys):
+    trainer = _trainer()
+    stop = EarlyStopping("eval/a/loss", patience=2, min_delta=1e-3, restore_best=restore)
+    history = trainer.fit(TRAIN, 400, batch_size=32, eval_data=EVAL, eval_every=EVAL_EVERY,
+                          verbose=True, callbacks=[stop])
+    values = [metrics["a"]["loss"] for _, metrics in history.eval]
+    steps = [step for step, _ in history.eval]
+    stop_i, best_i = _plateau(values, 2, 1e-3)
+    assert stop_i is not None
+    restored = f"restored the weights of step {steps[best_i]}" if restore else "weights not restored"
+    expected = (f"EarlyStopping: eval/a/loss did not improve by more than 0.001 for 2 evaluation(s) "
+                f"(best {values[best_i]:.6g} at step {steps[best_i]}); stopped at step "
+                f"{steps[stop_i]}; {restored}")
+    assert capsys.readouterr().err.splitlines()[-1] == expected
+
+
 def test_stop_reason_is_reset_by_the_next_fit():
     trainer = _trainer()
     _fit(trainer, [EarlyStopping("eval/a/loss", patience=1, min_delta=10.0)], steps=50)

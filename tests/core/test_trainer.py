@@ -203,3 +203,58 @@ def test_fit_with_steps_per_execution_traces_once():
 def test_xla_with_tensorboard_is_refused_early(tmp_path):
     with pytest.raises(ValueError, match="XLA cannot compile the summary ops"):
         mh.Trainer(make_model(), _objectives(), log_dir=str(tmp_path), jit_compile=True)
+
+
+# -- epochs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["arrays", "tf.data"])
+def test_fit_epochs_trains_ceil_rows_over_batch_steps_per_epoch_bitwise_as_steps(kind, capsys):
+    x, y = make_batch(n=10)  # 10 rows, batch 4: ceil(10 / 4) = 3 steps an epoch, 6 for 2 epochs
+    runs = {}
+    for how in ("epochs", "steps"):  # a fresh dataset each: an iterated one drew its reshuffles
+        data = (x, y) if kind == "arrays" else mh.as_dataset((x, y), batch_size=4, seed=0)
+        model = make_model()
+        trainer = mh.Trainer(model, _objectives())
+        given = {"epochs": 2} if how == "epochs" else {"steps": 6}
+        trainer.fit(data, batch_size=4, verbose=how == "epochs", **given)
+        assert trainer.global_step == 6
+        runs[how] = weights(model.weights)
+    for a, b in zip(runs["epochs"], runs["steps"]):
+        np.testing.assert_array_equal(a, b)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("epoch 2/2  step 6/6")
+
+
+def test_fit_epochs_of_per_head_data_is_one_pass_over_the_largest_head():
+    (xa, ya), (xb, yb) = make_batch(n=10, seed=1), make_batch(n=3, seed=2)
+    data = {"a": (xa, ya["a"]), "b": (xb, yb["b"])}  # batch 2: a has 5 batches, b has 2
+    trainer = mh.Trainer(make_model(), _objectives())
+    history = trainer.fit(data, epochs=3, batch_size=2, verbose=False)
+    assert trainer.global_step == 15 and len(history.train["b"]) == 15
+
+
+@pytest.mark.parametrize("given, message", [
+    ({}, "give exactly one of steps and epochs"),
+    ({"steps": 4, "epochs": 1}, "give exactly one of steps and epochs"),
+    ({"epochs": 0}, "epochs"),
+])
+def test_fit_needs_exactly_one_of_steps_and_epochs(given, message):
+    x, y = make_batch(n=8)
+    trainer = mh.Trainer(make_model(), _objectives())
+    with pytest.raises(ValueError, match=message):
+        trainer.fit((x, y), batch_size=4, verbose=False, **given)
+    assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda ds: ds.repeat(), "repeats forever.*give steps"),
+    (lambda ds: ds.filter(lambda x, y: True), "length of data is unknown.*give steps"),
+])
+def test_fit_epochs_of_a_dataset_without_a_known_length_is_one_line_asking_for_steps(edit, message):
+    x, y = make_batch(n=8)
+    dataset = edit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    trainer = mh.Trainer(make_model(), _objectives())
+    with pytest.raises(ValueError, match=message) as err:
+        trainer.fit(dataset, epochs=1, verbose=False)
+    assert "\n" not in str(err.value)

@@ -13,8 +13,9 @@ def _trainer(**kwargs):
 
 
 @pytest.mark.parametrize("trunk,parts", [
-    ("per_head", ["optimizers/a", "optimizers/b", "step", "data"]),
-    ({"aggregator": "sum"}, ["optimizers/a", "optimizers/b", "trunk_update", "step", "data"]),
+    ("per_head", ["optimizers/a", "optimizers/b", "step", "data", "frozen"]),
+    ({"aggregator": "sum"}, ["optimizers/a", "optimizers/b", "trunk_update", "step", "data",
+                              "frozen"]),
 ])
 def test_the_state_lists_the_trainer_parts_a_checkpoint_holds(trunk, parts):
     trainer = _trainer(trunk=trunk)

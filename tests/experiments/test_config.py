@@ -22,6 +22,21 @@ def test_defaults_and_types():
     assert config.data.correlation == 0.5
 
 
+def test_train_length_is_steps_or_epochs():
+    assert from_dict(MINIMAL).train.steps == 1000  # the default length
+    config = from_dict(_with("train.epochs", "3"))
+    assert (config.train.steps, config.train.epochs) == (None, 3)
+    raw = _with("train.epochs", "3")
+    apply_override(raw, "train.steps=10")
+    with pytest.raises(ConfigError, match=r"^<config>: train.epochs: give train.steps or "
+                                          r"train.epochs, not both \(steps 10, epochs 3\)"):
+        from_dict(raw)
+    raw = _with("train.epochs", "3")
+    apply_override(raw, "task=dqn")
+    with pytest.raises(ConfigError, match="train.epochs: only for task supervised"):
+        from_dict(raw)
+
+
 @pytest.mark.parametrize("path,value,message", [
     ("train.stpes", "5", "train.stpes: unknown key (did you mean 'steps'?)"),
     ("model.heads.y1.optimzer", "adam", "model.heads.y1.optimzer: unknown key (did you mean 'optimizer'?)"),

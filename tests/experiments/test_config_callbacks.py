@@ -5,10 +5,13 @@ runs them and writes what stopped the run to metrics.json. The run's facts are c
 against an independent reading of its TensorBoard events, not against metrics.json alone.
 """
 
+import contextlib
 import copy
+import io
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -231,7 +234,9 @@ def run(tmp_path_factory):
                "train.eval_every=10", "callbacks.best_checkpoint={monitor: eval/y1/loss}")
     config = _write(tmp, raw)
     run_dir = str(tmp / "run")
-    assert main(["train", config, "--run-dir", run_dir, "--quiet"]) == 0
+    with contextlib.redirect_stderr(io.StringIO()) as err:  # the progress and stop lines
+        assert main(["train", config, "--run-dir", run_dir]) == 0
+    (tmp / "stderr.txt").write_text(err.getvalue())
     with open(os.path.join(run_dir, "metrics.json")) as fh:
         metrics = json.load(fh)
     return config, run_dir, metrics
@@ -263,6 +268,27 @@ def test_early_stopping_stops_where_the_eval_history_says(run):
     # The best weights were restored, so the run's final eval is the best step's eval.
     assert stop["restored_best"] and metrics["eval"] == dict(
         (e["step"], e["eval"]) for e in metrics["evals"])[best_step]
+
+
+def test_an_early_stop_prints_one_line_and_records_it_in_status_json(run):
+    _, run_dir, metrics = run
+    history = _eval_history(run_dir, "loss/y2")
+    stop = metrics["early_stopping"]
+    best_step, best = min(((s, v) for s, v in history if s <= stop["stopped_step"]),
+                          key=lambda sv: sv[1])
+    with open(os.path.join(os.path.dirname(run_dir), "stderr.txt")) as fh:
+        lines = [line for line in fh.read().splitlines() if line.startswith("EarlyStopping")]
+    assert len(lines) == 1
+    pattern = (r"EarlyStopping: eval/y2/loss did not improve by more than 0\.01 for 3 "
+               r"evaluation\(s\) \(best (\S+) at step (\d+)\); stopped at step (\d+); "
+               r"restored the weights of step (\d+)")
+    found = re.fullmatch(pattern, lines[0])
+    assert found, lines[0]
+    assert float(found[1]) == pytest.approx(best, rel=1e-5)  # printed to 6 digits
+    assert [int(found[i]) for i in (2, 3, 4)] == [best_step, metrics["steps"], best_step]
+    with open(os.path.join(run_dir, "status.json")) as fh:
+        status = json.load(fh)
+    assert status["stopped"] == {"reason": lines[0], "step": metrics["steps"]} == metrics["stopped"]
 
 
 def test_best_checkpoint_restores_the_best_eval_into_a_fresh_model(run):
@@ -306,3 +332,115 @@ def test_a_run_without_callbacks_records_no_stop(tmp_path):
     assert metrics["stopped"] is None and metrics["steps"] == 30
     assert "early_stopping" not in metrics and not (run_dir / "best").exists()
     assert [e["step"] for e in metrics["evals"]] == [30]
+
+
+# -- per-head early stopping and best checkpoints -------------------------------------------
+
+
+HEAD_STOP = ("model.heads.y1.optimizer={class_name: Adam, config: {learning_rate: 0.01}}",
+             "model.heads.y2.optimizer={class_name: Adam, config: {learning_rate: 0.05}}",
+             "callbacks.early_stopping={per_head: true, patience: 3, min_delta: 0.01}",
+             "callbacks.best_checkpoint={per_head: true}", "train.eval_every=10",
+             "checkpoint.every=10")
+
+
+def _run_json(run_dir, name):
+    with open(os.path.join(run_dir, name)) as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def head_runs(tmp_path_factory):
+    """A run with per-head early stopping and best checkpoints, and the same run stopped
+    after its first head froze, then --resume'd."""
+    tmp = tmp_path_factory.mktemp("heads")
+    config = _write(tmp, _raw(*HEAD_STOP))
+    full = str(tmp / "full")
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert main(["train", config, "--run-dir", full]) == 0
+    metrics = _run_json(full, "metrics.json")
+    first = min(w["stopped_step"] for w in metrics["head_early_stopping"].values()
+                if w["stopped_step"] is not None)
+    part = str(tmp / "part")
+    assert main(["train", config, "--run-dir", part, "--quiet",
+                 "--set", f"train.steps={first + 10}"]) == 0
+    assert main(["train", config, "--resume", part, "--quiet"]) == 0
+    return config, full, part, err.getvalue()
+
+
+def test_per_head_early_stopping_freezes_each_head_where_its_eval_history_says(head_runs):
+    _, full, _, stderr = head_runs
+    metrics = _run_json(full, "metrics.json")
+    stops = {}
+    for head in ("y1", "y2"):
+        history = _eval_history(full, f"loss/{head}")
+        best, best_step, wait, stopped = math.inf, None, 0, None
+        for step, value in history:  # the rule by hand, on TensorBoard's record
+            if stopped is not None:
+                break
+            if value < best - 0.01:
+                best, best_step, wait = value, step, 0
+            else:
+                wait += 1
+                stopped = step if wait == 3 else None
+        record = metrics["head_early_stopping"][head]
+        assert (record["best_step"], record["stopped_step"]) == (best_step, stopped)
+        assert record["best_value"] == pytest.approx(best, rel=1e-6)
+        stops[head] = stopped
+        if stopped is not None:
+            line = next(l for l in stderr.splitlines() if l.startswith(f"HeadEarlyStopping: eval/{head}/"))
+            assert line == record["reason"] == (
+                f"HeadEarlyStopping: eval/{head}/loss did not improve by more than 0.01 for 3 "
+                f"evaluation(s) (best {record['best_value']:.6g} at step {best_step}); froze head "
+                f"{head!r} at step {stopped}; weights not restored")
+    assert any(s is not None for s in stops.values()), "a head was expected to stop"
+    status = _run_json(full, "status.json")
+    assert status["stopped_heads"] == {h: {"step": s, "reason": metrics["head_early_stopping"][h]["reason"]}
+                                       for h, s in stops.items() if s is not None}
+    if all(s is not None for s in stops.values()):
+        assert metrics["steps"] == max(stops.values())
+
+
+def test_per_head_stopping_survives_resume(head_runs):
+    _, full, part, _ = head_runs
+    a, b = _run_json(full, "metrics.json"), _run_json(part, "metrics.json")
+    for key in ("steps", "eval", "head_early_stopping", "head_best_checkpoints", "stopped"):
+        assert a[key] == b[key], key
+    assert _run_json(full, "status.json")["stopped_heads"] == _run_json(part, "status.json")["stopped_heads"]
+
+
+def test_each_heads_best_checkpoint_restores_its_best_eval_exactly(head_runs):
+    config, full, _, _ = head_runs
+    metrics = _run_json(full, "metrics.json")
+    data = tasks.prepare(load_config(config)).data
+    for head in ("y1", "y2"):
+        record = metrics["head_best_checkpoints"][head]
+        best_step, best = min(_eval_history(full, f"loss/{head}"), key=lambda sv: sv[1])
+        assert record["step"] == best_step and record["value"] == pytest.approx(best, rel=1e-6)
+        assert record["path"] == f"best/{head}/best-{best_step}"
+        run = mh.load_run(full, best=head, trainer=True)
+        assert run.checkpoint == os.path.join(full, record["path"])
+        evaluated = run.trainer.evaluate(data.eval, batch_size=64)
+        assert evaluated[head]["loss"] == record["value"]
+
+
+def test_export_head_best_uses_that_heads_best_checkpoint(head_runs, tmp_path, capsys):
+    _, full, _, _ = head_runs
+    path = _run_json(full, "metrics.json")["head_best_checkpoints"]["y2"]["path"]
+    assert main(["export", full, str(tmp_path / "out"), "--head", "y2", "--best"]) == 0
+    assert f"from {os.path.join(full, path)} " in capsys.readouterr().out
+    assert main(["export", full, str(tmp_path / "out2"), "--heads", "y1,y2", "--best"]) == 2
+    assert "export one head at a time" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override,message", [
+    ("callbacks.early_stopping={per_head: true, monitor: eval/y1/loss}",
+     "callbacks.early_stopping.monitor: not used with per_head"),
+    ("callbacks.early_stopping={per_head: true, restore_best: true}",
+     "callbacks.early_stopping.restore_best: not with per_head"),
+    ("callbacks.best_checkpoint={per_head: true, monitor: eval/y1/loss}",
+     "callbacks.best_checkpoint.monitor: not used with per_head"),
+])
+def test_bad_per_head_callback_configs_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_dict(_raw(override))

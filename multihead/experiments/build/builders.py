@@ -8,6 +8,7 @@ shorthand `{"mlp": {"units": [64, 64], "activation": "relu"}}`.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import keras
@@ -19,6 +20,7 @@ from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.experiments.build.architectures import build_architecture, is_architecture
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, to_dict
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
+from multihead.core.head_early_stopping import HeadEarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
@@ -179,11 +181,17 @@ class RunCallbacks(NamedTuple):
     early_stopping: EarlyStopping | None
     best_checkpoint: BestCheckpoint | None
     reduce_lr_on_plateau: tuple[ReduceLROnPlateau, ...]
+    head_early_stopping: HeadEarlyStopping | None = None
+    head_best: Mapping[str, BestCheckpoint] = {}
 
     def as_list(self) -> list[Any]:
         """Every callback, in the order `fit` calls them."""
-        return [c for c in (self.early_stopping, self.best_checkpoint) if c is not None] + \
-            list(self.reduce_lr_on_plateau)
+        return [c for c in (self.early_stopping, self.head_early_stopping, self.best_checkpoint)
+                if c is not None] + list(self.head_best.values()) + list(self.reduce_lr_on_plateau)
+
+
+#: The run-directory file where per-head early stopping keeps the evaluations it saw.
+HEAD_STOPPING_FILE = "head_stopping.json"
 
 
 def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallbacks:
@@ -191,8 +199,9 @@ def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallba
 
     Args:
         config: the experiment.
-        best_dir: where `best_checkpoint` keeps its checkpoint (`RUN_DIR/best`); None
-            leaves it out (used to check the rest before a run directory exists).
+        best_dir: where `best_checkpoint` keeps its checkpoint (`RUN_DIR/best`, or
+            `RUN_DIR/best/<head>` per head); None leaves it out (used to check the rest
+            before a run directory exists).
 
     Raises:
         ConfigError: `reduce_lr_on_plateau` names a head whose optimizer has a
@@ -217,13 +226,24 @@ def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallba
             mode=entry.mode))
     stop = cfg.early_stopping
     best = cfg.best_checkpoint
+    per_head_stop = stop is not None and stop.per_head
+    per_head_best = best is not None and best.per_head and best_dir is not None
+    # The record of per-head stopping sits beside best/ in the run directory, for --resume.
+    record = None if best_dir is None else os.path.join(os.path.dirname(best_dir),
+                                                        HEAD_STOPPING_FILE)
     return RunCallbacks(
-        early_stopping=None if stop is None else EarlyStopping(
+        early_stopping=None if stop is None or per_head_stop else EarlyStopping(
             stop.monitor, patience=stop.patience, min_delta=stop.min_delta, mode=stop.mode,
             restore_best=stop.restore_best),
-        best_checkpoint=None if best is None or best_dir is None else BestCheckpoint(
-            best_dir, monitor=best.monitor, mode=best.mode, min_delta=best.min_delta),
+        best_checkpoint=None if best is None or best.per_head or best_dir is None else
+        BestCheckpoint(best_dir, monitor=best.monitor, mode=best.mode, min_delta=best.min_delta),
         reduce_lr_on_plateau=tuple(plateau),
+        head_early_stopping=HeadEarlyStopping(
+            patience=stop.patience, min_delta=stop.min_delta, mode=stop.mode, record=record)
+        if per_head_stop else None,
+        head_best={h: BestCheckpoint(os.path.join(best_dir, h), monitor=f"eval/{h}/loss",
+                                     mode=best.mode, min_delta=best.min_delta)
+                   for h in config.model.heads} if per_head_best else {},
     )
 
 

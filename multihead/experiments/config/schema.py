@@ -220,7 +220,12 @@ class TrunkConfig:
 class TrainConfig:
     """`train:` how long and how."""
 
-    steps: int = _field(1000, minimum=1)
+    steps: Union[int, None] = _field(None, minimum=1, doc="training steps; default 1000 when "
+                                                          "train.epochs is not given")
+    epochs: Union[int, None] = _field(
+        None, minimum=1, doc="instead of train.steps (task supervised): passes over the training "
+                             "data, ceil(rows / batch_size) steps each; with data.per_head, over "
+                             "the largest head's data")
     batch_size: int = _field(128, minimum=1)
     schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
@@ -265,7 +270,11 @@ class EarlyStoppingConfig:
     patience: int = _field(3, minimum=1, doc="evaluations in a row without improvement")
     min_delta: float = _field(0.0, minimum=0, doc="the amount an evaluation must beat the best by")
     mode: str = _field("auto", choices=_MODES, doc="auto: min for losses, max for accuracies")
-    restore_best: bool = _field(True, doc="end the run with the weights of the best evaluation")
+    restore_best: Union[bool, None] = _field(
+        None, doc="end the run with the weights of the best evaluation; default true, false "
+                  "with per_head")
+    per_head: bool = _field(False, doc="freeze each head whose eval/<head>/loss stops improving "
+                                       "while the others train on; stop when all are frozen")
 
 
 @dataclasses.dataclass
@@ -275,6 +284,8 @@ class BestCheckpointConfig:
     monitor: str = _field(MEAN_LOSS, doc=_MONITOR_DOC)
     mode: str = _field("auto", choices=_MODES)
     min_delta: float = _field(0.0, minimum=0)
+    per_head: bool = _field(False, doc="one best checkpoint per head, RUN_DIR/best/<head>/: the "
+                                       "whole model at that head's best eval/<head>/loss")
 
 
 @dataclasses.dataclass
@@ -394,6 +405,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         for name, head in config.model.heads.items():
             head.weight = _check_weight(head.weight, f"model.heads.{name}.weight")
         config.train.trunk = _check_trunk(config)
+        _check_length(config.train, config.task)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
         _check_distribute(config)
         if config.sweep is not None:  # its own module: the rules of the sweep section
@@ -416,6 +428,20 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         return config
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _check_length(train: TrainConfig, task: str) -> None:
+    """Exactly one of `train.steps` and `train.epochs`; steps default to 1000."""
+    if train.epochs is None:
+        if train.steps is None:
+            train.steps = 1000
+        return
+    if train.steps is not None:
+        raise ConfigError(f"train.epochs: give train.steps or train.epochs, not both (steps "
+                          f"{train.steps}, epochs {train.epochs}); set the other to null")
+    if task != "supervised":
+        raise ConfigError(f"train.epochs: only for task supervised (task {task!r} has no "
+                          "dataset to pass over); give train.steps")
 
 
 def _check_weight(weight: Any, path: str) -> Union[float, dict[str, Any]]:
@@ -494,14 +520,30 @@ def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
                                        entry.mode, f"{where}.monitor")
     for name in ("early_stopping", "best_checkpoint"):
         section = getattr(callbacks, name)
-        if section is not None:
+        if section is not None and section.per_head:
+            _check_per_head(section, f"callbacks.{name}")
+        elif section is not None:
             section.monitor = _check_monitor(config, section.monitor, section.mode,
                                              f"callbacks.{name}.monitor")
+    if callbacks.early_stopping is not None and callbacks.early_stopping.restore_best is None:
+        callbacks.early_stopping.restore_best = not callbacks.early_stopping.per_head
     for name in [n for n in used if n != "best_checkpoint"]:
         if config.train.eval_every is None:
             raise ConfigError(f"callbacks.{name}: acts at evaluations, but train.eval_every is not "
                               "set (the run evaluates only at its end); set train.eval_every")
     return [entry for _, _, entry in entries]
+
+
+def _check_per_head(section: Any, path: str) -> None:
+    """A `per_head` callback section watches each head's `eval/<head>/loss`: no monitor of
+    its own, and (early stopping) no whole-model restore."""
+    if section.monitor != MEAN_LOSS:
+        raise ConfigError(f"{path}.monitor: not used with per_head (each head watches "
+                          f"eval/<head>/loss), got {section.monitor!r}; remove it")
+    if getattr(section, "restore_best", None):
+        raise ConfigError(f"{path}.restore_best: not with per_head (a stopped head is frozen; "
+                          "its best model is in RUN_DIR/best/<head>/ with callbacks."
+                          "best_checkpoint.per_head); remove it")
 
 
 def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str) -> str:

@@ -6,7 +6,8 @@ that run's scalars; an event file at the run directory itself would show as a ru
 named `.`):
 
 - the hyperparameters, named by their config key path: `seed`, `task`, `model.trunk`
-  (the architecture, as compact YAML), `train.schedule`, `train.steps`, `train.batch_size`,
+  (the architecture, as compact YAML), `train.schedule`, `train.steps` (or `train.epochs`),
+  `train.batch_size`,
   `train.trunk` (`per_head` or the aggregator), the trunk optimizer and its learning rate
   when aggregated, and per head `model.heads.<h>.optimizer` (class name),
   `model.heads.<h>.optimizer.config.learning_rate` and `model.heads.<h>.weight`; plus every
@@ -83,7 +84,9 @@ def run_hparams(config: ExperimentConfig, overrides: Sequence[str] = ()) -> dict
         "task": config.task,
         "model.trunk": _scalar(config.model.trunk),
         "train.schedule": config.train.schedule,
-        "train.steps": config.train.steps,
+        # The run's length as configured: train.steps, or train.epochs.
+        **({"train.steps": config.train.steps} if config.train.epochs is None
+           else {"train.epochs": config.train.epochs}),
         "train.batch_size": config.train.batch_size,
     }
     trunk = config.train.trunk

@@ -110,8 +110,9 @@ def read_run_config(run_dir: str, allow_import: Sequence[str] = ()) -> Experimen
 
 def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
     """The checkpoint prefix of a run, by the one rule `predict`, `export` and `load_run`
-    share: `final` (default; else the newest periodic one), `latest`, `best`, a name in
-    `checkpoints/` such as `ckpt-1000`, or a path.
+    share: `final` (default; else the newest periodic one), `latest`, `best`, `best/<head>`
+    (the whole model at that head's best evaluation, `callbacks.best_checkpoint.per_head`),
+    a name in `checkpoints/` such as `ckpt-1000`, or a path.
 
     `final` holds the weights the run ended with: with `early_stopping.restore_best`, the
     best evaluation's, which the last periodic checkpoint (the stop step) does not.
@@ -122,7 +123,6 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
     Raises:
         ConfigError: there is no such checkpoint, or the run's files leave the run directory.
     """
-    from multihead.io.best_checkpoint import BestCheckpoint
     from multihead.io.manager import own_checkpoint, scan_checkpoints
 
     try:
@@ -136,20 +136,10 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
                     return final
             if checkpoint != "final" and found:
                 return found[-1]
-        elif checkpoint == "best":
-            best = inside(run_dir, "best")
-            record = BestCheckpoint.read(best) if os.path.isdir(best) else None
-            if record is not None:
-                _refuse_links(record["path"])
-                if own_checkpoint(record["path"]):
-                    return record["path"]
-            if record is None and os.path.isdir(best):
-                names = sorted((e.name[:-len(".index")] for e in os.scandir(best)
-                                if re.fullmatch(r"best-[0-9]{1,18}\.index", e.name)),
-                               key=lambda n: int(n.split("-")[1]))
-                for name in reversed(names):
-                    if own_checkpoint(os.path.join(best, name)):
-                        return os.path.join(best, name)
+        elif checkpoint == "best" or checkpoint.startswith("best/"):
+            found_best = _best_in(inside(run_dir, checkpoint))
+            if found_best is not None:
+                return found_best
         else:
             plain = "/" not in checkpoint and os.sep not in checkpoint and checkpoint not in ("..", ".")
             named = os.path.join(directory, checkpoint)
@@ -162,7 +152,38 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
     except BoundaryError as err:
         raise ConfigError(str(err)) from None
     raise ConfigError(f"checkpoint {checkpoint or 'final'!r}: not found in {run_dir!r}; use final, "
-                      "latest, best, a name in checkpoints/ (ckpt-<step>) or a checkpoint path")
+                      "latest, best, best/<head>, a name in checkpoints/ (ckpt-<step>) or a "
+                      "checkpoint path")
+
+
+def best_checkpoint_name(config: ExperimentConfig, head: str) -> str:
+    """`best/<head>`, the `run_checkpoint` name of a head's best checkpoint, for a head of
+    the run (else one line naming the heads)."""
+    heads = list(config.model.heads)
+    if head not in heads:
+        raise ConfigError(f"best: the run has no head {head!r}; its heads are {heads}")
+    return f"best/{head}"
+
+
+def _best_in(best: str) -> str | None:
+    """The checkpoint a best-checkpoint directory holds (`best/`, or `best/<head>/` of a
+    per-head best): the one its `best.json` names, else its newest `best-<step>`."""
+    from multihead.io.best_checkpoint import BestCheckpoint
+    from multihead.io.manager import own_checkpoint
+
+    record = BestCheckpoint.read(best) if os.path.isdir(best) else None
+    if record is not None:
+        _refuse_links(record["path"])
+        return record["path"] if own_checkpoint(record["path"]) else None
+    if not os.path.isdir(best):
+        return None
+    names = sorted((e.name[:-len(".index")] for e in os.scandir(best)
+                    if re.fullmatch(r"best-[0-9]{1,18}\.index", e.name)),
+                   key=lambda n: int(n.split("-")[1]))
+    for name in reversed(names):
+        if own_checkpoint(os.path.join(best, name)):
+            return os.path.join(best, name)
+    return None
 
 
 def _refuse_links(prefix: str | None) -> None:
@@ -181,7 +202,8 @@ def _refuse_links(prefix: str | None) -> None:
 
 
 def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
-             trainer: bool = False, allow_import: Sequence[str] = ()) -> LoadedRun:
+             trainer: bool = False, allow_import: Sequence[str] = (),
+             best: str | None = None) -> LoadedRun:
     """Rebuilds a finished supervised run's model from its `config.yaml` and restores a checkpoint.
 
     Args:
@@ -192,6 +214,9 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
         allow_import: modules the run's config may import (a `data.function` of `kind:
             python`, an `env.id` `module:Env`); any other is refused before it is imported,
             since a run directory may come from someone else.
+        best: a head name: restore the whole model at that head's best evaluation
+            (`RUN_DIR/best/<head>/`, written by `callbacks.best_checkpoint.per_head`);
+            instead of `checkpoint`.
 
     Returns:
         The rebuilt run. `run.trainer.evaluate(data.eval, batch_size=config.train.batch_size)`
@@ -208,6 +233,11 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
     config = read_run_config(run_dir, allow_import)
     if config.task != "supervised":
         raise ConfigError(f"{run_dir!r}: task {config.task!r}; load_run rebuilds supervised runs")
+    if best is not None:
+        if checkpoint is not None:
+            raise ConfigError(f"load_run: give checkpoint ({checkpoint!r}) or best ({best!r}), "
+                              "not both")
+        checkpoint = best_checkpoint_name(config, best)
     path = run_checkpoint(run_dir, checkpoint)
     model = build_model(config, run_input_shape(run_dir))
     built = None

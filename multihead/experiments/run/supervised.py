@@ -33,6 +33,7 @@ from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import Objective
 from multihead.core.sampling import TaskSampling
+from multihead.core.streams import batches_per_epoch
 
 
 #: Where a run records its model's input (written before training starts).
@@ -69,15 +70,20 @@ class SupervisedRunner:
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
                                         every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         callbacks = build_callbacks(cfg, os.path.join(run_dir, "best"))
+        train_data, eval_data = _splits(self.data)
+        total = total_steps(cfg, train_data)
         if resume:
-            _restore_for_resume(checkpoints, cfg.train.steps)
+            _restore_for_resume(checkpoints, total)
         start_step = trainer.global_step
-        remaining = cfg.train.steps - start_step
+        remaining = total - start_step
         wall_time = 0.0
         evals: list[tuple[int, dict[str, dict[str, float]]]] = []
-        train_data, eval_data = _splits(self.data)
+        # A fresh run of train.epochs trains them as fit(epochs=...), whose progress line
+        # counts epochs; a resumed one trains the remaining steps.
+        length = {"epochs": cfg.train.epochs} if cfg.train.epochs and not start_step \
+            else {"steps": remaining}
         if remaining > 0:
-            history = trainer.fit(train_data, remaining, batch_size=cfg.train.batch_size,
+            history = trainer.fit(train_data, **length, batch_size=cfg.train.batch_size,
                                   eval_data=eval_data, eval_every=cfg.train.eval_every,
                                   verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
                                   steps_per_execution=cfg.train.steps_per_execution,
@@ -123,6 +129,22 @@ class SupervisedRunner:
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
         }
+
+
+def total_steps(config: ExperimentConfig, train_data: Any) -> int:
+    """The steps of the whole run: `train.steps`, or `train.epochs` times the batches of
+    one pass over the training data (the largest head's, with `data.per_head`).
+
+    Raises:
+        ConfigError: the data has no known length (one line under `train.epochs`).
+    """
+    train = config.train
+    if train.epochs is None:
+        return train.steps
+    try:
+        return train.epochs * batches_per_epoch(train_data, train.batch_size)
+    except ValueError as err:
+        raise ConfigError(f"train.{err}") from None
 
 
 def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
@@ -197,6 +219,18 @@ def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
             "monitor": best.quantity.name, "mode": best.quantity.mode,
             "step": best.best_step, "value": best.best_value,
         }
+    heads = callbacks.head_early_stopping
+    if heads is not None:
+        out["head_early_stopping"] = {
+            head: {"monitor": w.quantity.name, "mode": w.quantity.mode, "best_step": w.best_step,
+                   "best_value": w.best_value, "stopped_step": w.stopped_step, "reason": w.reason}
+            for head, w in heads.watches.items()}
+    if callbacks.head_best:
+        out["head_best_checkpoints"] = {
+            head: {"path": os.path.relpath(b.path, run_dir) if b.path else None,
+                   "monitor": b.quantity.name, "mode": b.quantity.mode,
+                   "step": b.best_step, "value": b.best_value}
+            for head, b in callbacks.head_best.items()}
     if callbacks.reduce_lr_on_plateau:
         out["reduce_lr_on_plateau"] = {
             plateau.head: [{"step": step, "from": old, "to": new}
@@ -212,8 +246,9 @@ def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
         raise ConfigError(f"--resume: no checkpoint in {checkpoints.directory!r} to resume from")
     if checkpoints.step_of(latest) > steps:
         raise ConfigError(
-            f"train.steps: {steps} is below the step of the latest checkpoint "
-            f"({checkpoints.step_of(latest)}); set train.steps to at least that"
+            f"train.steps: {steps} (the run's length) is below the step of the latest checkpoint "
+            f"({checkpoints.step_of(latest)}); set train.steps (or train.epochs) to reach at "
+            "least that"
         )
     try:
         checkpoints.restore_latest()
