@@ -144,8 +144,8 @@ class DataConfig:
     features: Any = _field(None, doc="the input: a column/array name, a list of them "
                                      "(concatenated), or a mapping input name -> those (named "
                                      "inputs); default: x")
-    targets: Any = _field(None, doc="head -> column/array name or list of them; default: each "
-                                    "head's own name")
+    targets: Any = _field(None, doc="head -> column/array name or list of them; a head not "
+                                    "given reads the column/array of its own name")
     dtypes: dict[str, str] = _field({}, doc="csv/tfrecord: column or feature -> float32, float64, "
                                             "int32 or int64 (default float32)")
     shapes: dict[str, list[int]] = _field({}, doc="tfrecord: feature -> shape of one example "
@@ -622,11 +622,7 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
         if not isinstance(data.targets, Mapping):
             raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
                               f"{describe(data.targets)}")
-        _check_head_keys(data.targets, "data.targets", heads)
-        for head in heads:
-            if head not in data.targets:
-                raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
-                                  f"add data.targets.{head}")
+        _check_head_keys(data.targets, "data.targets", heads)  # other heads read their own name
 
 
 def _check_tasks(tasks: list[str], heads: list[str]) -> None:
