@@ -162,7 +162,8 @@ class DataConfig:
                                       doc="the former name of on_nonfinite (same values, same "
                                           "meaning: inf counts too)")
     per_head: dict[str, Any] = _field({}, doc="head -> a data section of its own (one dataset "
-                                              "per head); then the source keys above are unused")
+                                              "per head); then the source keys above are unused",
+                                      section="DataConfig", each="<head>")
     sampling: str = _field("all", choices=("all", "uniform", "proportional", "temperature"),
                            doc="with per_head: every head a batch each step (all), or one head "
                                "drawn per step (docs/data.md)")
@@ -195,7 +196,7 @@ class ModelConfig:
     """`model:` the shared trunk and the heads."""
 
     trunk: Any = _field(doc="Keras layer dict, list of them, or {mlp: {...}}")
-    heads: dict[str, HeadConfig] = _field(doc="head name -> head config")
+    heads: dict[str, HeadConfig] = _field(doc="head name -> head config", each="<head>")
 
 
 @dataclasses.dataclass
@@ -228,7 +229,8 @@ class TrainConfig:
     steps_per_execution: Union[int, str] = _field(
         "auto", minimum=1, choices=("auto",),
         doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
-    trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
+    trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)",
+                        section=TrunkConfig)
     max_nonfinite_steps: int = _field(10, minimum=1,
                                       doc="stop with an error when a head's loss or gradient is "
                                           "non-finite this many steps in a row")
@@ -298,7 +300,8 @@ class CallbacksConfig:
     early_stopping: Union[EarlyStoppingConfig, None] = _field(None)
     best_checkpoint: Union[BestCheckpointConfig, None] = _field(None)
     reduce_lr_on_plateau: Any = _field(
-        [], doc="a list of {head: ..., factor: ...}, or a mapping head -> {factor: ...}")
+        [], doc="a list of {head: ..., factor: ...}, or a mapping head -> {factor: ...}",
+        section=ReduceLROnPlateauConfig, each="[i]")
 
 
 @dataclasses.dataclass
