@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from multihead._checks import suggest
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
 from multihead.experiments.config.rules import check_data_function
 from multihead.experiments.config.sizes import memory_bytes
@@ -325,8 +326,6 @@ def _check_names(keyed: Sequence[tuple[str, Any]], available: list[str] | None, 
     for key, spec in keyed:
         for name in _names(spec):
             if name not in available:
-                from multihead._checks import suggest
-
                 listed = f"{available[:_LISTED]}" + (f" ... and {len(available) - _LISTED} more"
                                                      if len(available) > _LISTED else "")
                 raise ConfigError(f"{key}: {source} has no {what} {name!r}"
