@@ -12,7 +12,8 @@ the checkpoint files, `inputs.json`, `config.yaml`, event files) goes through th
 * `read_bytes`, `read_text`, `read_json` read at most a bound, with one-line errors that
   name the file;
 * `write_atomic` writes a result file (temp file in the same directory, fsync,
-  `os.replace`), refusing a symlink at the target; `unlink_symlinks` clears symlinks planted
+  `os.replace`), refusing a symlink at the target, readable as the umask allows (`temp_file`,
+  `temp_dir`: mkstemp/mkdtemp with the modes `open` and `os.mkdir` give); `unlink_symlinks` clears symlinks planted
   at names a writer (TensorFlow's checkpoint writer) would follow.
 
 `base` itself is trusted as given (the user named it); only what lies below it is not.
@@ -29,7 +30,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 from typing import Any, Iterable
 
 #: Default bound of a file read whole (JSON records, configs): far above any real one.
@@ -217,6 +217,45 @@ def unlink_symlinks_at(prefix: str | os.PathLike[str]) -> list[str]:
                            if e.name.startswith((name + ".", name + "_")) and e.is_symlink())
 
 
+#: Attempts at a free temp name before giving up (each name has 64 random bits).
+_TEMP_ATTEMPTS = 100
+
+
+def temp_file(directory: str | os.PathLike[str], prefix: str = ".tmp-",
+              suffix: str = "") -> tuple[int, str]:
+    """`tempfile.mkstemp`, but created with mode `0o666 & ~umask` as `open(path, "w")` would,
+    so a file written through it and renamed into place is as readable as the rest of the
+    directory (mkstemp's files are 0600 whatever the umask).
+
+    Returns:
+        An open file descriptor (write-only) and the file's path.
+
+    Raises:
+        OSError: the file cannot be created (no space, no permission).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMP_ATTEMPTS):
+        path = os.path.join(os.fspath(directory), f"{prefix}{os.urandom(8).hex()}{suffix}")
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name in {os.fspath(directory)!r}")
+
+
+def temp_dir(parent: str | os.PathLike[str], prefix: str = ".tmp-") -> str:
+    """`tempfile.mkdtemp`, but created with mode `0o777 & ~umask` as `os.mkdir` would (mkdtemp's
+    directories are 0700), for a directory renamed into place when complete."""
+    for _ in range(_TEMP_ATTEMPTS):
+        path = os.path.join(os.fspath(parent), f"{prefix}{os.urandom(8).hex()}")
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name in {os.fspath(parent)!r}")
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Writes `data` to `path` all or nothing: a temp file in the same directory, fsync,
     `os.replace`. A symlink at `path` is refused (not followed, not replaced); a failure
@@ -231,7 +270,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     if os.path.isdir(path):
         raise BoundaryError(f"{path}: is a directory; expected a file path")
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    fd, tmp = temp_file(directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -130,3 +130,16 @@ def test_unlink_symlinks_at_removes_only_links_at_the_checkpoint_names(run):
     assert sorted(os.path.basename(p) for p in removed) == ["ckpt-5.index", "ckpt-5_temp"]
     assert sorted(os.listdir(ckpt)) == ["ckpt-5.data-00000-of-00001", "ckpt-50.index"]
     assert (victim / "secret.txt").read_text() == "secret"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_write_atomic_creates_files_as_open_would_under_the_umask(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "sweep.json", "{}")
+        with open(tmp_path / "plain.txt", "w") as fh:  # what the rest of a run directory gets
+            fh.write("x")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "sweep.json").st_mode & 0o777 == 0o666 & ~umask
+    assert os.stat(tmp_path / "plain.txt").st_mode & 0o777 == 0o666 & ~umask

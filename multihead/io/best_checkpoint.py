@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
-from multihead._boundary import BoundaryError, read_json, unlink_symlinks_at
+from multihead._boundary import BoundaryError, read_json, temp_file, unlink_symlinks_at
 from multihead._checks import check_float
 from multihead.core.callbacks import Callback, Metrics, MonitoredQuantity
 from multihead.io.checkpoints import save_checkpoint
@@ -145,7 +145,7 @@ class BestCheckpoint(Callback):
         record = {"path": name, "step": step, "value": value, "monitor": self.quantity.name,
                   "mode": self.quantity.mode}
         pointer = os.path.join(self.directory, _POINTER)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".best-", suffix=".json")
+        fd, tmp = temp_file(self.directory, prefix=".best-", suffix=".json")
         with os.fdopen(fd, "w") as fh:
             json.dump(record, fh)
         os.replace(tmp, pointer)

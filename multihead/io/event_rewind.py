@@ -31,11 +31,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
 
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
+
+from multihead._boundary import temp_file
 
 _PREFIX = "events.out.tfevents."
 _PROC_FDS = "/proc/self/fd"
@@ -111,7 +112,7 @@ def _read_events(path: str) -> list[event_pb2.Event]:
 
 def _replace(path: str, events: list[event_pb2.Event]) -> None:
     """Rewrites `path` to hold exactly `events`, atomically, keeping its mode."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".rewind-")
+    fd, tmp = temp_file(os.path.dirname(path), prefix=".rewind-")
     os.close(fd)
     try:
         with tf.io.TFRecordWriter(tmp) as writer:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 from typing import Sequence
 
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._boundary import temp_dir
 from multihead.core.model import MultiHeadModel, head_input
 
 #: Name of the input of every serving signature.
@@ -168,7 +168,7 @@ def export_saved_model(model: MultiHeadModel, path: str | os.PathLike[str],
     serving = _Serving(model, chosen, spec)
     signatures = {"serving_default": serving.serve_all.get_concrete_function()}
     signatures.update({h: serving.serve_head[h].get_concrete_function() for h in chosen})
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.tmp-")
+    tmp = temp_dir(parent, prefix=f".{os.path.basename(out)}.tmp-")
     try:
         tf.saved_model.save(serving, tmp, signatures=signatures)
         if os.path.isdir(out):

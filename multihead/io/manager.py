@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from multihead._boundary import unlink_symlinks_at
+from multihead._boundary import temp_file, unlink_symlinks_at
 from multihead._checks import check_int
 from multihead.core.callbacks import Callback
 from multihead.core.model import MultiHeadModel
@@ -115,7 +115,7 @@ def _reset_state_file(directory: str, found: list[str]) -> None:
         lines.append(f"all_model_checkpoint_timestamps: {stamp!r}")
     # An old preservation time: every listed checkpoint is one the manager may rotate out.
     lines.append("last_preserved_timestamp: 0.0")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".checkpoint-")
+    fd, tmp = temp_file(directory, prefix=".checkpoint-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")

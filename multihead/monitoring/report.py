@@ -22,12 +22,11 @@ import dataclasses
 import glob
 import math
 import os
-import tempfile
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from multihead._boundary import BoundaryError, inside, is_regular
+from multihead._boundary import BoundaryError, inside, is_regular, temp_file
 from multihead.monitoring import tags
 
 
@@ -453,7 +452,7 @@ def plot_report(report: RunReport, path: str | os.PathLike[str]) -> None:
     if report.utilisation:
         _plot_utilisation(axes[3], report)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
+    fd, tmp = temp_file(directory, suffix=".png")
     os.close(fd)
     try:
         fig.savefig(tmp, format="png", dpi=DPI)

@@ -120,7 +120,6 @@ def test_xla_needs_tensorboard_off():
     ("{kind: csv, train: a.csv, dtypes: {x: int8}}", "data.dtypes.x: must be one of"),
     ("{kind: tfrecord, train: a.tfrecord, shapes: {x: [0]}}", "data.shapes.x[0]: must be >= 1"),
     ("{kind: npz, train: a.npz, holdout: 0}", "data.holdout: must be in (0, 1)"),
-    ("{kind: npz, train: a.npz, targets: {y1: a}}", "model.heads.y2: data.targets gives this head no target"),
     ("{kind: npz, train: a.npz, targets: {y1: a, y2: b, y3: c}}", "data.targets.y3: the model has no head 'y3'"),
     ("{kind: npz, train: a.npz, on_nan: skip}", "data.on_nan: must be one of ['error', 'drop', 'keep']"),
     ("{kind: npy}", "data.kind: must be one of"),

@@ -227,3 +227,42 @@ def test_a_one_head_baseline_keeps_the_multi_task_data():
 
     baseline = only_head(from_dict(load_yaml(BASE), "x.yaml"), "y2")
     assert baseline.data.tasks == ["y1", "y2"] and list(baseline.model.heads) == ["y2"]
+
+
+def test_merge_keys_share_settings_between_heads(tmp_path, capsys):
+    text = BASE.replace(
+        "    y1: {loss: mse, optimizer: {class_name: Adam, config: {learning_rate: 1.0e-3}}}\n"
+        "    y2: {loss: mse}\n",
+        "    y1: &head {loss: mse, metrics: [mae],\n"
+        "               optimizer: {class_name: Adam, config: {learning_rate: 1.0e-3}}}\n"
+        "    y2:\n"
+        "      <<: *head\n"
+        "      loss: huber          # a written key overrides the merged one\n")
+    code, err = _validate(tmp_path, capsys, text)
+    assert code == 0, err
+    from multihead.experiments.config.schema import load_config
+
+    heads = load_config(tmp_path / "exp.yaml").model.heads
+    assert heads["y2"].loss == "huber" and heads["y2"].metrics == ["mae"]
+    assert heads["y2"].optimizer == heads["y1"].optimizer == {
+        "class_name": "Adam", "config": {"learning_rate": 1.0e-3}}
+
+
+def test_a_list_of_merge_keys_takes_each_key_from_the_first_mapping_that_has_it():
+    text = ("a: &a {lr: 1, beta: 2}\nb: &b {lr: 3, decay: 4}\n"
+            "x: {<<: [*a, *b], decay: 5}\ny: {<<: [*b, *a]}\n")
+    loaded = load_yaml(text)
+    assert loaded["x"] == {"lr": 1, "beta": 2, "decay": 5}
+    assert loaded["y"] == {"lr": 3, "decay": 4, "beta": 2}
+
+
+def test_merge_keys_stay_within_the_alias_bound_and_refuse_non_mappings():
+    lines = ["a0: &a0 {k0: x}"]
+    lines += [f"a{i}: &a{i} {{<<: [" + ", ".join([f"*a{i - 1}"] * 9) + f"], k{i}: x}}"
+              for i in range(1, 10)]
+    with pytest.raises(ConfigError, match="expands to more than 100000 nodes"):
+        parse_yaml("\n".join(lines) + "\n", "bomb.yaml")  # 9**9 merged pairs unbounded
+    with pytest.raises(ConfigError, match="expected a mapping or list of mappings for merging"):
+        parse_yaml("a: &a [1, 2]\nb: {<<: *a}\n", "bad.yaml")
+    with pytest.raises(ConfigError, match="duplicate key 'k'"):
+        parse_yaml("a: &a {k: 1}\nb: {<<: *a, k: 2, k: 3}\n", "dup.yaml")

@@ -215,6 +215,7 @@ def _bad_cases(tmp_path):
     np.savez(tmp_path / "d.npz", x=x, **y)
     np.savez(tmp_path / "short.npz", x=x, y1=y["y1"][:-3], y2=y["y2"])
     np.savez(tmp_path / "text.npz", x=np.array(["a"] * N), **y)
+    np.savez(tmp_path / "y1_only.npz", x=x, y1=y["y1"])
     _write_csv(tmp_path / "ragged.csv", x, y, extra_rows=["1,2,3"])
     _write_csv(tmp_path / "word.csv", x, y, extra_rows=[",".join(["1"] * D + ["n", "abc", "2"])])
     _write_csv(tmp_path / "nan.csv", x, y, extra_rows=[",".join(["1"] * (D - 1) + ["", "n", "1", "2"])])
@@ -229,7 +230,8 @@ def _bad_cases(tmp_path):
         ({"kind": "csv", "train": csv_, **cols}, "column 't1'"),
         ({"kind": "csv", "train": csv_, **cols, "dtypes": {"t1": "int32"}}, "data.dtypes.t1: column 't1'"),
         ({"kind": "npz", "train": str(tmp_path / "text.npz")}, "data.features ('x' in data.train"),
-        ({"kind": "npz", "train": npz, "targets": {"y1": "y1"}}, "model.heads.y2: data.targets gives"),
+        ({"kind": "npz", "train": str(tmp_path / "y1_only.npz"), "targets": {"y1": "y1"}},
+         "data.targets.y2: data.train"),  # y2 reads its default, array y2: there is none
         ({"kind": "npz", "train": npz, "targets": {"y1": "y1", "y2": "y2", "y3": "y1"}},
          "data.targets.y3: the model has no head 'y3'"),
         ({"kind": "python", "function": "my_data:extra_target"}, "data.train: the data has a target 'y3'"),
@@ -374,3 +376,58 @@ def test_a_python_data_run_is_loaded_only_with_its_module_allowed(tmp_path, monk
                  "--allow-import", "my_data"]) == 0
     loaded = mh.load_run(run, allow_import=["my_data"])
     np.testing.assert_array_equal(np.load(out)["y1"], loaded.model(x[:5])["y1"].numpy())
+
+
+WINE_COLUMNS = ["alcohol", "malic_acid", "ash", "alcalinity_of_ash", "magnesium", "total_phenols",
+                "flavanoids", "nonflavanoid_phenols", "proanthocyanins", "color_intensity", "hue",
+                "od280_od315", "proline", "cultivar"]
+
+
+def _write_wide_csv(path, columns, rows=8):
+    lines = [",".join(columns)] + [",".join(str(float(i + j)) for j in range(len(columns)))
+                                   for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_misspelt_column_lists_the_files_columns_and_suggests_the_close_one(tmp_path, capsys):
+    _write_wide_csv(tmp_path / "wine.csv", WINE_COLUMNS)
+    config = tmp_path / "wine.yaml"
+    raw = _config({"kind": "csv", "train": str(tmp_path / "wine.csv")})
+    raw["model"]["heads"] = {"alcohol": {}, "cultivar": {}}  # targets: the heads' own columns
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["validate", str(config), "--set", "data.features=[malic_acd,ash]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "data.features: " in err and "no column 'malic_acd' (did you mean 'malic_acid'?)" in err
+    assert f"it has 14 columns: {WINE_COLUMNS}" in err  # the file's own, in its order
+
+
+@pytest.mark.parametrize("kind", ["csv", "npz", "tfrecord"])
+def test_the_list_of_a_wide_files_columns_is_bounded(tmp_path, kind):
+    columns = [f"c{i}" for i in range(30)]
+    path = tmp_path / f"wide.{kind}"
+    if kind == "csv":
+        _write_wide_csv(path, columns)
+    elif kind == "npz":
+        np.savez(path, **{c: np.arange(8.0) for c in columns})
+    else:
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            feature = {c: tf.train.Feature(float_list=tf.train.FloatList(value=[1.0])) for c in columns}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    with pytest.raises(ConfigError) as err:
+        mh.load_data({"kind": kind, "train": str(path), "features": ["c1", "zz"],
+                      "targets": {"y1": "c2", "y2": "c3"}}, heads=HEADS)
+    message = str(err.value)
+    listed = columns if kind == "csv" else sorted(columns)  # npz arrays, features: no order
+    what = {"csv": "column", "npz": "array", "tfrecord": "feature"}[kind]
+    assert message.startswith("data.features: ") and f"no {what} 'zz'" in message
+    assert f"it has 30 {what}s: {listed[:20]} ... and 10 more" in message, message
+
+
+def test_partial_targets_keep_the_other_heads_default_target(tmp_path):
+    x, y = _arrays()
+    np.savez(tmp_path / "d.npz", x=x, y1=y["y1"], other=y["y2"])
+    data = mh.load_data({"kind": "npz", "train": str(tmp_path / "d.npz"),
+                         "eval": str(tmp_path / "d.npz"), "targets": {"y2": "other"}}, heads=HEADS)
+    np.testing.assert_array_equal(data.y_eval["y1"], y["y1"])  # y1 still reads array y1
+    np.testing.assert_array_equal(data.y_eval["y2"], y["y2"])

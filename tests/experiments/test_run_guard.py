@@ -346,3 +346,56 @@ def test_scan_ignores_symlinked_checkpoints(tmp_path, stopped_at_30):
     (checkpoints / "ckpt-30.data-00000-of-00001").symlink_to(source / "ckpt-30.data-00000-of-00001")
     assert scan_checkpoints(str(checkpoints)) == [str(checkpoints / "ckpt-10")]
     assert json.loads(json.dumps(scan_checkpoints(str(tmp_path / "absent")))) == []
+
+
+# -- what the run directory's files look like ---------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_file_of_a_run_directory_is_readable_as_the_umask_allows(tmp_path, umask):
+    run = tmp_path / "run"
+    previous = os.umask(umask)  # the process's umask, as a user's shell sets it
+    try:
+        assert _train(_config(tmp_path, steps=20, every=10), "--run-dir", run, "--set",
+                      "callbacks.best_checkpoint.monitor=eval/mean_loss") == 0
+    finally:
+        os.umask(previous)
+    modes = {}
+    for root, dirs, files in os.walk(run):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            modes[os.path.relpath(path, run)] = os.stat(path).st_mode & 0o777
+    for name in ("config.yaml", "metrics.json", "status.json", "best/best.json",
+                 "checkpoints/checkpoint"):
+        assert name in modes, sorted(modes)
+    wanted = {rel: (0o777 if os.path.isdir(run / rel) else 0o666) & ~umask for rel in modes}
+    assert modes == wanted  # e.g. 0o644 for every file under umask 022, as TF's own files
+
+
+def test_status_json_holds_its_json_only(tmp_path):
+    from multihead.experiments.run.guard import write_status
+
+    assert write_status(str(tmp_path), "running", step=3)
+    text = (tmp_path / "status.json").read_text()
+    status = json.loads(text)
+    assert status["status"] == "running" and status["step"] == 3
+    assert text == json.dumps(status, indent=2) + "\n"  # no padding
+
+
+def test_status_json_is_rewritten_in_place_when_the_disk_is_full(tmp_path, monkeypatch):
+    import multihead.experiments.run.guard as guard
+
+    assert guard.write_status(str(tmp_path), "running", step=3)
+    allocated = os.stat(tmp_path / "status.json").st_blocks * 512
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(guard, "temp_file", disk_full)  # the atomic write's new file
+    assert guard.write_status(str(tmp_path), "failed", step=7, error="disk full: " + "x" * 9000,
+                              traceback="Traceback ...")
+    status = read_status(str(tmp_path))
+    assert status["status"] == "failed" and status["step"] == 7
+    assert status["error"].startswith("disk full: xxx") and "traceback" not in status
+    # within the blocks the file had: a rewrite that needs no new block
+    assert os.path.getsize(tmp_path / "status.json") <= max(allocated, 512)

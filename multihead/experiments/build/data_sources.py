@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from multihead._checks import suggest
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
 from multihead.experiments.config.rules import check_data_function
 from multihead.experiments.config.sizes import memory_bytes
@@ -211,7 +212,8 @@ def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
         features = {str(k): v for k, v in features.items()}
     else:
         _spec_error(features, "data.features")
-    targets = {h: h for h in heads} if data.targets is None else dict(data.targets)
+    # a head that data.targets does not map reads the column named as the head
+    targets = {**{h: h for h in heads}, **dict(data.targets or {})}
     for head, spec in targets.items():
         _spec_error(spec, f"data.targets.{head}")
     return features, targets
@@ -223,30 +225,27 @@ def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tu
     if data.kind != "tfds":
         _check_file(path, where)
     needed = list(dict.fromkeys(_names(features) + _names(targets)))
-    if data.kind == "tfds":
-        table = _read_tfds(data, path, where)
-    elif data.kind == "npz":
-        table = _read_npz(path, where)
-    elif data.kind == "csv":
-        table = _read_csv(path, where, needed, data.dtypes)
-    else:
-        table = _read_tfrecord(path, where, needed, data.dtypes, data.shapes)
+    what = _WHAT.get(data.kind, "feature")
     source = f"{where} ({path})"
+    keyed = [(f"data.features.{n}", s) for n, s in features.items()] \
+        if isinstance(features, Mapping) else [("data.features", features)]
+    keyed += [(f"data.targets.{h}", targets[h]) for h in heads]
+    if data.kind in ("tfds", "npz"):
+        table = _read_tfds(data, path, where) if data.kind == "tfds" else _read_npz(path, where)
+        _check_names(keyed, sorted(table), source, what)
+    else:  # checked from the header (first record) before the file is parsed
+        _check_names(keyed, _csv_header(path, where) if data.kind == "csv"
+                     else _tfrecord_features(path), source, what)
+        table = (_read_csv(path, where, needed, data.dtypes) if data.kind == "csv" else
+                 _read_tfrecord(path, where, needed, data.dtypes, data.shapes))
     for name in needed:
         if name in table and np.ndim(table[name]) > 0 and len(table[name]) == 0:
-            what = {"npz": "array", "csv": "column"}.get(data.kind, "feature")
             raise ConfigError(f"{where}: {path!r} has no rows ({what} {name!r} is empty); give a "
                               "file with examples")
 
     def select(spec: Any, key: str, label: bool) -> np.ndarray:
         columns = []
         for name in _names(spec):
-            if name not in table:
-                from multihead._checks import suggest
-
-                what = {"npz": "array", "csv": "column"}.get(data.kind, "feature")
-                raise ConfigError(f"{key}: {source} has no {what} {name!r}{suggest(name, table)}; "
-                                  f"it has {sorted(table)}")
             columns.append(_numeric(table[name], f"{key} ({name!r} in {source})", label))
         if len(columns) == 1:
             return columns[0]
@@ -290,25 +289,48 @@ def read_inputs(data: DataConfig, path: str, where: str = "--data",
         features = {n: n for n in input_names}  # one array per named input
     else:
         features = DEFAULT_FEATURES
+    source = f"{path!r} (the run's inputs are {_names(features)})"
     if kind == "npz":
         table = _read_npz(path, where)
-    elif kind == "csv":
-        table = _read_csv(path, where, _names(features), data.dtypes)
+        _check_names([(where, features)], sorted(table), source, _WHAT[kind])
     else:
-        table = _read_tfrecord(path, where, _names(features), data.dtypes, data.shapes)
+        _check_names([(where, features)], _csv_header(path, where) if kind == "csv"
+                     else _tfrecord_features(path), source, _WHAT.get(kind, "feature"))
+        table = (_read_csv(path, where, _names(features), data.dtypes) if kind == "csv" else
+                 _read_tfrecord(path, where, _names(features), data.dtypes, data.shapes))
 
     def select(spec: Any) -> np.ndarray:
         columns = []
         for name in _names(spec):
-            if name not in table:
-                raise ConfigError(f"{where}: {path!r} has no {'array' if kind == 'npz' else 'column'} "
-                                  f"{name!r} (the run's inputs are {_names(features)}); it has {sorted(table)}")
             columns.append(_numeric(table[name], f"{where} ({name!r})", False))
         return columns[0] if len(columns) == 1 else np.concatenate(columns, axis=-1)
 
     if isinstance(features, Mapping):
         return {n: select(s) for n, s in features.items()}
     return select(features)
+
+
+#: What a name in `data.features` / `data.targets` names, by file kind.
+_WHAT = {"npz": "array", "csv": "column"}
+#: Names of a file an error lists at most.
+_LISTED = 20
+
+
+def _check_names(keyed: Sequence[tuple[str, Any]], available: list[str] | None, source: str,
+                 what: str) -> None:
+    """Every name of each `(key, spec)` is one of the file's `available` names (`None`: not
+    known before parsing; the parser reports it). The error lists the file's names, at most
+    `_LISTED` of them, and suggests the closest."""
+    if available is None:
+        return
+    for key, spec in keyed:
+        for name in _names(spec):
+            if name not in available:
+                listed = f"{available[:_LISTED]}" + (f" ... and {len(available) - _LISTED} more"
+                                                     if len(available) > _LISTED else "")
+                raise ConfigError(f"{key}: {source} has no {what} {name!r}"
+                                  f"{suggest(name, available)}; it has {len(available)} "
+                                  f"{what}s: {listed}")
 
 
 def _check_file(path: str, where: str) -> None:
@@ -395,12 +417,8 @@ def _check_npy_header(member: Any, info: zipfile.ZipInfo, path: str, where: str)
                           f"({memory_bytes() / 2**30:.1f} GiB)")
 
 
-def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
-    """The needed columns of a CSV file with a header row, parsed by `tf.io.decode_csv`.
-
-    Every column is decoded (unused ones as strings), so a row with a missing or extra field
-    fails; an empty float field is NaN, an empty integer field an error.
-    """
+def _csv_header(path: str, where: str) -> list[str]:
+    """The column names of a CSV file's header row, in the file's order."""
     try:  # utf-8-sig: a byte-order mark is not part of the first column's name
         with open(path, encoding="utf-8-sig", newline="") as fh:
             header = next(csv.reader(fh), None)
@@ -408,6 +426,16 @@ def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str
         raise ConfigError(_not_utf8(path, where, err)) from None
     if not header:
         raise ConfigError(f"{where}: {path!r} is empty; a CSV file needs a header row")
+    return header
+
+
+def _read_csv(path: str, where: str, needed: list[str], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The needed columns of a CSV file with a header row, parsed by `tf.io.decode_csv`.
+
+    Every column is decoded (unused ones as strings), so a row with a missing or extra field
+    fails; an empty float field is NaN, an empty integer field an error.
+    """
+    header = _csv_header(path, where)
     for column in dtypes:
         if column not in header:
             raise ConfigError(f"data.dtypes.{column}: {path!r} has no column {column!r}")
@@ -479,6 +507,19 @@ def _first_csv_problem(path: str, where: str, header: list[str], needed: list[st
                     key = f"data.dtypes.{column}" if column in dtypes else where
                     return (f"{key}: column {column!r} of {path!r} has {value!r} at line {line}, "
                             f"not a {dtype}; fix the value or set data.dtypes.{column}")
+    return None
+
+
+def _tfrecord_features(path: str) -> list[str] | None:
+    """The feature names of a tfrecord file's first `tf.train.Example`, or `None` when there is
+    none to read (an empty or corrupt file: the reader reports it)."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        for record in tf.data.TFRecordDataset(path).take(1):
+            return sorted(tf.train.Example.FromString(record.numpy()).features.feature)
+    except (tf.errors.OpError, DecodeError):
+        pass
     return None
 
 

@@ -14,10 +14,17 @@ from multihead.experiments.config.errors import ConfigError
 
 
 def field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None,
-          minimum: float | None = None, maximum: float | None = None, doc: str = "") -> Any:
+          minimum: float | None = None, maximum: float | None = None, doc: str = "",
+          section: type | str | None = None, each: str = "") -> Any:
     """A config dataclass field: its default (a list, dict or section copied per instance),
-    the strings it allows (`choices`), its numeric bounds and its documentation."""
-    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc}
+    the strings it allows (`choices`), its numeric bounds and its documentation.
+
+    For the key reference (`multihead.experiments.config.reference`): `section` is the
+    dataclass (or the name of one in the same module) a field typed `Any` holds when it is a
+    mapping, checked by hand; `each` names one entry of a mapping or list of sections in a key
+    path (`<head>`, `[i]`)."""
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc,
+            "section": section, "each": each}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         value = default
         return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta)

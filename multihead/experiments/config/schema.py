@@ -144,8 +144,8 @@ class DataConfig:
     features: Any = _field(None, doc="the input: a column/array name, a list of them "
                                      "(concatenated), or a mapping input name -> those (named "
                                      "inputs); default: x")
-    targets: Any = _field(None, doc="head -> column/array name or list of them; default: each "
-                                    "head's own name")
+    targets: Any = _field(None, doc="head -> column/array name or list of them; a head not "
+                                    "given reads the column/array of its own name")
     dtypes: dict[str, str] = _field({}, doc="csv/tfrecord: column or feature -> float32, float64, "
                                             "int32 or int64 (default float32)")
     shapes: dict[str, list[int]] = _field({}, doc="tfrecord: feature -> shape of one example "
@@ -162,7 +162,8 @@ class DataConfig:
                                       doc="the former name of on_nonfinite (same values, same "
                                           "meaning: inf counts too)")
     per_head: dict[str, Any] = _field({}, doc="head -> a data section of its own (one dataset "
-                                              "per head); then the source keys above are unused")
+                                              "per head); then the source keys above are unused",
+                                      section="DataConfig", each="<head>")
     sampling: str = _field("all", choices=("all", "uniform", "proportional", "temperature"),
                            doc="with per_head: every head a batch each step (all), or one head "
                                "drawn per step (docs/data.md)")
@@ -195,7 +196,7 @@ class ModelConfig:
     """`model:` the shared trunk and the heads."""
 
     trunk: Any = _field(doc="Keras layer dict, list of them, or {mlp: {...}}")
-    heads: dict[str, HeadConfig] = _field(doc="head name -> head config")
+    heads: dict[str, HeadConfig] = _field(doc="head name -> head config", each="<head>")
 
 
 @dataclasses.dataclass
@@ -233,7 +234,8 @@ class TrainConfig:
     steps_per_execution: Union[int, str] = _field(
         "auto", minimum=1, choices=("auto",),
         doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
-    trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)")
+    trunk: Any = _field("per_head", doc="per_head, or a TrunkConfig mapping (trunk aggregation)",
+                        section=TrunkConfig)
     max_nonfinite_steps: int = _field(10, minimum=1,
                                       doc="stop with an error when a head's loss or gradient is "
                                           "non-finite this many steps in a row")
@@ -309,7 +311,8 @@ class CallbacksConfig:
     early_stopping: Union[EarlyStoppingConfig, None] = _field(None)
     best_checkpoint: Union[BestCheckpointConfig, None] = _field(None)
     reduce_lr_on_plateau: Any = _field(
-        [], doc="a list of {head: ..., factor: ...}, or a mapping head -> {factor: ...}")
+        [], doc="a list of {head: ..., factor: ...}, or a mapping head -> {factor: ...}",
+        section=ReduceLROnPlateauConfig, each="[i]")
 
 
 @dataclasses.dataclass
@@ -664,11 +667,7 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
         if not isinstance(data.targets, Mapping):
             raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
                               f"{describe(data.targets)}")
-        _check_head_keys(data.targets, "data.targets", heads)
-        for head in heads:
-            if head not in data.targets:
-                raise ConfigError(f"model.heads.{head}: data.targets gives this head no target; "
-                                  f"add data.targets.{head}")
+        _check_head_keys(data.targets, "data.targets", heads)  # other heads read their own name
 
 
 def _check_tasks(tasks: list[str], heads: list[str]) -> None:

@@ -8,6 +8,9 @@ value. Configs are read with the YAML 1.2 core schema instead (`_Loader`):
 * integers are decimal (`010` is 10), `0o17` octal or `0x1f` hex; `1:30` and dates are strings;
 * floats are `1.5`, `3e-4`, `.inf`, `.nan` (the 1.2 form, exponent without a dot included);
 * a duplicate key in a mapping is an error naming the key and its line;
+* merge keys share settings: `<<: *defaults` or `<<: [*a, *b]` inserts the keys of the
+  aliased mappings that the mapping does not write itself (with a list, the first mapping
+  that has a key gives it); they count towards the alias expansion bound like any alias;
 * the text is at most `MAX_BYTES`, nesting at most `MAX_DEPTH`, and the document expanded
   through its aliases at most `MAX_NODES` nodes (an alias bomb fails at once, before any
   Python object is built);
@@ -40,13 +43,17 @@ _FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]
                     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 
+#: The tag of the merge key `<<` (YAML 1.1's merge type, which configs use in 1.2 documents too).
+_MERGE = "tag:yaml.org,2002:merge"
+
+
 class YAMLLimitError(yaml.YAMLError):
     """The document is too large, too deep or expands to too many nodes."""
 
 
 class _Loader(yaml.SafeLoader):
-    """`yaml.SafeLoader` with the YAML 1.2 core schema, duplicate keys refused and depth
-    bounded."""
+    """`yaml.SafeLoader` with the YAML 1.2 core schema, duplicate keys refused, merge keys
+    (`<<`) read as the YAML merge type specifies and depth bounded."""
 
     yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
 
@@ -65,20 +72,45 @@ class _Loader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
+    def flatten_mapping(self, node: Any) -> None:
+        """Refuses a key written twice in `node`, then replaces its `<<` key by the pairs of
+        the mappings it names that `node` does not write itself, the first mapping of a list
+        winning (the YAML merge type). PyYAML's own version lets the last mapping win."""
+        written: dict[Any, int] = {}
+        merged: list[tuple[Any, Any]] = []
+        for key_node, value_node in node.value:
+            key = "<<" if key_node.tag == _MERGE else self.construct_object(key_node, deep=True)
+            try:
+                if key in written:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {written[key] + 1})",
+                        key_node.start_mark)
+                written[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: the base class reports it
+                pass
+            if key_node.tag == _MERGE:
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for source in sources:
+                    if not isinstance(source, yaml.MappingNode):
                         raise yaml.constructor.ConstructorError(
-                            None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})",
-                            key_node.start_mark)
-                    seen[key] = key_node.start_mark.line
-                except TypeError:  # an unhashable key: the base class reports it
-                    pass
-        return super().construct_mapping(node, deep=deep)
+                            None, None, "expected a mapping or list of mappings for merging, "
+                            f"but found {source.id}", source.start_mark)
+                    self.flatten_mapping(source)
+                    merged.extend(source.value)
+        if not merged:
+            return
+        taken = {k for k in written if k != "<<"}
+        pairs = []
+        for key_node, value_node in merged:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in taken:
+                    continue
+                taken.add(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                pass
+            pairs.append((key_node, value_node))
+        node.value = pairs + [pair for pair in node.value if pair[0].tag != _MERGE]
 
 
 for _tag, _regex, _first in [
@@ -86,7 +118,7 @@ for _tag, _regex, _first in [
     ("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""]),
     ("tag:yaml.org,2002:int", _INT, list("-+0123456789")),
     ("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789.")),
-    ("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"]),
+    (_MERGE, re.compile(r"^(?:<<)$"), ["<"]),
 ]:
     _Loader.add_implicit_resolver(_tag, _regex, _first)
 

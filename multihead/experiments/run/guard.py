@@ -26,21 +26,19 @@ import json
 import os
 import signal
 import stat
-import tempfile
 import threading
 import types
 from typing import Any
 
-from multihead._boundary import read_json
+from multihead._boundary import read_json, temp_file
 from multihead.core.callbacks import Callback
 
 LOCK_FILE = ".lock"
 STATUS_FILE = "status.json"
 #: The exit code of a run stopped by signal N is 128 + N, as a shell reports it.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-#: status.json is written in place when an atomic write fails (a full disk): the file is
-#: created this large, so a rewrite needs no new block.
-_STATUS_RESERVE = 2048
+#: The most bytes of `error` a status rewritten in place (a full disk) keeps.
+_STATUS_ERROR_MAX = 512
 
 
 class RunLocked(Exception):
@@ -140,10 +138,10 @@ def write_status(run_dir: str, status: str, *, step: int | None = None,
     text = json.dumps(tree, indent=2) + "\n"
     path = os.path.join(run_dir, STATUS_FILE)
     try:
-        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".status-")
+        fd, tmp = temp_file(run_dir, prefix=".status-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text.ljust(_STATUS_RESERVE))
+                fh.write(text)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -151,21 +149,35 @@ def write_status(run_dir: str, status: str, *, step: int | None = None,
         return True
     except OSError:
         pass
-    # No space for a new file: overwrite the reserved bytes of the existing one, with the
-    # fields that fit (no traceback, the error cut short).
+    return _rewrite_in_place(path, tree, error)
+
+
+def _rewrite_in_place(path: str, tree: dict[str, Any], error: str | None) -> bool:
+    """No space for a new file: overwrites the existing status file within the blocks it
+    already has (a file takes whole blocks, so rewriting up to them needs no new one), with
+    the fields that fit: no traceback, the error cut short."""
     small = {k: v for k, v in tree.items() if k != "traceback"}
-    small["error"] = (error or "")[:_STATUS_RESERVE // 4] or None
-    data = json.dumps(small).encode()[:_STATUS_RESERVE].ljust(_STATUS_RESERVE)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-        try:
-            written = os.pwrite(fd, data, 0) == len(data)
-            os.ftruncate(fd, len(data))  # shrinking needs no space
-            return written
-        finally:
-            os.close(fd)
     except OSError:
         return False
+    try:
+        info = os.fstat(fd)
+        room = max(info.st_size, info.st_blocks * 512)
+        for cut in (_STATUS_ERROR_MAX, 64, 0):
+            small["error"] = (error or "")[:cut] or None
+            data = json.dumps(small).encode()
+            if len(data) <= room:
+                break
+        else:
+            return False
+        written = os.pwrite(fd, data, 0) == len(data)
+        os.ftruncate(fd, len(data))  # shrinking needs no space
+        return written
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:
