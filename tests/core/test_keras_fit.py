@@ -7,7 +7,9 @@ Keras' TensorBoard callback wrote.
 
 from __future__ import annotations
 
+import functools
 import os
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -58,37 +60,106 @@ def _compiled(seed: int = 0, **compile_args) -> mh.MultiHeadModel:
     return model
 
 
-def _trainer_fit(steps: int, weights=None) -> mh.MultiHeadModel:
-    """The reference: `Trainer.fit` on the same batches, in order."""
+@functools.lru_cache(maxsize=None)
+def _trainer_fit(steps: int, weight_a: float = 1.0) -> tuple[np.ndarray, ...]:
+    """The reference: the weights after `Trainer.fit` on the same batches, in order."""
     model = _model()
-    trainer = mh.Trainer(model, _objectives(_optimizers(), weights))
+    trainer = mh.Trainer(model, _objectives(_optimizers(), {"a": weight_a}))
     trainer.fit(mh.as_dataset(TRAIN, BATCH, shuffle=False), steps, verbose=False)
-    return model
+    return tuple(model.get_weights())
 
 
-def _assert_same_weights(left: mh.MultiHeadModel, right: mh.MultiHeadModel) -> None:
-    for x, y in zip(left.get_weights(), right.get_weights(), strict=True):
+def _assert_same_weights(left, right) -> None:
+    for x, y in zip(left, right, strict=True):
         np.testing.assert_array_equal(x, y)
 
 
-# -- fit trains with the per-head step ---------------------------------------------------------
+def _numpy_results(model, x, y, weight_a: float = 1.0) -> dict[str, float]:
+    """Keras' evaluation logs, computed in numpy from the model's predictions."""
+    out = model.predict(x)
+    logits = out["b"].astype("float64")
+    log_softmax = logits - logits.max(1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(1, keepdims=True))
+    a_loss = float(np.mean((out["a"][:, 0].astype("float64") - y["a"][:, 0]) ** 2))
+    b_loss = float(-np.mean(log_softmax[np.arange(len(x)), y["b"]]))
+    return {"a_loss": a_loss, "b_loss": b_loss, "b_accuracy": float(np.mean(logits.argmax(1) == y["b"])),
+            "loss": weight_a * a_loss + b_loss}
 
 
-def test_a_plain_keras_script_trains_as_trainer_fit_bitwise(tmp_path):
+# -- a plain Keras script ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    """`compile` with dicts, then `fit` with validation data and Keras' EarlyStopping,
+    ModelCheckpoint and TensorBoard; numpy's evaluation of the model at each epoch end."""
+    tmp = tmp_path_factory.mktemp("keras_script")
     model = _model()
     model.compile(optimizer={"a": keras.optimizers.Adam(0.01),
                              "b": keras.optimizers.SGD(0.1, momentum=0.9)},
                   loss={"a": "mse", "b": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
-                  loss_weights={"a": 0.5})
-    path = str(tmp_path / "model.keras")
-    # min_delta=-10 in min mode: only the first epoch improves, so patience=1 stops after two.
+                  loss_weights={"a": 0.5}, metrics={"b": ["accuracy"]})
+    # min_delta=10 in min mode: only the first epoch improves, so patience=1 stops after two.
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10)
+    at_epoch_end = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: at_epoch_end.append(_numpy_results(model, *VAL, 0.5)))
     history = model.fit(TRAIN[0], TRAIN[1], batch_size=BATCH, epochs=6, shuffle=False, verbose=0,
-                        validation_data=VAL, callbacks=[stop, keras.callbacks.ModelCheckpoint(path)])
-    assert history.epoch == [0, 1] and stop.stopped_epoch == 1
-    _assert_same_weights(model, _trainer_fit(steps=2 * 5, weights={"a": 0.5}))
-    # ModelCheckpoint saved the model after the last epoch: it loads back to these weights.
-    _assert_same_weights(keras.models.load_model(path), model)
+                        validation_data=VAL,
+                        callbacks=[stop, keras.callbacks.ModelCheckpoint(str(tmp / "model.keras")),
+                                   keras.callbacks.TensorBoard(str(tmp / "tb"), write_graph=False),
+                                   record])
+    return SimpleNamespace(model=model, history=history, stop=stop, dir=tmp, evaluated=at_epoch_end)
+
+
+def test_a_plain_keras_script_trains_as_trainer_fit_bitwise(script):
+    assert script.history.epoch == [0, 1] and script.stop.stopped_epoch == 1
+    _assert_same_weights(script.model.get_weights(), _trainer_fit(steps=2 * 5, weight_a=0.5))
+
+
+def test_model_checkpoint_writes_a_file_that_loads_back_to_the_weights(script):
+    # ModelCheckpoint saved the model after the last epoch.
+    loaded = keras.models.load_model(str(script.dir / "model.keras"))
+    assert isinstance(loaded, mh.MultiHeadModel) and loaded.trainer is None
+    _assert_same_weights(loaded.get_weights(), script.model.get_weights())
+
+
+def test_history_holds_each_head_s_mean_step_loss_per_epoch(script):
+    # The same steps again, one at a time through Trainer.step: the per-step losses.
+    reference = mh.Trainer(_model(), _objectives(_optimizers(), {"a": 0.5}))
+    batches = list(mh.as_dataset(TRAIN, BATCH, shuffle=False))
+    steps = [reference.step(batch).losses for _ in range(2) for batch in batches]
+    history = script.history.history
+    for epoch in range(2):
+        rows = steps[5 * epoch:5 * (epoch + 1)]
+        means = {h: np.mean([r[h] for r in rows]) for h in HEADS}
+        for head in HEADS:
+            assert history[f"{head}_loss"][epoch] == pytest.approx(means[head], rel=1e-12)
+        assert history["loss"][epoch] == pytest.approx(0.5 * means["a"] + means["b"], rel=1e-12)
+    assert set(history) == {"loss", "a_loss", "b_loss", "val_loss", "val_a_loss", "val_b_loss",
+                            "val_b_accuracy"}
+
+
+def test_validation_logs_equal_numpy_on_the_model_s_predictions(script):
+    assert len(script.evaluated) == 2
+    for epoch, expected in enumerate(script.evaluated):
+        for key, value in expected.items():
+            assert script.history.history[f"val_{key}"][epoch] == pytest.approx(value, rel=1e-5)
+
+
+def test_keras_tensorboard_writes_the_per_head_epoch_logs(script):
+    for run, prefix in (("train", ""), ("validation", "val_")):
+        events = EventAccumulator(os.path.join(script.dir, "tb", run), size_guidance={"tensors": 0})
+        events.Reload()
+        for head in HEADS:
+            written = [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+                       for e in events.Tensors(f"epoch_{head}_loss")]
+            assert [s for s, _ in written] == [0, 1]
+            assert [v for _, v in written] == pytest.approx(
+                script.history.history[f"{prefix}{head}_loss"], rel=1e-6)
+
+
+# -- fit trains with the per-head step ---------------------------------------------------------
 
 
 def test_restore_best_weights_rewinds_to_the_trainer_s_first_epoch():
@@ -97,14 +168,13 @@ def test_restore_best_weights_rewinds_to_the_trainer_s_first_epoch():
                                          restore_best_weights=True)
     model.fit(*TRAIN, batch_size=BATCH, epochs=6, shuffle=False, verbose=0, validation_data=VAL,
               callbacks=[stop])
-    _assert_same_weights(model, _trainer_fit(steps=5))
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=5))
 
 
-@pytest.mark.parametrize("steps_per_execution", [2, 5])
-def test_steps_per_execution_runs_the_same_steps(steps_per_execution):
-    model = _compiled(steps_per_execution=steps_per_execution)
+def test_steps_per_execution_runs_the_same_steps():
+    model = _compiled(steps_per_execution=2)  # 5 batches an epoch: calls of 2, 2 and 1 steps
     model.fit(*TRAIN, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    _assert_same_weights(model, _trainer_fit(steps=10))
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=10))
 
 
 def test_the_compiled_optimizers_step_each_on_its_head_s_var_list():
@@ -128,82 +198,24 @@ def test_head_a_s_optimizer_never_touches_head_b():
     model.compile(optimizer={"a": keras.optimizers.AdamW(0.01, weight_decay=0.5),
                              "b": keras.optimizers.SGD(0.0)}, loss=LOSSES)
     model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    for old, var in zip(before["b"], model.heads["b"].weights, strict=True):
-        np.testing.assert_array_equal(var.numpy(), old)
+    _assert_same_weights([v.numpy() for v in model.heads["b"].weights], before["b"])
     assert all(not np.array_equal(v.numpy(), old) for v, old in zip(model.heads["a"].weights, before["a"]))
     assert all(not np.array_equal(v.numpy(), old) for v, old in zip(model.trunk.weights, trunk_before))
 
 
-# -- what Keras sees: History, evaluate, TensorBoard -------------------------------------------
-
-
-def test_history_holds_each_head_s_mean_step_loss_per_epoch():
-    model = _compiled(loss_weights={"a": 2.0})
-    history = model.fit(*TRAIN, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
-                        validation_data=VAL)
-    # The same steps again, one at a time through Trainer.step: the per-step losses.
-    reference = mh.Trainer(_model(), _objectives(_optimizers(), {"a": 2.0}))
-    batches = list(mh.as_dataset(TRAIN, BATCH, shuffle=False))
-    steps = [reference.step(batch).losses for _ in range(2) for batch in batches]
-    for epoch in range(2):
-        rows = steps[5 * epoch:5 * (epoch + 1)]
-        means = {h: np.mean([r[h] for r in rows]) for h in HEADS}
-        for head in HEADS:
-            assert history.history[f"{head}_loss"][epoch] == pytest.approx(means[head], rel=1e-12)
-        assert history.history["loss"][epoch] == pytest.approx(2 * means["a"] + means["b"], rel=1e-12)
-    assert set(history.history) == {"loss", "a_loss", "b_loss", "val_loss", "val_a_loss",
-                                    "val_b_loss", "val_b_accuracy"}
-
-
-def _numpy_results(model, x, y) -> dict[str, float]:
-    out = model.predict(x)
-    logits = out["b"].astype("float64")
-    log_softmax = logits - logits.max(1, keepdims=True)
-    log_softmax -= np.log(np.exp(log_softmax).sum(1, keepdims=True))
-    a_loss = float(np.mean((out["a"][:, 0].astype("float64") - y["a"][:, 0]) ** 2))
-    b_loss = float(-np.mean(log_softmax[np.arange(len(x)), y["b"]]))
-    return {"a_loss": a_loss, "b_loss": b_loss, "b_accuracy": float(np.mean(logits.argmax(1) == y["b"])),
-            "loss": 0.5 * a_loss + b_loss}
+# -- evaluate and the other Keras entry points -------------------------------------------
 
 
 def test_evaluate_gives_per_head_losses_and_metrics_equal_to_numpy():
     model = _compiled(loss_weights={"a": 0.5})
     model.fit(*TRAIN, batch_size=BATCH, epochs=1, verbose=0)
-    expected = _numpy_results(model, *VAL)
+    expected = _numpy_results(model, *VAL, weight_a=0.5)
     got = model.evaluate(*VAL, batch_size=5, return_dict=True)  # 24 rows: a short last batch
     assert got == pytest.approx(expected, rel=1e-5)
     assert model.evaluate(*VAL) == pytest.approx([got["loss"], got["a_loss"], got["b_loss"],
                                                   got["b_accuracy"]], rel=1e-6)
     dataset = tf.data.Dataset.from_tensor_slices(VAL).batch(7)
     assert model.evaluate(dataset, return_dict=True) == pytest.approx(expected, rel=1e-5)
-
-
-def test_validation_logs_equal_evaluate_after_each_epoch():
-    model = _compiled()
-    seen = []
-    record = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: seen.append(_numpy_results(model, *VAL)))
-    history = model.fit(*TRAIN, batch_size=BATCH, epochs=2, verbose=0, validation_data=VAL,
-                        callbacks=[record])
-    for epoch, expected in enumerate(seen):
-        expected["loss"] = expected["a_loss"] + expected["b_loss"]
-        for key, value in expected.items():
-            assert history.history[f"val_{key}"][epoch] == pytest.approx(value, rel=1e-5)
-
-
-def test_keras_tensorboard_writes_the_per_head_epoch_logs(tmp_path):
-    model = _compiled()
-    history = model.fit(*TRAIN, batch_size=BATCH, epochs=2, verbose=0, validation_data=VAL,
-                        callbacks=[keras.callbacks.TensorBoard(str(tmp_path), write_graph=False)])
-    for run, prefix in (("train", ""), ("validation", "val_")):
-        events = EventAccumulator(os.path.join(tmp_path, run), size_guidance={"tensors": 0})
-        events.Reload()
-        for head in HEADS:
-            written = [(e.step, float(tf.make_ndarray(e.tensor_proto)))
-                       for e in events.Tensors(f"epoch_{head}_loss")]
-            assert [s for s, _ in written] == [0, 1]
-            assert [v for _, v in written] == pytest.approx(history.history[f"{prefix}{head}_loss"],
-                                                            rel=1e-6)
 
 
 def test_train_on_batch_is_one_trainer_step():
@@ -214,7 +226,7 @@ def test_train_on_batch_is_one_trainer_step():
     losses = reference.step(batch).losses
     assert logs == pytest.approx({"a_loss": losses["a"], "b_loss": losses["b"],
                                   "loss": losses["a"] + losses["b"]}, rel=1e-12)
-    _assert_same_weights(model, reference.model)
+    _assert_same_weights(model.get_weights(), reference.model.get_weights())
 
 
 def test_a_one_head_model_takes_one_optimizer_and_bare_labels():
@@ -296,4 +308,4 @@ def test_a_second_compile_with_the_same_optimizers_continues_their_state():
     model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     model.compile(optimizer=optimizers, loss=LOSSES)
     model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    _assert_same_weights(model, _trainer_fit(steps=10))
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=10))
