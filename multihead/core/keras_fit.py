@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead._checks import check_int
 from multihead.core.callbacks import NonFiniteGuard
 from multihead.core.data import as_dataset
@@ -347,7 +348,8 @@ class KerasTraining:
             "<head>_<metric>": ...}`; otherwise those values as a list, in that order.
         """
         del verbose
-        kwargs.pop("_use_cached_eval_dataset", None)  # Keras' fit passes it; the data is rebuilt
+        for name in internals.FIT_EVALUATE_KWARGS:  # Keras' fit passes them; the data is rebuilt
+            kwargs.pop(name, None)
         if kwargs:
             raise TypeError(f"evaluate() got unexpected arguments {sorted(kwargs)}")
         run = self._run("evaluate")
