@@ -203,6 +203,18 @@ def test_head_a_s_optimizer_never_touches_head_b():
     assert all(not np.array_equal(v.numpy(), old) for v, old in zip(model.trunk.weights, trunk_before))
 
 
+def test_a_non_finite_head_is_skipped_then_stops_fit_as_in_trainer_fit():
+    model = _compiled(max_nonfinite_steps=3)
+    head_a = [v.numpy().copy() for v in model.heads["a"].weights]
+    labels = {"a": np.full_like(TRAIN[1]["a"], np.nan), "b": TRAIN[1]["b"]}
+    with pytest.raises(FloatingPointError) as error:
+        model.fit(TRAIN[0], labels, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert "head 'a' became nan at step 0" in _one_line(error) and "3 consecutive" in str(error.value)
+    # Its updates were dropped meanwhile (Keras' own step would have applied NaN), b trained.
+    _assert_same_weights([v.numpy() for v in model.heads["a"].weights], head_a)
+    assert int(model.trainer.optimizers["b"].iterations) == 3
+
+
 # -- evaluate and the other Keras entry points -------------------------------------------
 
 
