@@ -142,6 +142,15 @@ def build_shapes(model: keras.Model) -> dict[str, Any]:
     return getattr(model, "_build_shapes_dict", None) or {}
 
 
+# -- the fit loop -------------------------------------------------------------------------
+
+
+#: The private keyword arguments Keras' `fit` passes to `model.evaluate` for
+#: `validation_data` (`TensorFlowTrainer.fit`: `_use_cached_eval_dataset=True`), which an
+#: `evaluate` override must accept.
+FIT_EVALUATE_KWARGS = ("_use_cached_eval_dataset",)
+
+
 # -- TensorFlow ---------------------------------------------------------------------------
 
 

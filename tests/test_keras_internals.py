@@ -137,3 +137,19 @@ def test_tensorflow_accessors_on_the_installed_tensorflow(tmp_path):
 
     assert float(f(tf.constant(True))) == 1.0
     writer.close()
+
+
+def test_fit_passes_evaluate_only_the_private_arguments_listed():
+    # A plain Keras model whose evaluate records what Keras' fit gives it for validation_data.
+    seen = {}
+
+    class Recording(keras.Sequential):
+        def evaluate(self, *args, **kwargs):
+            seen.update(kwargs)
+            return super().evaluate(*args, **kwargs)
+
+    model = Recording([keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 2), "float32"), np.zeros((4, 1), "float32")
+    model.fit(x, y, epochs=1, verbose=0, validation_data=(x, y))
+    assert {k for k in seen if k.startswith("_")} == set(internals.FIT_EVALUATE_KWARGS)

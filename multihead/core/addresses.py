@@ -16,7 +16,7 @@ import keras
 from multihead import _keras_internals as internals
 
 if TYPE_CHECKING:
-    from multihead.core.model import MultiHeadModel
+    from multihead.core.model_view import HeadsModel
 
 
 def _sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -34,7 +34,7 @@ def _walk(layer: keras.layers.Layer, prefix: str, found: dict[str, Any]) -> None
         _walk(sub, f"{prefix}/{i}", found)
 
 
-def variable_addresses(model: MultiHeadModel) -> dict[str, Any]:
+def variable_addresses(model: HeadsModel) -> dict[str, Any]:
     """Address -> variable for every weight of the model's trunk and heads.
 
     Example:

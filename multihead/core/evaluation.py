@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from multihead.core.compiled import fold_batches
-from multihead.core.model import MultiHeadModel
+from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import HeadLoss, LossSpec, MetricSpec, resolve_metric
 
 #: `{head: {"loss": value, <metric name>: value}}`.
@@ -144,12 +144,12 @@ class Evaluator:
 
     def __init__(
         self,
-        model: MultiHeadModel,
+        model: HeadsModel,
         losses: Mapping[str, HeadLoss],
         metrics: Mapping[str, Sequence[MetricSpec]] | None = None,
         loss_specs: Mapping[str, LossSpec] | None = None,
     ) -> None:
-        if not isinstance(model, MultiHeadModel):
+        if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
         metrics = dict(metrics or {})
         loss_specs = dict(loss_specs or {})

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.model import MultiHeadModel
+from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import Objective, needs_own_targets
 from multihead.core.step import check_targets
 
@@ -73,7 +73,7 @@ class LabelCheck:
         loss_fns: head -> the resolved loss (says whether it reads `targets[head]`).
     """
 
-    def __init__(self, model: MultiHeadModel, objectives: Mapping[str, Objective],
+    def __init__(self, model: HeadsModel, objectives: Mapping[str, Objective],
                  loss_fns: Mapping[str, Any]) -> None:
         self._model = model
         self._objectives = objectives

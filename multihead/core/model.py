@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead.core.model_size import ParameterCounts, count_parameters
+from multihead.core.keras_fit import KerasTraining
 from multihead.core.partition import Partition, partition_variables
 
 _HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
@@ -71,7 +72,7 @@ def _zeros_like_shape(shape: Any) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="multihead")
-class MultiHeadModel(keras.Model):
+class MultiHeadModel(KerasTraining, keras.Model):
     """A shared trunk feeding several named heads.
 
     Calling the model returns `{head_name: output}`. Each head sees the trunk's
@@ -97,6 +98,9 @@ class MultiHeadModel(keras.Model):
 
     `model.save("m.keras")` and `keras.models.load_model("m.keras")` round-trip the model
     (trunk, heads and weights) through Keras' own serialization.
+
+    `model.compile(optimizer={head: ...}, loss={head: ...})` then `model.fit(x, y)` train
+    with the per-head step of `multihead.Trainer` (see `multihead.core.keras_fit`).
 
     Args:
         trunk: any Keras layer or model; its output is every head's input.
@@ -165,6 +169,10 @@ class MultiHeadModel(keras.Model):
     def routes_heads(self) -> bool:
         """Whether the trunk gives each head its own features and owns per-head layers."""
         return routes_heads(self.trunk)
+
+    def trunk_losses(self) -> tuple[list[Any], dict[str, list[Any]]]:
+        """The trunk's losses of its last call, split as its variables are (see `trunk_losses`)."""
+        return trunk_losses(self.trunk)
 
     def stop_shared(self, features: Any) -> Any:
         """The trunk output as a head with `trains_trunk=False` reads it.

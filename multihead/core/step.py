@@ -37,7 +37,7 @@ from multihead.core import distribute
 from multihead.core.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
 from multihead.core.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.core.freezing import FrozenHeads
-from multihead.core.model import MultiHeadModel, trunk_losses
+from multihead.core.model_view import HeadsModel
 from multihead.core.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, TrunkRule
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
@@ -103,7 +103,7 @@ class TrainStep:
 
     def __init__(
         self,
-        model: MultiHeadModel,
+        model: HeadsModel,
         heads: Sequence[HeadSpec],
         schedule: str,
         step: tf.Variable,
@@ -315,7 +315,7 @@ class TrainStep:
             losses[head.name] = self._head_loss(head, x, y, output)
             weighted[head.name] = head.weight(step) * losses[head.name]
         # A routing trunk's per-head layers (gates) regularize their own head's objective.
-        shared_losses, owned_losses = trunk_losses(model.trunk)
+        shared_losses, owned_losses = model.trunk_losses()
         trunk_reg = tf.add_n(shared_losses) if shared_losses else 0.0
         scaling = self._rule.scale_losses(weighted)
         objectives = {}

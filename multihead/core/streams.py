@@ -17,7 +17,7 @@ import tensorflow as tf
 from multihead._checks import check_int
 from multihead.core.data import DataPosition, StreamPosition, as_dataset
 from multihead.core.labels import LabelCheck
-from multihead.core.model import MultiHeadModel
+from multihead.core.model_view import HeadsModel
 from multihead.core.rules import PYTHON, check_rep_grad_data
 from multihead.core.sampling import TaskSampling, as_sampling
 from multihead.core.step import TrainStep
@@ -190,7 +190,7 @@ class DataFeed:
         rep_grad: whether the trunk combines gradients at its output (needs one batch).
     """
 
-    def __init__(self, model: MultiHeadModel, labels: LabelCheck,
+    def __init__(self, model: HeadsModel, labels: LabelCheck,
                  ensure_built: Callable[[Any], TrainStep], position: DataPosition,
                  step: tf.Variable, strategy: tf.distribute.Strategy | None,
                  rep_grad: bool) -> None:

@@ -28,7 +28,7 @@ from multihead.core.execution import ExecutionSize
 from multihead.core.freezing import FrozenHeads
 from multihead.core.labels import LabelCheck, split_batch
 from multihead.core.loss_weights import LossWeight, sync_weights
-from multihead.core.model import MultiHeadModel
+from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import (
     Objective,
     check_created_in_scope,
@@ -42,7 +42,7 @@ from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
 from multihead.core.sampling import TaskSampling
 from multihead.core.step import SCHEDULES, TrainStep
-from multihead.core.streams import DataFeed, batches_per_epoch
+from multihead.core.streams import DataFeed, batches_per_epoch, zeros_for_spec
 from multihead.core.training_state import TrainingState
 from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk
 from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
@@ -108,7 +108,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: MultiHeadModel,
+        model: HeadsModel,
         objectives: Mapping[str, Objective],
         schedule: str = "simultaneous",
         log_dir: str | os.PathLike[str] | None = None,
@@ -121,7 +121,7 @@ class Trainer:
         max_nonfinite_steps: int = 10,
         target_networks: Sequence[Any] = (),
     ) -> None:
-        if not isinstance(model, MultiHeadModel):
+        if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
         check_choice(schedule, "schedule", SCHEDULES)
         check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
@@ -340,6 +340,38 @@ class Trainer:
         """Lets a frozen `head` update again from the next step on (see `freeze`)."""
         self.model.check_heads([head], "head")
         self._frozen.set(head, False)
+
+    def run_steps(self, iterator: Any, max_steps: int) -> list[StepResult]:
+        """Runs up to `max_steps` compiled steps on batches drawn from `iterator`, as `fit` does.
+
+        For a loop that owns the data (Keras' `fit` through `MultiHeadModel.compile`):
+        the batches are `(inputs, {head: labels})`; the first call of an element spec
+        builds the model and checks the labels. No data position is counted and no
+        callback is run.
+
+        Args:
+            iterator: a `tf.data` iterator of batches.
+            max_steps: at most this many steps in one compiled call.
+
+        Returns:
+            One `StepResult` per step run: fewer than `max_steps` at the end of the
+            data, none when it was exhausted already.
+        """
+        inputs_spec, targets_spec = iterator.element_spec
+        zeros = tf.nest.map_structure(zeros_for_spec, inputs_spec)
+        train_step = self._ensure_built(zeros)
+        self._labels(targets_spec, None, zeros)
+        sync_weights(self._weights, self.objectives)
+        out = train_step.run(iterator, max_steps)
+        first, losses, updated, skipped = (int(out.first_step), out.losses.numpy(),
+                                           out.updated.numpy(), out.skipped.numpy())
+        return [step_result(self.model.head_names, first + i, losses[i], updated[i], skipped[i])
+                for i in range(int(out.count))]
+
+    @property
+    def max_nonfinite_steps(self) -> int:
+        """Non-finite steps in a row of one head after which `fit` stops with an error."""
+        return self._nonfinite_limit
 
     def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
         if isinstance(heads, str) or not heads:

@@ -1,0 +1,323 @@
+"""Keras' `compile` / `fit` / `evaluate` on a `MultiHeadModel` run multihead's per-head step.
+
+References are independent of the adapter: `Trainer.fit` on the same batches (bitwise),
+numpy on the model's predictions, the trainer's own per-step losses, the event files
+Keras' TensorBoard callback wrote.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import SimpleNamespace
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import multihead as mh
+from multihead import _keras_internals as internals
+
+HEADS = ("a", "b")
+BATCH = 8
+
+
+def _model(seed: int = 0) -> mh.MultiHeadModel:
+    keras.utils.set_random_seed(seed)
+    model = mh.MultiHeadModel(keras.Sequential([keras.layers.Dense(8, activation="tanh")]),
+                              {"a": keras.layers.Dense(1), "b": keras.layers.Dense(3)})
+    model.build((None, 4))
+    return model
+
+
+def _data(rows: int, seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 4)).astype("float32")
+    y = {"a": (x @ np.array([1.0, -2.0, 0.5, 1.0], "float32"))[:, None],
+         "b": (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")}
+    return x, y
+
+
+TRAIN, VAL = _data(40, seed=1), _data(24, seed=2)  # 40 rows: 5 batches of 8 per epoch
+LOSSES = {"a": "mse", "b": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
+
+
+def _optimizers():
+    return {"a": keras.optimizers.Adam(0.01), "b": keras.optimizers.SGD(0.1, momentum=0.9)}
+
+
+def _objectives(optimizers, weights=None):
+    weights = weights or {}
+    return {h: mh.Objective(LOSSES[h], optimizers[h], weight=weights.get(h, 1.0)) for h in HEADS}
+
+
+def _compiled(seed: int = 0, **compile_args) -> mh.MultiHeadModel:
+    model = _model(seed)
+    args = {"optimizer": _optimizers(), "loss": LOSSES, "metrics": {"b": ["accuracy"]}}
+    model.compile(**{**args, **compile_args})
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def _trainer_fit(steps: int, weight_a: float = 1.0) -> tuple[np.ndarray, ...]:
+    """The reference: the weights after `Trainer.fit` on the same batches, in order."""
+    model = _model()
+    trainer = mh.Trainer(model, _objectives(_optimizers(), {"a": weight_a}))
+    trainer.fit(mh.as_dataset(TRAIN, BATCH, shuffle=False), steps, verbose=False)
+    return tuple(model.get_weights())
+
+
+def _assert_same_weights(left, right) -> None:
+    for x, y in zip(left, right, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def _numpy_results(model, x, y, weight_a: float = 1.0) -> dict[str, float]:
+    """Keras' evaluation logs, computed in numpy from the model's predictions."""
+    out = model.predict(x)
+    logits = out["b"].astype("float64")
+    log_softmax = logits - logits.max(1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(1, keepdims=True))
+    a_loss = float(np.mean((out["a"][:, 0].astype("float64") - y["a"][:, 0]) ** 2))
+    b_loss = float(-np.mean(log_softmax[np.arange(len(x)), y["b"]]))
+    return {"a_loss": a_loss, "b_loss": b_loss, "b_accuracy": float(np.mean(logits.argmax(1) == y["b"])),
+            "loss": weight_a * a_loss + b_loss}
+
+
+# -- a plain Keras script ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    """`compile` with dicts, then `fit` with validation data and Keras' EarlyStopping,
+    ModelCheckpoint and TensorBoard; numpy's evaluation of the model at each epoch end."""
+    tmp = tmp_path_factory.mktemp("keras_script")
+    model = _model()
+    model.compile(optimizer={"a": keras.optimizers.Adam(0.01),
+                             "b": keras.optimizers.SGD(0.1, momentum=0.9)},
+                  loss={"a": "mse", "b": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                  loss_weights={"a": 0.5}, metrics={"b": ["accuracy"]})
+    # min_delta=10 in min mode: only the first epoch improves, so patience=1 stops after two.
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10)
+    at_epoch_end = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: at_epoch_end.append(_numpy_results(model, *VAL, 0.5)))
+    history = model.fit(TRAIN[0], TRAIN[1], batch_size=BATCH, epochs=6, shuffle=False, verbose=0,
+                        validation_data=VAL,
+                        callbacks=[stop, keras.callbacks.ModelCheckpoint(str(tmp / "model.keras")),
+                                   keras.callbacks.TensorBoard(str(tmp / "tb"), write_graph=False),
+                                   record])
+    return SimpleNamespace(model=model, history=history, stop=stop, dir=tmp, evaluated=at_epoch_end)
+
+
+def test_a_plain_keras_script_trains_as_trainer_fit_bitwise(script):
+    assert script.history.epoch == [0, 1] and script.stop.stopped_epoch == 1
+    _assert_same_weights(script.model.get_weights(), _trainer_fit(steps=2 * 5, weight_a=0.5))
+
+
+def test_model_checkpoint_writes_a_file_that_loads_back_to_the_weights(script):
+    # ModelCheckpoint saved the model after the last epoch.
+    loaded = keras.models.load_model(str(script.dir / "model.keras"))
+    assert isinstance(loaded, mh.MultiHeadModel) and loaded.trainer is None
+    _assert_same_weights(loaded.get_weights(), script.model.get_weights())
+
+
+def test_history_holds_each_head_s_mean_step_loss_per_epoch(script):
+    # The same steps again, one at a time through Trainer.step: the per-step losses.
+    reference = mh.Trainer(_model(), _objectives(_optimizers(), {"a": 0.5}))
+    batches = list(mh.as_dataset(TRAIN, BATCH, shuffle=False))
+    steps = [reference.step(batch).losses for _ in range(2) for batch in batches]
+    history = script.history.history
+    for epoch in range(2):
+        rows = steps[5 * epoch:5 * (epoch + 1)]
+        means = {h: np.mean([r[h] for r in rows]) for h in HEADS}
+        for head in HEADS:
+            assert history[f"{head}_loss"][epoch] == pytest.approx(means[head], rel=1e-12)
+        assert history["loss"][epoch] == pytest.approx(0.5 * means["a"] + means["b"], rel=1e-12)
+    assert set(history) == {"loss", "a_loss", "b_loss", "val_loss", "val_a_loss", "val_b_loss",
+                            "val_b_accuracy"}
+
+
+def test_validation_logs_equal_numpy_on_the_model_s_predictions(script):
+    assert len(script.evaluated) == 2
+    for epoch, expected in enumerate(script.evaluated):
+        for key, value in expected.items():
+            assert script.history.history[f"val_{key}"][epoch] == pytest.approx(value, rel=1e-5)
+
+
+def test_keras_tensorboard_writes_the_per_head_epoch_logs(script):
+    for run, prefix in (("train", ""), ("validation", "val_")):
+        events = EventAccumulator(os.path.join(script.dir, "tb", run), size_guidance={"tensors": 0})
+        events.Reload()
+        for head in HEADS:
+            written = [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+                       for e in events.Tensors(f"epoch_{head}_loss")]
+            assert [s for s, _ in written] == [0, 1]
+            assert [v for _, v in written] == pytest.approx(
+                script.history.history[f"{prefix}{head}_loss"], rel=1e-6)
+
+
+# -- fit trains with the per-head step ---------------------------------------------------------
+
+
+def test_restore_best_weights_rewinds_to_the_trainer_s_first_epoch():
+    model = _compiled()
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10,
+                                         restore_best_weights=True)
+    model.fit(*TRAIN, batch_size=BATCH, epochs=6, shuffle=False, verbose=0, validation_data=VAL,
+              callbacks=[stop])
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=5))
+
+
+def test_steps_per_execution_runs_the_same_steps():
+    model = _compiled(steps_per_execution=2)  # 5 batches an epoch: calls of 2, 2 and 1 steps
+    model.fit(*TRAIN, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=10))
+
+
+def test_the_compiled_optimizers_step_each_on_its_head_s_var_list():
+    optimizers = _optimizers()
+    model = _model()
+    model.compile(optimizer=optimizers, loss=LOSSES)
+    model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for head, optimizer in optimizers.items():
+        assert int(optimizer.iterations) == 5
+        assert [id(v) for v in internals.built_variables(optimizer)] == \
+            [id(v) for v in model.var_list(head)]
+    assert model.optimizer is None and model.trainer.optimizers == optimizers
+
+
+def test_head_a_s_optimizer_never_touches_head_b():
+    # AdamW decays every variable it was built on, gradient or not; head b's optimizer has
+    # a zero learning rate. Head b's variables move only if a's optimizer reaches them.
+    model = _model()
+    before = {h: [v.numpy().copy() for v in model.heads[h].weights] for h in HEADS}
+    trunk_before = [v.numpy().copy() for v in model.trunk.weights]
+    model.compile(optimizer={"a": keras.optimizers.AdamW(0.01, weight_decay=0.5),
+                             "b": keras.optimizers.SGD(0.0)}, loss=LOSSES)
+    model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights([v.numpy() for v in model.heads["b"].weights], before["b"])
+    assert all(not np.array_equal(v.numpy(), old) for v, old in zip(model.heads["a"].weights, before["a"]))
+    assert all(not np.array_equal(v.numpy(), old) for v, old in zip(model.trunk.weights, trunk_before))
+
+
+def test_a_non_finite_head_is_skipped_then_stops_fit_as_in_trainer_fit():
+    model = _compiled(max_nonfinite_steps=3)
+    head_a = [v.numpy().copy() for v in model.heads["a"].weights]
+    labels = {"a": np.full_like(TRAIN[1]["a"], np.nan), "b": TRAIN[1]["b"]}
+    with pytest.raises(FloatingPointError) as error:
+        model.fit(TRAIN[0], labels, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert "head 'a' became nan at step 0" in _one_line(error) and "3 consecutive" in str(error.value)
+    # Its updates were dropped meanwhile (Keras' own step would have applied NaN), b trained.
+    _assert_same_weights([v.numpy() for v in model.heads["a"].weights], head_a)
+    assert int(model.trainer.optimizers["b"].iterations) == 3
+
+
+# -- evaluate and the other Keras entry points -------------------------------------------
+
+
+def test_evaluate_gives_per_head_losses_and_metrics_equal_to_numpy():
+    model = _compiled(loss_weights={"a": 0.5})
+    model.fit(*TRAIN, batch_size=BATCH, epochs=1, verbose=0)
+    expected = _numpy_results(model, *VAL, weight_a=0.5)
+    got = model.evaluate(*VAL, batch_size=5, return_dict=True)  # 24 rows: a short last batch
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert model.evaluate(*VAL) == pytest.approx([got["loss"], got["a_loss"], got["b_loss"],
+                                                  got["b_accuracy"]], rel=1e-6)
+    dataset = tf.data.Dataset.from_tensor_slices(VAL).batch(7)
+    assert model.evaluate(dataset, return_dict=True) == pytest.approx(expected, rel=1e-5)
+
+
+def test_train_on_batch_is_one_trainer_step():
+    model = _compiled()
+    batch = next(iter(mh.as_dataset(TRAIN, BATCH, shuffle=False)))
+    logs = model.train_on_batch(batch[0], batch[1], return_dict=True)
+    reference = mh.Trainer(_model(), _objectives(_optimizers()))
+    losses = reference.step(batch).losses
+    assert logs == pytest.approx({"a_loss": losses["a"], "b_loss": losses["b"],
+                                  "loss": losses["a"] + losses["b"]}, rel=1e-12)
+    _assert_same_weights(model.get_weights(), reference.model.get_weights())
+
+
+def test_a_one_head_model_takes_one_optimizer_and_bare_labels():
+    keras.utils.set_random_seed(0)
+    model = mh.MultiHeadModel(keras.layers.Dense(4), {"y": keras.layers.Dense(1)})
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = TRAIN[0], TRAIN[1]["a"]
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, validation_data=(x, y))
+    assert set(history.history) == {"loss", "y_loss", "val_loss", "val_y_loss"}
+    expected = float(np.mean((model.predict(x)["y"] - y) ** 2))
+    assert model.evaluate(x, y, return_dict=True)["y_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+# -- refused with one line ---------------------------------------------------------------------
+
+
+def _one_line(error: pytest.ExceptionInfo) -> str:
+    text = str(error.value)
+    assert "\n" not in text, text
+    return text
+
+
+def test_a_single_optimizer_object_for_two_heads_is_refused():
+    model = _model()
+    with pytest.raises(ValueError) as error:
+        model.compile(optimizer=keras.optimizers.Adam(), loss=LOSSES)
+    assert "compile(optimizer=...)" in _one_line(error) and "per-head" in str(error.value)
+    shared = keras.optimizers.Adam()
+    with pytest.raises(ValueError) as error:
+        model.compile(optimizer={"a": shared, "b": shared}, loss=LOSSES)
+    assert "same optimizer object" in _one_line(error)
+
+
+@pytest.mark.parametrize("compile_args, message", [
+    ({"optimizer": "adam"}, "compile(optimizer=...): one value for the heads"),
+    ({"loss": {"a": "mse"}}, "compile(loss=...) has no entry for head 'b'"),
+    ({"loss": {"a": "mse", "b": "mse", "c": "mse"}}, "compile(loss=...) names head 'c'"),
+    ({"loss": None}, "compile(loss=...) is required"),
+    ({"metrics": ["mae"]}, "compile(metrics=...): one value for the heads"),
+    ({"loss_weights": {"z": 1.0}}, "compile(loss_weights=...) names head 'z'"),
+    ({"loss_weights": {"a": -1.0}}, "compile(loss_weights)['a']"),
+    ({"weighted_metrics": ["mae"]}, "compile(weighted_metrics=...)"),
+    ({"run_eagerly": True}, "compile(run_eagerly=True)"),
+    ({"steps_per_execution": 0}, "compile(steps_per_execution=...)"),
+    ({"jit_compile": "yes"}, "compile(jit_compile=...)"),
+])
+def test_compile_refuses_what_has_no_per_head_meaning(compile_args, message):
+    args = {"optimizer": _optimizers(), "loss": LOSSES, **compile_args}
+    with pytest.raises(ValueError) as error:
+        _model().compile(**args)
+    assert message in _one_line(error)
+
+
+@pytest.mark.parametrize("fit_args, message", [
+    ({"sample_weight": np.ones(40, "float32")}, "fit(sample_weight=/class_weight=...)"),
+    ({"class_weight": {0: 1.0}}, "fit(sample_weight=/class_weight=...)"),
+    ({"callbacks": [keras.callbacks.ReduceLROnPlateau()]}, "fit(callbacks[0]): ReduceLROnPlateau"),
+    ({"callbacks": [keras.callbacks.TensorBoard(write_steps_per_second=True)]},
+     "TensorBoard(write_steps_per_second=True)"),
+    ({"y": TRAIN[1]["a"]}, "fit: y must be a dict head -> labels"),
+])
+def test_fit_refuses_what_has_no_per_head_meaning(fit_args, message):
+    model = _compiled()
+    with pytest.raises(ValueError) as error:
+        model.fit(**{"x": TRAIN[0], "y": TRAIN[1], "batch_size": BATCH, "verbose": 0, **fit_args})
+    assert message in _one_line(error)
+
+
+def test_fit_before_compile_says_to_compile():
+    with pytest.raises(ValueError) as error:
+        _model().fit(*TRAIN, verbose=0)
+    assert "compile the model first" in _one_line(error)
+
+
+def test_a_second_compile_with_the_same_optimizers_continues_their_state():
+    optimizers = _optimizers()
+    model = _model()
+    model.compile(optimizer=optimizers, loss=LOSSES)
+    model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.compile(optimizer=optimizers, loss=LOSSES)
+    model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=10))
