@@ -122,18 +122,27 @@ class CallbackList:
 
 
 class ProgressCallback(Callback):
-    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses."""
+    """The progress line of `fit(verbose=True)`: steps/s, ETA and the latest per-head losses.
 
-    def __init__(self, total: int) -> None:
+    Steps are counted on the trainer's step axis: a `fit` of 1200 steps from step 800
+    shows `801/2000` after its first step.
+
+    Args:
+        total: the step `fit` ends at.
+        start: the step `fit` starts from.
+    """
+
+    def __init__(self, total: int, start: int = 0) -> None:
         self.total = total
+        self.start = start
         self._progress: Progress | None = None
-        self._done = 0
+        self._done = start
 
     def on_train_begin(self) -> None:
-        self._progress, self._done = Progress(self.total), 0
+        self._progress, self._done = Progress(self.total), self.start
 
     def on_step_end(self, step: int, result: StepResult) -> None:
-        self._done += 1
+        self._done = step
         self._latest = result.losses
 
     def on_call_end(self, step: int) -> None:
@@ -141,7 +150,7 @@ class ProgressCallback(Callback):
         self._progress.update(self._done, self._latest, force=self._done == self.total)
 
     def on_train_end(self) -> None:
-        if self._progress is not None and self._done:
+        if self._progress is not None and self._done > self.start:
             self._progress.close(self._done)
 
 

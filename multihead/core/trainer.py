@@ -387,7 +387,7 @@ class Trainer:
         if checkpoints is not None:
             extra.append(checkpoints.callback())
         if verbose:
-            extra.append(ProgressCallback(steps))
+            extra.append(ProgressCallback(self.global_step + steps, start=self.global_step))
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
         self.stop_training, self.stop_reason = False, None

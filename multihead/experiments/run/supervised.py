@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, ClassVar, Sequence
 
 import keras
@@ -26,6 +27,7 @@ from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.build.data_sources import input_spec
 from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
+from multihead.experiments.run.history import HistoryError, RunHistory
 from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead._boundary import write_atomic
@@ -69,28 +71,34 @@ class SupervisedRunner:
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
                                         every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         callbacks = build_callbacks(cfg, os.path.join(run_dir, "best"))
+        resumed_from = None
         if resume:
-            _restore_for_resume(checkpoints, cfg.train.steps)
-        start_step = trainer.global_step
-        remaining = cfg.train.steps - start_step
-        wall_time = 0.0
-        evals: list[tuple[int, dict[str, dict[str, float]]]] = []
+            resumed_from = os.path.relpath(_restore_for_resume(checkpoints, cfg.train.steps),
+                                           run_dir)
+            if verbose:
+                print(f"resuming from {resumed_from} (step {trainer.global_step})",
+                      file=sys.stderr)
+        try:
+            history = RunHistory.begin(run_dir, trainer.global_step, resumed_from,
+                                       write=trainer.is_chief)
+        except HistoryError as err:
+            raise ConfigError(f"--resume: {err}") from None
+        remaining = cfg.train.steps - trainer.global_step
         train_data, eval_data = _splits(self.data)
         if remaining > 0:
-            history = trainer.fit(train_data, remaining, batch_size=cfg.train.batch_size,
-                                  eval_data=eval_data, eval_every=cfg.train.eval_every,
-                                  verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
-                                  steps_per_execution=cfg.train.steps_per_execution,
-                                  callbacks=[*callbacks.as_list(), *extra_callbacks],
-                                  sampling=_sampling(cfg))
+            trainer.fit(train_data, remaining, batch_size=cfg.train.batch_size,
+                        eval_data=eval_data, eval_every=cfg.train.eval_every,
+                        verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
+                        steps_per_execution=cfg.train.steps_per_execution,
+                        callbacks=[*callbacks.as_list(), history, *extra_callbacks],
+                        sampling=_sampling(cfg))
             try:
                 stop_if_interrupted(extra_callbacks, lambda: _checkpoint_now(checkpoints, trainer),
                                     trainer.global_step)
             except RunInterrupted:
                 trainer.close()
                 raise
-            evals, wall_time = history.eval, history.wall_time
-            final_eval = _final_eval(evals, callbacks.early_stopping)
+            final_eval = _final_eval(history.evals, callbacks.early_stopping)
         else:
             final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
         _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
@@ -109,16 +117,16 @@ class SupervisedRunner:
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
                             trainer=trainer)
         trainer.close()
-        done = trainer.global_step - start_step
         return {
             "task": "supervised",
             "steps": trainer.global_step,
-            "wall_time_s": wall_time,
-            "steps_per_s": done / wall_time if wall_time else None,
+            "wall_time_s": history.wall_time_s,
+            "steps_per_s": history.steps_per_s,
+            "segments": history.segments,
             "train": train_metrics,
             "eval": final_eval,
             "baseline": {h: {"loss": v} for h, v in baselines.items()},
-            "evals": [{"step": step, "eval": metrics} for step, metrics in evals],
+            "evals": [{"step": step, "eval": metrics} for step, metrics in history.evals],
             "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
@@ -206,7 +214,8 @@ def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
     return out
 
 
-def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
+def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> str:
+    """Restores the latest checkpoint of the run; returns its path."""
     latest = checkpoints.latest_checkpoint
     if latest is None:
         raise ConfigError(f"--resume: no checkpoint in {checkpoints.directory!r} to resume from")
@@ -219,6 +228,7 @@ def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
         checkpoints.restore_latest()
     except ValueError as err:  # mismatch or unreadable: bad input, not a crash
         raise ConfigError(f"--resume: {err}") from None
+    return latest
 
 
 def prepare(config: ExperimentConfig) -> SupervisedRunner:
