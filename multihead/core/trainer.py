@@ -391,6 +391,8 @@ class Trainer:
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
         self.stop_training, self.stop_reason = False, None
+        if self.monitor:  # the last step is logged, whatever the cadence
+            self.monitor.log_last(self.global_step + steps)
         start = time.perf_counter()
         done = 0
         hooks.on_train_begin()
