@@ -25,7 +25,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from multihead._boundary import BoundaryError, inside, is_regular
+from multihead._boundary import BoundaryError, inside, is_regular, read_json
 from multihead.monitoring import tags
 
 
@@ -52,6 +52,10 @@ class HeadSummary:
         mean_head_grad_norm: mean L2 norm of the head part of the applied gradient.
         mean_update_ratio: mean of `||update|| / ||weights||` over the head's var_list.
         eval_loss: the last evaluation loss (the `eval` run), if any.
+        eval_metrics: the loss and every metric of the last evaluation, `{name: value}`
+            (empty without evaluations), and `eval_step` its step.
+        baseline: the constant predictor's values, `{name: value}`, from the run's
+            `metrics.json` (empty when it has none).
     """
 
     head: str
@@ -63,6 +67,9 @@ class HeadSummary:
     mean_head_grad_norm: float | None
     mean_update_ratio: float | None
     eval_loss: float | None
+    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    eval_step: int | None = None
+    baseline: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,12 +212,14 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
         )
     eval_dir = _run_folder(run_dir, "eval")
     evals = read_scalars(eval_dir) if train_dir != run_dir and os.path.isdir(eval_dir) else {}
+    baselines = _baselines(run_dir) if train_dir != run_dir else {}
     summaries = {}
     for head in heads:
         loss = train[tags.loss(head)]
         finite = np.where(np.isfinite(loss.values), loss.values, np.inf)
         best = int(np.argmin(finite))
         eval_loss = evals.get(tags.eval_metric(tags.LOSS, head))
+        last = _last_evaluation(evals, head)
         summaries[head] = HeadSummary(
             head=head,
             final_loss=float(loss.values[-1]),
@@ -221,6 +230,7 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
             mean_head_grad_norm=_mean(train.get(tags.head_grad_norm(head))),
             mean_update_ratio=_mean(train.get(tags.update_ratio(head))),
             eval_loss=float(eval_loss.values[-1]) if eval_loss is not None else None,
+            eval_metrics=last[1], eval_step=last[0], baseline=baselines.get(head, {}),
         )
     # Each head's optimizer updating the trunk logs `grad_cosine`; one trunk optimizer
     # fed the heads' aggregated gradients logs the same cosine as `agg_cosine`.
@@ -237,6 +247,34 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
                 conflict[a][b] = _mean(cosines.get(frozenset((a, b))))
     utilisation, entropy = _gate_utilisation(train, heads)
     return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy)
+
+
+def _last_evaluation(evals: Mapping[str, Series], head: str) -> tuple[int | None, dict[str, float]]:
+    """The step of `head`'s last evaluation and its `{metric: value}` there (`<metric>/<head>`
+    tags of the eval run; the loss first)."""
+    series = {tag[:-len(head) - 1]: s for tag, s in evals.items()
+              if tag.endswith(f"/{head}") and len(s.steps)}
+    if not series:
+        return None, {}
+    step = max(int(s.steps[-1]) for s in series.values())
+    values = {name: float(s.values[-1]) for name, s in series.items() if s.steps[-1] == step}
+    order = sorted(values, key=lambda name: name != tags.LOSS)
+    return step, {name: values[name] for name in order}
+
+
+def _baselines(run_dir: str) -> dict[str, dict[str, float]]:
+    """Head -> the constant predictor's `{metric: value}` of the run's `metrics.json`, or
+    nothing when the run has none (not finished, or not a supervised run)."""
+    try:
+        metrics = read_json(run_dir, "metrics.json")
+    except BoundaryError:
+        return {}
+    baseline = metrics.get("baseline")
+    if not isinstance(baseline, dict):
+        return {}
+    return {str(h): {str(m): float(v) for m, v in values.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for h, values in baseline.items() if isinstance(values, dict)}
 
 
 def _gate_utilisation(train: Mapping[str, Series], heads: Sequence[str],
@@ -284,8 +322,8 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 def format_report(report: RunReport) -> str:
     """The human-readable report: the per-head table, then the conflict matrix."""
     has_eval = any(s.eval_loss is not None for s in report.summaries.values())
-    header = ("head", "final loss", "best loss (step)", "trunk grad norm", "head grad norm",
-              "update ratio") + (("eval loss",) if has_eval else ())
+    header = ("head", "train loss (last logged)", "best train loss", "trunk grad norm",
+              "head grad norm", "update ratio") + (("eval loss",) if has_eval else ())
     rows = [header]
     for s in report.summaries.values():
         rows.append((s.head, f"{_fmt(s.final_loss)} @{s.final_step}",
@@ -293,6 +331,15 @@ def format_report(report: RunReport) -> str:
                      _fmt(s.mean_head_grad_norm), _fmt(s.mean_update_ratio, 3))
                     + ((_fmt(s.eval_loss),) if has_eval else ()))
     lines = [f"run {report.run_dir}", ""] + _table(rows)
+    if has_eval:
+        lines += ["", "last evaluation, every metric (baseline: the best constant predictor)"]
+        table = [("head", "step", "metric", "eval", "baseline", "eval/baseline")]
+        for s in report.summaries.values():
+            for name, value in s.eval_metrics.items():
+                base = s.baseline.get(name)
+                table.append((s.head, str(s.eval_step), name, _fmt(value), _fmt(base),
+                              f"{value / base:.3f}" if base else "-"))
+        lines += _table(table)
     lines += ["", "trunk gradient cosine, mean over logged steps (< 0: the heads conflict)"]
     matrix = [("",) + report.heads]
     for a in report.heads:

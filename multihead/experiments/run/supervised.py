@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Sequence
 import keras
 import tensorflow as tf
 
-from multihead.experiments.build.baselines import constant_baseline
+from multihead.experiments.build.baselines import constant_baseline_metrics
 from multihead.experiments.build.builders import (
     RunCallbacks,
     build_callbacks,
@@ -33,7 +33,7 @@ from multihead.core.data import MultiTaskData
 from multihead._boundary import write_atomic
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import Objective
+from multihead.core.objectives import Objective, resolve_metric
 from multihead.core.sampling import TaskSampling
 
 
@@ -104,15 +104,17 @@ class SupervisedRunner:
         _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
         # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
         # evaluations of the eval data.
-        train_metrics = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
+        final_train = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
                                          log=False)
         baselines = {}
         for head in self.model.head_names:
             data = self.data[head] if isinstance(self.data, dict) else self.data
             first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
             output_shape = tuple(self.model(first)[head].shape[1:])
-            baselines[head] = constant_baseline(
-                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape)
+            objective = self.objectives[head]
+            baselines[head] = constant_baseline_metrics(
+                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape,
+                [resolve_metric(m, head, objective.loss) for m in objective.metrics])
         if trainer.is_chief:  # the other workers of a multi-worker run write nothing
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
                             trainer=trainer)
@@ -123,14 +125,27 @@ class SupervisedRunner:
             "wall_time_s": history.wall_time_s,
             "steps_per_s": history.steps_per_s,
             "segments": history.segments,
-            "train": train_metrics,
+            "train": last_logged_losses(run_dir) if trainer.is_chief else {},
+            "final_train": final_train,
             "eval": final_eval,
-            "baseline": {h: {"loss": v} for h, v in baselines.items()},
+            "baseline": baselines,
             "evals": [{"step": step, "eval": metrics} for step, metrics in history.evals],
             "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
         }
+
+
+def last_logged_losses(run_dir: str) -> dict[str, dict[str, float]]:
+    """Head -> `{"loss": the last logged training loss (one batch), "step": its step}`, read
+    from the run's event files as `multihead report` reads them."""
+    from multihead.monitoring.report import ReportError, load_report
+
+    try:
+        summaries = load_report(run_dir).summaries
+    except ReportError:  # nothing logged
+        return {}
+    return {h: {"loss": s.final_loss, "step": s.final_step} for h, s in summaries.items()}
 
 
 def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
