@@ -298,6 +298,8 @@ def _gate_utilisation(train: Mapping[str, Series], heads: Sequence[str],
 def report_to_dict(report: RunReport) -> dict[str, Any]:
     """The report as JSON-ready data (what `multihead report --json` prints)."""
     def clean(x: Any) -> Any:
+        if isinstance(x, dict):  # a head's eval metrics and baseline
+            return {k: clean(v) for k, v in x.items()}
         return None if isinstance(x, float) and not math.isfinite(x) else x
 
     return {
