@@ -66,12 +66,20 @@ def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
 
 
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
-    rows = [("head", "eval loss", "constant baseline", "ratio")]
+    """The end-of-run table: per head, the loss and every configured metric on the eval data
+    (`eval`), on the full train set (`final_train`), the loss of the last logged batch
+    (`train`) and the constant predictor's value (`baseline`) with the ratio eval / baseline."""
+    rows = [("head", "metric", "eval", "final_train", "train (last batch)", "baseline",
+             "eval/baseline")]
     for head, values in metrics["eval"].items():
-        base = metrics.get("baseline", {}).get(head, {}).get("loss")
-        ratio = f"{values['loss'] / base:.3f}" if base else "-"
-        rows.append((head, f"{values['loss']:.4g}", f"{base:.4g}" if base else "-", ratio))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for name, value in values.items():
+            base = metrics.get("baseline", {}).get(head, {}).get(name)
+            final_train = metrics.get("final_train", {}).get(head, {}).get(name)
+            batch = metrics.get("train", {}).get(head, {}) if name == "loss" else {}
+            rows.append((head, name, f"{value:.4g}", _number(final_train),
+                         f"{batch['loss']:.4g} @{batch['step']}" if batch else "-",
+                         _number(base), f"{value / base:.3f}" if base else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
 
@@ -81,6 +89,10 @@ def _print_parameters(runner: Any, stream: Any) -> None:
     counts = getattr(getattr(runner, "model", None), "parameter_counts", None)
     if counts is not None and runner.model.built:
         print(f"parameters:\n{counts().table()}", file=stream)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

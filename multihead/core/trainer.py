@@ -464,10 +464,13 @@ class Trainer:
         if checkpoints is not None:
             extra.append(checkpoints.callback())
         if verbose:
-            extra.append(ProgressCallback(steps, per_epoch=per_epoch))
+            extra.append(ProgressCallback(self.global_step + steps, start=self.global_step,
+                                          per_epoch=per_epoch))
         hooks = CallbackList([*callbacks, *extra], self)
         periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
         self.stop_training, self.stop_reason, self.notices = False, None, []
+        if self.monitor:  # the last step is logged, whatever the cadence
+            self.monitor.log_last(self.global_step + steps)
         start = time.perf_counter()
         done = 0
         hooks.on_train_begin()

@@ -186,7 +186,7 @@ class Monitor:
         >>> trainer = mh.Trainer(model, {"a": mh.Objective("mse"), "b": mh.Objective("mse")},
         ...                      log_dir=tempfile.mkdtemp(), log_every=10, histograms_every=0)
         >>> x = np.ones((4, 3), "float32"); y = {"a": np.ones((4, 1)), "b": np.zeros((4, 1))}
-        >>> trainer.step((x, y)).step            # step 0 is logged: loss/a, grad_norm/a/trunk, ...
+        >>> trainer.step((x, y)).step            # the first update is logged, at step 1
         0
         >>> trainer.close()
         >>> sorted(mh.load_report(trainer.monitor.log_dir).conflict["a"])
@@ -194,10 +194,13 @@ class Monitor:
 
     Args:
         log_dir: the TensorBoard log directory of the run.
-        every: scalars (losses, norms, lr, update ratios, cosines) are written on
-            steps `0, every, 2*every, ...`.
-        histograms_every: gradient histograms are written on steps
-            `0, histograms_every, ...`; 0 disables them. A histogram step costs
+        every: scalars (losses, norms, lr, update ratios, cosines) are written after
+            updates `1, every, 2*every, ...` and after the last update of a `fit`
+            (`log_last`). A step's summaries are written at the number of updates
+            done, the step axis of evaluations and checkpoints: the first update is
+            step 1.
+        histograms_every: gradient histograms are written after updates
+            `1, histograms_every, ...`; 0 disables them. A histogram step costs
             a few times a plain step, so keep this a multiple of `every`.
         variable_norms: also write each variable's gradient norm.
         grad_cosine: write the cosine of every pair of heads' trunk gradients.
@@ -229,6 +232,9 @@ class Monitor:
                              if internals.summary_writer_resource(self._train_writer) is not None
                              else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
+        with tf.init_scope():  # read by the compiled step: the step `log_last` names
+            self._last = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="monitor_last")
+        self._last_step = -1
         # Set by `bind`.
         self._heads: tuple[str, ...] = ()
         self._trunk_ids: set[int] = set()
@@ -339,30 +345,45 @@ class Monitor:
 
     # -- inside the traced step ----------------------------------------------------------
 
-    def _scalars_due(self, step: tf.Tensor) -> tf.Tensor:
-        return tf.equal(step % self.every, 0)
+    def log_last(self, step: int) -> None:
+        """Also writes the scalars of update `step` (the last of a `fit`), whatever `every`."""
+        self._last_step = int(step)
+        self._last.assign(self._last_step)
 
-    def _histograms_due(self, step: tf.Tensor) -> tf.Tensor:
+    # A step taken at counter value `step` is written at `done = step + 1`, the number of
+    # updates done after it: evaluations and checkpoints count steps the same way.
+
+    def _scalars_due(self, done: tf.Tensor) -> tf.Tensor:
+        return (tf.equal(done % self.every, 0) | tf.equal(done, 1)
+                | tf.equal(done, self._last.read_value()))
+
+    def _histograms_due(self, done: tf.Tensor) -> tf.Tensor:
         if not self.histograms_every:
             return tf.constant(False)
-        return tf.equal(step % self.histograms_every, 0)
+        return tf.equal(done % self.histograms_every, 0) | tf.equal(done, 1)
 
     def logs_at(self, step: int) -> bool:
-        """Whether step `step` writes scalars or histograms."""
-        return step % self.every == 0 or bool(self.histograms_every and step % self.histograms_every == 0)
+        """Whether the step taken at counter value `step` writes scalars or histograms."""
+        done = step + 1
+        return (done % self.every == 0 or done in (1, self._last_step)
+                or bool(self.histograms_every and done % self.histograms_every == 0))
 
     def quiet_steps_from(self, step: int) -> int:
         """How many consecutive steps from `step` (a step that does not log) do not log."""
-        gaps = [self.every - step % self.every]
+        done = step + 1
+        gaps = [self.every - done % self.every]
         if self.histograms_every:
-            gaps.append(self.histograms_every - step % self.histograms_every)
+            gaps.append(self.histograms_every - done % self.histograms_every)
+        if self._last_step > done:
+            gaps.append(self._last_step - done)
         return min(gaps)
 
     def monitored(self, step: tf.Tensor, update: Callable[[], T]) -> T:
         """The body of one compiled step taken at counter value `step`, monitored.
 
         `update()` builds the step's updates and returns its results; the
-        `head_update` calls inside it write the summaries of `step`, each piece
+        `head_update` calls inside it write the summaries of the step at `step + 1`
+        (the number of updates done after it), each piece
         gated in the graph on its cadence. The train step compiles this variant
         for logging steps, and runs a second one without any monitoring op on the
         others (under a strategy it runs this one on every step). Summaries that
@@ -374,10 +395,11 @@ class Monitor:
                                "(eagerly) before the step is traced")
         if self._step is not None:
             raise RuntimeError("Monitor.monitored cannot be nested")
-        scalars_due = self._scalars_due(step)
-        self._step, self._seen = step, []
+        done = step + 1
+        scalars_due = self._scalars_due(done)
+        self._step, self._seen = done, []
         try:
-            with self._step_writer.as_default(step=step), tf.summary.record_if(lambda: scalars_due):
+            with self._step_writer.as_default(step=done), tf.summary.record_if(lambda: scalars_due):
                 self._gated(scalars_due, self._snapshot)
                 return update()
         finally:

@@ -26,7 +26,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from multihead._boundary import BoundaryError, inside, is_regular, temp_file
+from multihead._boundary import BoundaryError, inside, is_regular, read_json, temp_file
 from multihead.monitoring import tags
 
 
@@ -58,6 +58,10 @@ class HeadSummary:
         mean_agg_loss_weight: the mean weight a loss weighting gave the head's loss.
         mean_agg_trunk_grad_norm: the mean norm of the head's trunk gradient fed to the
             aggregator (`agg_trunk_grad_norm/<head>`).
+        eval_metrics: the loss and every metric of the last evaluation, `{name: value}`
+            (empty without evaluations), and `eval_step` its step.
+        baseline: the constant predictor's values, `{name: value}`, from the run's
+            `metrics.json` (empty when it has none).
     """
 
     head: str
@@ -72,6 +76,9 @@ class HeadSummary:
     mean_agg_weight: float | None = None
     mean_agg_loss_weight: float | None = None
     mean_agg_trunk_grad_norm: float | None = None
+    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    eval_step: int | None = None
+    baseline: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,12 +229,14 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
         )
     eval_dir = _run_folder(run_dir, "eval")
     evals = read_scalars(eval_dir) if train_dir != run_dir and os.path.isdir(eval_dir) else {}
+    baselines = _baselines(run_dir) if train_dir != run_dir else {}
     summaries = {}
     for head in heads:
         loss = train[tags.loss(head)]
         finite = np.where(np.isfinite(loss.values), loss.values, np.inf)
         best = int(np.argmin(finite))
         eval_loss = evals.get(tags.eval_metric(tags.LOSS, head))
+        last = _last_evaluation(evals, head)
         summaries[head] = HeadSummary(
             head=head,
             final_loss=float(loss.values[-1]),
@@ -241,6 +250,7 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
             mean_agg_weight=_mean(train.get(tags.agg_weight(head))),
             mean_agg_loss_weight=_mean(train.get(tags.agg_loss_weight(head))),
             mean_agg_trunk_grad_norm=_mean(train.get(tags.agg_trunk_grad_norm(head))),
+            eval_metrics=last[1], eval_step=last[0], baseline=baselines.get(head, {}),
         )
     # Each head's optimizer updating the trunk logs `grad_cosine`; one trunk optimizer
     # fed the heads' aggregated gradients logs the same cosine as `agg_cosine`.
@@ -258,6 +268,34 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
     utilisation, entropy = _gate_utilisation(train, heads)
     return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy,
                      _mean(train.get(tags.AGG_UPDATE_NORM)))
+
+
+def _last_evaluation(evals: Mapping[str, Series], head: str) -> tuple[int | None, dict[str, float]]:
+    """The step of `head`'s last evaluation and its `{metric: value}` there (`<metric>/<head>`
+    tags of the eval run; the loss first)."""
+    series = {tag[:-len(head) - 1]: s for tag, s in evals.items()
+              if tag.endswith(f"/{head}") and len(s.steps)}
+    if not series:
+        return None, {}
+    step = max(int(s.steps[-1]) for s in series.values())
+    values = {name: float(s.values[-1]) for name, s in series.items() if s.steps[-1] == step}
+    order = sorted(values, key=lambda name: name != tags.LOSS)
+    return step, {name: values[name] for name in order}
+
+
+def _baselines(run_dir: str) -> dict[str, dict[str, float]]:
+    """Head -> the constant predictor's `{metric: value}` of the run's `metrics.json`, or
+    nothing when the run has none (not finished, or not a supervised run)."""
+    try:
+        metrics = read_json(run_dir, "metrics.json")
+    except BoundaryError:
+        return {}
+    baseline = metrics.get("baseline")
+    if not isinstance(baseline, dict):
+        return {}
+    return {str(h): {str(m): float(v) for m, v in values.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for h, values in baseline.items() if isinstance(values, dict)}
 
 
 def _gate_utilisation(train: Mapping[str, Series], heads: Sequence[str],
@@ -281,6 +319,8 @@ def _gate_utilisation(train: Mapping[str, Series], heads: Sequence[str],
 def report_to_dict(report: RunReport) -> dict[str, Any]:
     """The report as JSON-ready data (what `multihead report --json` prints)."""
     def clean(x: Any) -> Any:
+        if isinstance(x, dict):  # a head's eval metrics and baseline
+            return {k: clean(v) for k, v in x.items()}
         return None if isinstance(x, float) and not math.isfinite(x) else x
 
     return {
@@ -346,8 +386,9 @@ def format_report(report: RunReport) -> str:
     has_eval = any(s.eval_loss is not None for s in report.summaries.values())
     summaries = report.summaries.values()
     extra = [c for c in _AGG_COLUMNS if any(getattr(s, c[1]) is not None for s in summaries)]
-    header = (("head", "final loss", "best loss (step)", "trunk grad norm", "head grad norm",
-               "update ratio") + tuple(c[0] for c in extra) + (("eval loss",) if has_eval else ()))
+    header = (("head", "train loss (last logged)", "best train loss", "trunk grad norm",
+               "head grad norm", "update ratio") + tuple(c[0] for c in extra)
+              + (("eval loss",) if has_eval else ()))
     rows = [header]
     for s in summaries:
         rows.append((s.head, f"{_fmt(s.final_loss)} @{s.final_step}",
@@ -355,8 +396,16 @@ def format_report(report: RunReport) -> str:
                      _fmt(s.mean_head_grad_norm), _fmt(s.mean_update_ratio, 3))
                     + tuple(_fmt(getattr(s, field), digits) for _, field, digits in extra)
                     + ((_fmt(s.eval_loss),) if has_eval else ()))
-    lines = [f"run {report.run_dir}", ""] + _table(rows)
-    lines += _empty_lines(report)
+    lines = [f"run {report.run_dir}", ""] + _table(rows) + _empty_lines(report)
+    if has_eval:
+        lines += ["", "last evaluation, every metric (baseline: the best constant predictor)"]
+        table = [("head", "step", "metric", "eval", "baseline", "eval/baseline")]
+        for s in report.summaries.values():
+            for name, value in s.eval_metrics.items():
+                base = s.baseline.get(name)
+                table.append((s.head, str(s.eval_step), name, _fmt(value), _fmt(base),
+                              f"{value / base:.3f}" if base else "-"))
+        lines += _table(table)
     if report.aggregated:
         lines += ["", f"aggregated trunk gradient norm ({tags.AGG_UPDATE_NORM}), mean over logged "
                   f"steps: {_fmt(report.mean_agg_update_norm)}"]

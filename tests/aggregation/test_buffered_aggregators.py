@@ -306,4 +306,4 @@ def test_logged_agg_weight_of_moco_is_its_lambda_computed_by_hand(tmp_path):
     trainer.step((x, y))
     trainer.close()
     logged = _scalars(str(tmp_path))
-    assert [logged[f"agg_weight/{h}"][0] for h in HEADS] == pytest.approx(expected, rel=1e-4)
+    assert [logged[f"agg_weight/{h}"][1] for h in HEADS] == pytest.approx(expected, rel=1e-4)

@@ -133,10 +133,11 @@ def test_per_head_losses_go_to_tensorboard_at_the_cadence(tmp_path):
     trainer.close()
     train_dir = os.path.join(tmp_path, "train")
     logged_a = _scalars(train_dir, "loss/a")
-    assert [s for s, _ in logged_a] == [0, 3, 6, 9]
+    # logged at the number of updates done: the first step, then every 3rd (10 steps)
+    assert [s for s, _ in logged_a] == [1, 3, 6, 9]
     for step, value in logged_a:
-        assert value == pytest.approx(results[step].losses["a"], rel=1e-6)
-    assert [s for s, _ in _scalars(train_dir, "loss/b")] == [0, 6]  # b updates on even steps only
+        assert value == pytest.approx(results[step - 1].losses["a"], rel=1e-6)
+    assert [s for s, _ in _scalars(train_dir, "loss/b")] == [1, 3, 9]  # b updates on 1, 3, 5, ...
     assert glob.glob(os.path.join(tmp_path, "eval", "events.*"))
     assert [s for s, _ in _scalars(os.path.join(tmp_path, "eval"), "loss/a")] == [10]
 
@@ -168,7 +169,8 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
         assert [step for step, _ in h1.eval] == [step for step, _ in h.eval] == [10, 20, 30, 40]
         assert h1.eval == h.eval
         assert c1 == c and len(c) == 8  # steps 5, 10, ..., 40
-        assert s1 == s and [step for step, _ in s] == [0, 6, 12, 18, 24, 30, 36]
+        # b is updated on steps 1, 3, 5, ...: logged on those of 1, 3, 6, ..., 39 and 40 (last)
+        assert s1 == s and [step for step, _ in s] == [1, 3, 9, 15, 21, 27, 33, 39]
 
 
 def test_auto_steps_per_execution_runs_a_small_model_in_few_calls():

@@ -314,7 +314,7 @@ def test_monitor_logs_weights_projections_and_trunk_gradient_cosines(tmp_path):
     x, y = make_batch(heads)
     y["b"] = -y["a"]  # opposite targets: the heads' trunk gradients conflict
     model = make_model(heads, seed=3)
-    with tf.GradientTape(persistent=True) as tape:   # expected cosine at step 0, by hand
+    with tf.GradientTape(persistent=True) as tape:   # expected cosine of the first step (1), by hand
         out = model(x)
         losses = {h: _mse(y[h], out[h]) for h in heads}
     ga, gb = (_flat(tape.gradient(losses[h], model.trunk_variables), model.trunk_variables).numpy()
@@ -326,16 +326,16 @@ def test_monitor_logs_weights_projections_and_trunk_gradient_cosines(tmp_path):
         trainer.step((x, y))
     trainer.close()
     logged = _scalars(str(tmp_path))
-    assert sorted(logged["agg_weight/a"]) == [0, 2]               # logging steps only
-    assert logged["agg_cosine/a/b"][0] == pytest.approx(cosine, abs=1e-5)
-    assert cosine < 0 and logged["agg_projections"][0] == 2       # both heads were projected
-    assert logged["agg_trunk_grad_norm/a"][0] == pytest.approx(np.linalg.norm(ga), rel=1e-5)
+    assert sorted(logged["agg_weight/a"]) == [1, 2]               # logging steps only (1, 2 of 3)
+    assert logged["agg_cosine/a/b"][1] == pytest.approx(cosine, abs=1e-5)
+    assert cosine < 0 and logged["agg_projections"][1] == 2       # both heads were projected
+    assert logged["agg_trunk_grad_norm/a"][1] == pytest.approx(np.linalg.norm(ga), rel=1e-5)
     # Two conflicting gradients, both projected once:
     # d = (g_a - (g_a.g_b / |g_b|^2) g_b) + (g_b - (g_a.g_b / |g_a|^2) g_a)
     #   = (1 - g_a.g_b / |g_a|^2) g_a + (1 - g_a.g_b / |g_b|^2) g_b
     dot = ga @ gb
     expected = [1 - dot / (ga @ ga), 1 - dot / (gb @ gb)]
-    assert [logged["agg_weight/a"][0], logged["agg_weight/b"][0]] == pytest.approx(expected, rel=1e-4)
+    assert [logged["agg_weight/a"][1], logged["agg_weight/b"][1]] == pytest.approx(expected, rel=1e-4)
     assert "loss/a" in logged                                     # the per-head monitor still runs
 
 
@@ -354,8 +354,8 @@ def test_constant_weights_log_conflicts_on_logging_steps_too(tmp_path):
     trainer.close()
     logged = _scalars(str(tmp_path))
     cosine = ga @ gb / np.linalg.norm(ga) / np.linalg.norm(gb)
-    assert logged["agg_cosine/a/b"][0] == pytest.approx(cosine, abs=1e-5)
-    assert logged["agg_weight/b"][0] == 1.0
+    assert logged["agg_cosine/a/b"][1] == pytest.approx(cosine, abs=1e-5)
+    assert logged["agg_weight/b"][1] == 1.0
     assert "agg_projections" not in logged
 
 

@@ -29,7 +29,7 @@ TINY = {
     "log": {"every": 6, "histograms_every": 0},
     "callbacks": {"reduce_lr_on_plateau": {"y1": {"factor": 0.5}, "y2": {"factor": 0.5}}},
 }
-TIMING = ("wall_time_s", "steps_per_s")
+TIMING = ("wall_time_s", "steps_per_s", "segments")  # measurements of time
 
 
 def _numbers(run_dir) -> dict:

@@ -145,7 +145,7 @@ def test_logged_gate_utilisation_is_the_mean_gate_output_on_the_batch(tmp_path):
     trainer.close()
     scalars = read_scalars(str(tmp_path / "train"))
     np.testing.assert_allclose(scalars[tags.head_grad_norm("a")].values[0], head_norm, rtol=1e-5)
-    for step, gates in enumerate(expected):
+    for step, gates in enumerate(expected, start=1):  # logged at the number of updates done
         for h, g in gates.items():
             for i in range(g.shape[1]):
                 logged = scalars[tags.gate_expert(h, i)]

@@ -1,7 +1,9 @@
 """Exact resume: a run stopped after a checkpoint and resumed equals the uninterrupted run bitwise."""
 
 import glob
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from conftest import make_model
 from tensorflow.core.util import event_pb2
 
 import multihead as mh
+from multihead.experiments.results.compare import load_result
 from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
@@ -119,7 +122,7 @@ def test_resumed_tensorboard_logs_have_each_step_once(tmp_path):
     duplicated = [key for key, values in stopped.items() if len(values) > 1]
     assert not duplicated
     assert stopped == full  # same tags at the same steps with bitwise the same values
-    assert {step for (run, tag, step) in stopped if tag == "loss/a"} == set(range(30))
+    assert {step for (run, tag, step) in stopped if tag == "loss/a"} == set(range(1, 31))
 
 
 # -- a real crash: SIGKILL of `multihead train`, then `multihead train --resume` -----------
@@ -218,8 +221,9 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
     config_key = ("train", "config", 0)  # the config text: train.steps differs, by design
     assert len(resumed_events.pop(config_key)) == len(full_events.pop(config_key)) == 1
     assert resumed_events == full_events
-    assert {s for (run, tag, s) in full_events if (run, tag) == ("train", "loss/a")} == set(
-        range(0, total, 5))
+    # logged at the number of updates done: the first, every 5th and the last
+    assert {s for (run, tag, s) in full_events if (run, tag) == ("train", "loss/a")} == {
+        1, *range(5, total + 1, 5)}
 
 
 def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
@@ -335,3 +339,50 @@ def test_stateful_and_random_aggregators_resume_bitwise(tmp_path, aggregator):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
     for a, b in zip(full.model.variables, resumed.model.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
+
+
+def _progress_steps(stderr):
+    """(done, total) of every progress line in `stderr`."""
+    return [tuple(int(n) for n in re.match(r"step\s+(\d+)/(\d+)", line).groups())
+            for line in stderr.splitlines() if re.match(r"step\s+\d+/\d+", line)]
+
+
+def test_sigkill_then_two_resumes_keep_one_history_equal_to_the_uninterrupted_run(tmp_path):
+    """metrics.json after SIGKILL + two resumes: every evaluation from the first step, the
+    same best values and `compare` output as one uninterrupted run of the same seed, and
+    each segment listed with its start step and checkpoint."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(CONFIG)
+    stopped, full = tmp_path / "stopped", tmp_path / "full"
+    killed_at = _killed_after_a_checkpoint(config, stopped)
+    mid, total = killed_at + 50, killed_at + 75
+
+    first = _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={mid}")
+    _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
+    _cli("train", str(config), "--run-dir", str(full), "--set", f"train.steps={total}", "--quiet")
+
+    assert f"resuming from checkpoints/ckpt-{killed_at} (step {killed_at})" in first.stderr
+    lines = _progress_steps(first.stderr)
+    assert lines[0] == (killed_at + 1, mid)  # "auto" runs one step in its first call
+    assert lines[-1] == (mid, mid)
+    assert all(killed_at < done <= mid and of == mid for done, of in lines)
+
+    resumed = json.loads((stopped / "metrics.json").read_text())
+    uninterrupted = json.loads((full / "metrics.json").read_text())
+    assert [e["step"] for e in uninterrupted["evals"]] == list(range(25, total + 1, 25))
+    for key in ("evals", "eval", "train", "baseline", "steps"):
+        assert resumed[key] == uninterrupted[key], key
+    assert load_result(str(stopped)).best == load_result(str(full)).best
+    compared = [_cli("compare", str(run)).stdout.replace(str(run), "RUN").split()  # no widths
+                for run in (stopped, full)]
+    assert compared[0] == compared[1]
+
+    segments = resumed["segments"]
+    assert [(s["start_step"], s["resumed_from"]) for s in segments] == [
+        (0, None), (killed_at, f"checkpoints/ckpt-{killed_at}"), (mid, f"checkpoints/ckpt-{mid}")]
+    assert [s["end_step"] for s in segments[1:]] == [mid, total]
+    assert segments[0]["end_step"] >= killed_at and segments[0]["wall_time_s"] > 0
+    assert resumed["wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in segments))
+    ran = sum(s["end_step"] - s["start_step"] for s in segments)
+    assert resumed["steps_per_s"] == pytest.approx(ran / resumed["wall_time_s"])
+    assert [s["start_step"] for s in uninterrupted["segments"]] == [0]

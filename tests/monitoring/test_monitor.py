@@ -62,7 +62,8 @@ def _flat(arrays) -> np.ndarray:
 
 
 def _reference(schedule, batches):
-    """Hand-written loop; returns the values the monitor should log: tag -> step -> value."""
+    """Hand-written loop; returns the values the monitor should log: tag -> step -> value,
+    each step's values at the number of updates done after it (the first step at 1)."""
     model = make_model(HEADS, seed=3)
     opts = _optimizers()
     for h in HEADS:
@@ -90,17 +91,17 @@ def _reference(schedule, batches):
             lr = float(keras.ops.convert_to_numpy(opts[h].learning_rate))  # the lr apply will use
             opts[h].apply_gradients(zip(grads[h], model.var_list(h)))
             after = [v.numpy() for v in model.var_list(h)]
-            logged[f"loss/{h}"][step] = float(losses[h])
-            logged[f"grad_norm/{h}/trunk"][step] = _norm(g[:n_trunk])
-            logged[f"grad_norm/{h}/head"][step] = _norm(g[n_trunk:])
-            logged[f"lr/{h}"][step] = lr
+            logged[f"loss/{h}"][step + 1] = float(losses[h])
+            logged[f"grad_norm/{h}/trunk"][step + 1] = _norm(g[:n_trunk])
+            logged[f"grad_norm/{h}/head"][step + 1] = _norm(g[n_trunk:])
+            logged[f"lr/{h}"][step + 1] = lr
             # ||w_after - w_before|| / ||w_before||
-            logged[f"update_ratio/{h}"][step] = _norm([a - b for a, b in zip(after, before)]) / _norm(before)
+            logged[f"update_ratio/{h}"][step + 1] = _norm([a - b for a, b in zip(after, before)]) / _norm(before)
             trunk_grads[h] = _flat(g[:n_trunk])
         for a, b in itertools.combinations(due, 2):
             ga, gb = trunk_grads[a], trunk_grads[b]
             # cos = <ga, gb> / (|ga| |gb|)
-            logged[f"grad_cosine/{a}/{b}"][step] = float(ga @ gb / np.linalg.norm(ga) / np.linalg.norm(gb))
+            logged[f"grad_cosine/{a}/{b}"][step + 1] = float(ga @ gb / np.linalg.norm(ga) / np.linalg.norm(gb))
     return logged
 
 
@@ -124,12 +125,12 @@ def test_logged_values_equal_the_gradient_tape_reference(tmp_path, schedule):
                  ("loss", "grad_norm", "lr", "update_ratio", "grad_cosine")}
     assert step_tags == set(expected)  # the same tags: no cosine for a pair never updated together
     for tag, by_step in expected.items():
-        assert sorted(logged[tag]) == sorted(by_step), tag  # c (every=2) logs on even steps only
+        assert sorted(logged[tag]) == sorted(by_step), tag  # c (every=2): on steps 1, 3, 5 only
         ours = np.array([float(logged[tag][s]) for s in sorted(by_step)])
         ref = np.array([by_step[s] for s in sorted(by_step)])
         np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-7, err_msg=tag)
     # The decaying learning rate of b was logged as applied: 0.1 * 0.5**k at its k-th update.
-    np.testing.assert_allclose([float(logged["lr/b"][s]) for s in range(5)],
+    np.testing.assert_allclose([float(logged["lr/b"][s]) for s in range(1, 6)],
                                [0.1 * 0.5**k for k in range(5)], rtol=1e-6)
 
 
@@ -145,7 +146,7 @@ def test_sequential_logs_the_applied_gradient_not_the_one_at_the_step_start(tmp_
     at_start = _norm([g.numpy() for g in tape.gradient(loss, start.trunk_variables)])
     trainer.step(batch)
     trainer.close()
-    logged = float(read_events(str(tmp_path / "train"))["grad_norm/b/trunk"][0])
+    logged = float(read_events(str(tmp_path / "train"))["grad_norm/b/trunk"][1])
     assert abs(logged - at_start) / at_start > 1e-3
 
 
@@ -163,14 +164,15 @@ def test_scalar_and_histogram_cadence_and_histogram_contents(tmp_path):
         trainer.step(make_batch(("a", "b"), seed=s) if s else (x, y))
     trainer.close()
     logged = read_events(str(tmp_path / "train"))
-    assert sorted(logged["loss/a"]) == [0, 2, 4, 6]          # every 2
-    assert sorted(logged["loss/b"]) == [0, 6]                 # every 2 and due (every 3)
-    assert sorted(logged["grad_cosine/a/b"]) == [0, 6]        # only when both were updated
+    # Steps are counted as updates done: the 7 steps are 1..7, the first one logs.
+    assert sorted(logged["loss/a"]) == [1, 2, 4, 6]          # the first and every 2
+    assert sorted(logged["loss/b"]) == [1, 4]                 # logging and b due (1, 4, 7)
+    assert sorted(logged["grad_cosine/a/b"]) == [1, 4]        # only when both were updated
     tag = _variable_tag(logged, lambda name: tags.grad_hist("a", name), model, kernel)
-    assert sorted(logged[tag]) == [0, 3, 6]                   # histograms every 3
+    assert sorted(logged[tag]) == [1, 3, 6]                   # the first and every 3
     tag_b = _variable_tag(logged, lambda name: tags.grad_hist("b", name), model, kernel)
-    assert sorted(logged[tag_b]) == [0, 3, 6]                 # and b due (every 3)
-    hist = logged[tag][0]                                     # rows (left, right, count)
+    assert sorted(logged[tag_b]) == [1]                       # and b due (1, 4, 7)
+    hist = logged[tag][1]                                     # rows (left, right, count)
     assert hist.shape == (30, 3)
     assert hist[:, 2].sum() == grad0.size
     np.testing.assert_allclose([hist[0, 0], hist[-1, 1]], [grad0.min(), grad0.max()], rtol=1e-6)
@@ -186,16 +188,18 @@ def test_cadence_follows_the_step_counter_when_it_is_set_from_outside(tmp_path):
                          {"a": mh.Objective("mse", "sgd"), "b": mh.Objective("mse", "sgd")},
                          log_dir=str(tmp_path), log_every=5, histograms_every=0)
     batch = make_batch(("a", "b"), seed=0)
-    trainer.step(batch)                                       # step 0: logs
+    # A step is logged at the number of updates done after it.
+    trainer.step(batch)                                       # step 1: the first logs
     trainer.step_variable.assign(8)
-    trainer.step(batch)                                       # step 8: quiet
     trainer.step(batch)                                       # step 9: quiet
     trainer.step(batch)                                       # step 10: logs
+    trainer.step(batch)                                       # step 11: quiet
     trainer.step_variable.assign(13)
     x, y = batch
-    trainer.fit((x, y), steps=9, batch_size=4, steps_per_execution=4, verbose=False)  # 13..21
+    trainer.fit((x, y), steps=9, batch_size=4, steps_per_execution=4, verbose=False)  # 14..22
     trainer.close()
-    assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [0, 10, 15, 20]
+    # 15 and 20 by the cadence, 22 as the last step of the fit
+    assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [1, 10, 15, 20, 22]
 
 
 def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
@@ -236,14 +240,15 @@ def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
         else:
             current[op] += 1
     assert len(calls) == 14
-    extra = {s: calls[2 * s] - calls[2 * s + 1] for s in range(7)}  # monitored minus plain step
+    # monitored minus plain step, by the number of updates done after it (1..7)
+    extra = {s + 1: calls[2 * s] - calls[2 * s + 1] for s in range(7)}
     gating = {"FloorMod", "Equal", "LogicalOr", "LogicalAnd", "Const", "Identity", "Placeholder",
-              "ReadVariableOp"}
-    for s in (1, 2, 4, 5):  # not multiples of 3 or 6
+              "ReadVariableOp", "AddV2"}
+    for s in (2, 4, 5, 7):  # not the first step, nor multiples of 3 or 6
         assert set(extra[s]) <= gating, (s, extra[s])
     assert {"Sqrt", "Square", "Sum"} <= set(extra[3]), extra[3]        # scalars: norms
     assert "HistogramFixedWidth" not in extra[3]
-    assert "HistogramFixedWidth" in extra[6] and "HistogramFixedWidth" in extra[0]
+    assert "HistogramFixedWidth" in extra[6] and "HistogramFixedWidth" in extra[1]
     # Ops without outputs are not traced by tfdbg: check those in the compiled graphs.
     # Steps that do not log run a variant without a single summary op, and no flush.
     x, y = make_batch(("a", "b"), seed=0)
@@ -295,7 +300,7 @@ def test_variable_norms_are_the_norms_of_each_applied_gradient(tmp_path):
     logged = read_events(str(tmp_path / "train"))
     for v, g in zip(model.var_list("b"), grads):
         tag = _variable_tag(logged, lambda name: tags.variable_grad_norm("b", name), model, v)
-        np.testing.assert_allclose(float(logged[tag][0]),
+        np.testing.assert_allclose(float(logged[tag][1]),  # the first step is step 1
                                    np.linalg.norm(g.numpy().astype(np.float64)), rtol=1e-5)
 
 
@@ -330,7 +335,7 @@ def test_two_monitors_in_one_process_do_not_interfere(tmp_path):
     one, two = read_events(str(tmp_path / "one" / "train")), read_events(str(tmp_path / "two" / "train"))
     assert {t.split("/")[1] for t in one if t.startswith("loss/")} == {"a", "b"}
     assert {t.split("/")[1] for t in two if t.startswith("loss/")} == {"p", "q", "r"}
-    assert sorted(one["loss/a"]) == [0, 1, 2] and sorted(two["loss/p"]) == [0, 2]
+    assert sorted(one["loss/a"]) == [1, 2, 3] and sorted(two["loss/p"]) == [1, 2]
     assert {"grad_cosine/p/q", "grad_cosine/p/r", "grad_cosine/q/r"} <= set(two)
 
 
@@ -378,10 +383,10 @@ def test_research_loss_with_python_control_flow_trains_on_logging_and_other_step
     trainer = mh.Trainer(make_model(("a",), seed=0), {"a": mh.Objective(loss, "sgd")},
                          log_dir=str(tmp_path), log_every=2, histograms_every=0)
     batch = make_batch(("a",), seed=0)
-    losses = [trainer.step(batch).losses["a"] for _ in range(4)]  # steps 0 and 2 log
+    losses = [trainer.step(batch).losses["a"] for _ in range(4)]  # steps 1, 2 and 4 log
     trainer.close()
     assert losses == sorted(losses, reverse=True)
-    assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [0, 2]
+    assert sorted(read_events(str(tmp_path / "train"))["loss/a"]) == [1, 2, 4]
 
 
 def _per_variable_tags(model, log_dir, addresses) -> set[str]:
@@ -460,8 +465,8 @@ def test_clipped_and_raw_trunk_gradient_norms_are_both_logged(tmp_path, clip):
     trainer.step((x, y))
     trainer.close()
     applied = [b - v.numpy() for b, v in zip(before, model.trunk_variables)]
-    logged = {tag: float(values[0]) for tag, values in read_events(str(tmp_path / "train")).items()
-              if 0 in values and values[0].dtype.kind == "f"}
+    logged = {tag: float(values[1]) for tag, values in read_events(str(tmp_path / "train")).items()
+              if 1 in values and values[1].dtype.kind == "f"}  # the first step is step 1
     raw_norm = np.sqrt(sum(np.sum(np.square(g.numpy())) for g in raw))
     applied_norm = np.sqrt(sum(np.sum(np.square(g)) for g in applied))
     assert logged["grad_norm/a/trunk"] == pytest.approx(raw_norm, rel=1e-5)

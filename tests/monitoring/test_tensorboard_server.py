@@ -92,7 +92,7 @@ def test_tensorboard_serves_per_head_tags_and_values(tmp_path):
     for s in range(4):
         result = trainer.step(make_batch(HEADS, seed=s))
         for head, loss in result.losses.items():
-            losses[head][result.step] = loss
+            losses[head][result.step + 1] = loss  # logged at the number of updates done
     trainer.monitor.write_config("seed: 0\ntrain: {steps: 4}\n")
     trainer.close()
 
@@ -105,11 +105,11 @@ def test_tensorboard_serves_per_head_tags_and_values(tmp_path):
         for head in HEADS:
             served = _get(port, "/data/plugin/scalars/scalars", run="train", tag=f"loss/{head}")
             steps = [int(step) for _, step, _ in served]
-            assert steps == sorted(losses[head])  # y2 (every=2): steps 0 and 2 only
+            assert steps == sorted(losses[head])  # y2 (every=2): steps 1 and 3 only
             np.testing.assert_allclose([value for _, _, value in served],
                                        [losses[head][s] for s in steps], rtol=1e-6)
         cosines = _get(port, "/data/plugin/scalars/scalars", run="train", tag="grad_cosine/y1/y2")
-        assert [int(step) for _, step, _ in cosines] == [0, 2]
+        assert [int(step) for _, step, _ in cosines] == [1, 3]
         assert all(-1.0 <= value <= 1.0 for _, _, value in cosines)
         histograms = _get(port, "/data/plugin/histograms/tags")["train"]
         assert any(tag.startswith("grad_hist/y1/") for tag in histograms)

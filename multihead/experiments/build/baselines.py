@@ -34,6 +34,46 @@ def constant_baseline(
         output_shape: shape of one example's output (e.g. `(1,)`).
         steps, learning_rate: of the fit.
     """
+    const = _fit_constant(loss, head, y_train, output_shape, steps, learning_rate)
+    return float(_constant_loss(loss, head, const, tf.constant(y_eval)))
+
+
+def constant_baseline_metrics(
+    loss: HeadLoss,
+    head: str,
+    y_train: np.ndarray,
+    y_eval: np.ndarray,
+    output_shape: Sequence[int],
+    metrics: Sequence[keras.metrics.Metric] = (),
+) -> dict[str, float]:
+    """The best constant predictor's eval loss (as `constant_baseline`) and its value of
+    each of `metrics` on the eval labels (e.g. the majority class's accuracy), by name.
+
+    Args:
+        loss, head, y_train, y_eval, output_shape: as for `constant_baseline`.
+        metrics: the head's metric objects (each is reset before and after).
+    """
+    const = _fit_constant(loss, head, y_train, output_shape, 500, 0.05)
+    labels = tf.constant(y_eval)
+    result = {"loss": float(_constant_loss(loss, head, const, labels))}
+    outputs = tf.broadcast_to(const, (len(y_eval), *const.shape))
+    for metric in metrics:
+        metric.reset_state()
+        metric.update_state(labels, outputs)
+        result[metric.name] = float(metric.result())
+        metric.reset_state()
+    return result
+
+
+def _constant_loss(loss: HeadLoss, head: str, const: tf.Variable, labels: tf.Tensor) -> tf.Tensor:
+    n = tf.shape(labels)[0]
+    outputs = tf.broadcast_to(const, tf.concat([[n], tf.shape(const)], 0))
+    return loss(None, {head: labels}, outputs)
+
+
+def _fit_constant(loss: HeadLoss, head: str, y_train: np.ndarray, output_shape: Sequence[int],
+                  steps: int, learning_rate: float) -> tf.Variable:
+    """The constant output minimising the head's loss on the training labels (Adam)."""
     y_train_t = tf.constant(y_train)
     init = np.zeros(output_shape, np.float32)
     if tuple(np.shape(y_train)[1:]) == tuple(output_shape):
@@ -41,17 +81,12 @@ def constant_baseline(
     const = tf.Variable(init)
     optimizer = keras.optimizers.Adam(learning_rate)
 
-    def value(labels: tf.Tensor) -> tf.Tensor:
-        n = tf.shape(labels)[0]
-        outputs = tf.broadcast_to(const, tf.concat([[n], tf.shape(const)], 0))
-        return loss(None, {head: labels}, outputs)
-
     @tf.function
     def fit() -> None:
         for _ in tf.range(steps):
             with tf.GradientTape() as tape:
-                objective = value(y_train_t)
+                objective = _constant_loss(loss, head, const, y_train_t)
             optimizer.apply_gradients([(tape.gradient(objective, const), const)])
 
     fit()
-    return float(value(tf.constant(y_eval)))
+    return const

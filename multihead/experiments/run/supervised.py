@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, ClassVar, Sequence
 
 import keras
 import tensorflow as tf
 
-from multihead.experiments.build.baselines import constant_baseline
+from multihead.experiments.build.baselines import constant_baseline_metrics
 from multihead.experiments.build.builders import (
     RunCallbacks,
     build_callbacks,
@@ -26,12 +27,13 @@ from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.build.data_sources import input_spec
 from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
+from multihead.experiments.run.history import HistoryError, RunHistory
 from multihead.core.callbacks import Callback, EarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead._boundary import write_atomic
 from multihead.core.distribute import scope
 from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import Objective
+from multihead.core.objectives import Objective, resolve_metric
 from multihead.core.sampling import TaskSampling
 from multihead.core.streams import batches_per_epoch
 
@@ -72,59 +74,67 @@ class SupervisedRunner:
         callbacks = build_callbacks(cfg, os.path.join(run_dir, "best"))
         train_data, eval_data = _splits(self.data)
         total = total_steps(cfg, train_data)
+        resumed_from = None
         if resume:
-            _restore_for_resume(checkpoints, total)
-        start_step = trainer.global_step
-        remaining = total - start_step
-        wall_time = 0.0
-        evals: list[tuple[int, dict[str, dict[str, float]]]] = []
+            resumed_from = os.path.relpath(_restore_for_resume(checkpoints, total), run_dir)
+            if verbose:
+                print(f"resuming from {resumed_from} (step {trainer.global_step})",
+                      file=sys.stderr)
+        try:
+            history = RunHistory.begin(run_dir, trainer.global_step, resumed_from,
+                                       write=trainer.is_chief)
+        except HistoryError as err:
+            raise ConfigError(f"--resume: {err}") from None
+        remaining = total - trainer.global_step
         # A fresh run of train.epochs trains them as fit(epochs=...), whose progress line
         # counts epochs; a resumed one trains the remaining steps.
-        length = {"epochs": cfg.train.epochs} if cfg.train.epochs and not start_step \
+        length = {"epochs": cfg.train.epochs} if cfg.train.epochs and not trainer.global_step \
             else {"steps": remaining}
         if remaining > 0:
-            history = trainer.fit(train_data, **length, batch_size=cfg.train.batch_size,
-                                  eval_data=eval_data, eval_every=cfg.train.eval_every,
-                                  verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
-                                  steps_per_execution=cfg.train.steps_per_execution,
-                                  callbacks=[*callbacks.as_list(), *extra_callbacks],
-                                  sampling=_sampling(cfg))
+            trainer.fit(train_data, **length, batch_size=cfg.train.batch_size,
+                        eval_data=eval_data, eval_every=cfg.train.eval_every,
+                        verbose=verbose, seed=cfg.seed, checkpoints=checkpoints,
+                        steps_per_execution=cfg.train.steps_per_execution,
+                        callbacks=[*callbacks.as_list(), history, *extra_callbacks],
+                        sampling=_sampling(cfg))
             try:
                 stop_if_interrupted(extra_callbacks, lambda: _checkpoint_now(checkpoints, trainer),
                                     trainer.global_step)
             except RunInterrupted:
                 trainer.close()
                 raise
-            evals, wall_time = history.eval, history.wall_time
-            final_eval = _final_eval(evals, callbacks.early_stopping)
+            final_eval = _final_eval(history.evals, callbacks.early_stopping)
         else:
             final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
         _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
         # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
         # evaluations of the eval data.
-        train_metrics = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
+        final_train = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
                                          log=False)
         baselines = {}
         for head in self.model.head_names:
             data = self.data[head] if isinstance(self.data, dict) else self.data
             first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
             output_shape = tuple(self.model(first)[head].shape[1:])
-            baselines[head] = constant_baseline(
-                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape)
+            objective = self.objectives[head]
+            baselines[head] = constant_baseline_metrics(
+                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape,
+                [resolve_metric(m, head, objective.loss) for m in objective.metrics])
         if trainer.is_chief:  # the other workers of a multi-worker run write nothing
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
                             trainer=trainer)
         trainer.close()
-        done = trainer.global_step - start_step
         return {
             "task": "supervised",
             "steps": trainer.global_step,
-            "wall_time_s": wall_time,
-            "steps_per_s": done / wall_time if wall_time else None,
-            "train": train_metrics,
+            "wall_time_s": history.wall_time_s,
+            "steps_per_s": history.steps_per_s,
+            "segments": history.segments,
+            "train": last_logged_losses(run_dir) if trainer.is_chief else {},
+            "final_train": final_train,
             "eval": final_eval,
-            "baseline": {h: {"loss": v} for h, v in baselines.items()},
-            "evals": [{"step": step, "eval": metrics} for step, metrics in evals],
+            "baseline": baselines,
+            "evals": [{"step": step, "eval": metrics} for step, metrics in history.evals],
             "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
@@ -145,6 +155,18 @@ def total_steps(config: ExperimentConfig, train_data: Any) -> int:
         return train.epochs * batches_per_epoch(train_data, train.batch_size)
     except ValueError as err:
         raise ConfigError(f"train.{err}") from None
+
+
+def last_logged_losses(run_dir: str) -> dict[str, dict[str, float]]:
+    """Head -> `{"loss": the last logged training loss (one batch), "step": its step}`, read
+    from the run's event files as `multihead report` reads them."""
+    from multihead.monitoring.report import ReportError, load_report
+
+    try:
+        summaries = load_report(run_dir).summaries
+    except ReportError:  # nothing logged
+        return {}
+    return {h: {"loss": s.final_loss, "step": s.final_step} for h, s in summaries.items()}
 
 
 def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
@@ -240,7 +262,8 @@ def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
     return out
 
 
-def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
+def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> str:
+    """Restores the latest checkpoint of the run; returns its path."""
     latest = checkpoints.latest_checkpoint
     if latest is None:
         raise ConfigError(f"--resume: no checkpoint in {checkpoints.directory!r} to resume from")
@@ -254,6 +277,7 @@ def _restore_for_resume(checkpoints: CheckpointManager, steps: int) -> None:
         checkpoints.restore_latest()
     except ValueError as err:  # mismatch or unreadable: bad input, not a crash
         raise ConfigError(f"--resume: {err}") from None
+    return latest
 
 
 def prepare(config: ExperimentConfig) -> SupervisedRunner:

@@ -67,8 +67,9 @@ from multihead.experiments.config.sweep_section import (
 
 BASE_CONFIG = "config.yaml"
 LOGS = "logs"
-#: Keys of `metrics.json` that are measurements of time, not results.
-TIMING_KEYS = ("wall_time_s", "steps_per_s")
+#: Keys of `metrics.json` that are measurements of time, not results (`segments` holds each
+#: segment's wall time).
+TIMING_KEYS = ("wall_time_s", "steps_per_s", "segments")
 
 
 # -- axes and trials -------------------------------------------------------------------
