@@ -574,14 +574,29 @@ def _add_compare_parser(sub: Any) -> None:
                          help="single-task runs (train --only-head) or sweeps of them")
     compare.add_argument("--json", action="store_true", help="print JSON instead of tables")
     compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
+    compare.add_argument("--metrics", metavar="M1,M2",
+                         help="the metrics Δm%% is computed over, e.g. loss or accuracy,mae "
+                              "(default: every metric the runs and baselines report, losses included)")
 
     def run(args: argparse.Namespace) -> int:
-        from multihead.experiments.results.compare import compare as compare_runs, plot_comparison
+        from multihead.experiments.results.compare import (
+            CompareError, compare as compare_runs, plot_comparison)
 
         if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
             raise UsageError(f"--png {args.png!r}: directory {os.path.dirname(os.path.abspath(args.png))!r} "
                              "does not exist")
-        result = compare_runs(args.paths, baseline=args.baseline)
+        chosen = None
+        if args.metrics is not None:
+            chosen = [m.strip() for m in args.metrics.split(",") if m.strip()]
+            if not args.baseline:
+                raise UsageError("--metrics needs --baseline: it chooses what Δm% against the "
+                                 "baselines is computed over")
+        try:
+            result = compare_runs(args.paths, baseline=args.baseline, metrics=chosen)
+        except CompareError as err:
+            if args.metrics is None or not str(err).startswith("metrics"):
+                raise
+            raise UsageError(f"--{err}") from None
         if args.png:
             try:
                 plot_comparison(result, args.png)
