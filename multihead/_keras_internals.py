@@ -9,6 +9,7 @@ test greps the package so no other module reads a private name.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import keras
@@ -140,6 +141,15 @@ def functional_inputs(model: keras.Model) -> Any:
 def build_shapes(model: keras.Model) -> dict[str, Any]:
     """The shapes a model was built with (`Layer._build_shapes_dict`), or `{}`."""
     return getattr(model, "_build_shapes_dict", None) or {}
+
+
+def has_auto_name(layer: keras.layers.Layer) -> bool:
+    """Whether `layer.name` is the one Keras made up for it, not one its author chose:
+    the snake-cased class name, then `_<n>` (`keras.src.utils.naming.auto_name`)."""
+    from keras.src.utils.naming import to_snake_case
+
+    stem = re.escape(to_snake_case(type(layer).__name__))
+    return re.fullmatch(f"{stem}(_[0-9]+)?", layer.name) is not None
 
 
 # -- TensorFlow ---------------------------------------------------------------------------

@@ -137,3 +137,13 @@ def test_tensorflow_accessors_on_the_installed_tensorflow(tmp_path):
 
     assert float(f(tf.constant(True))) == 1.0
     writer.close()
+
+
+def test_has_auto_name_on_the_installed_keras():
+    named = {"a": keras.Input((2,), name="a")}
+    made_up = [keras.layers.Dense(1), keras.layers.Dense(1), keras.Sequential(),
+               keras.Model(named, keras.layers.Dense(1)(named["a"])), keras.layers.LayerNormalization()]
+    assert [internals.has_auto_name(layer) for layer in made_up] == [True] * 5
+    chosen = [keras.layers.Dense(1, name="head"), keras.Sequential(name="dense"),
+              keras.layers.Dense(1, name="dense_x")]
+    assert [internals.has_auto_name(layer) for layer in chosen] == [False] * 3
