@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Sequence
 
 
@@ -355,16 +354,16 @@ def _input_names(model: Any) -> list[str] | None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from multihead.experiments.build.data_sources import read_inputs
     from multihead.experiments.run.load import load_run
+    from multihead.io.predictions import SUFFIXES, write_predictions
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
-    if not args.out.endswith(".npz"):
-        raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
+    if os.path.splitext(args.out)[1].lower() not in SUFFIXES:
+        raise UsageError(f"--out {args.out!r}: predictions are written as .npz or .csv; end the "
+                         "name with one of them")
     if os.path.islink(args.out) or (os.path.lexists(args.out) and not os.path.isfile(args.out)):
         raise UsageError(f"--out {args.out!r}: exists and is not a regular file (a directory, a "
                          "symlink, ...); choose another path")
@@ -376,14 +375,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, KeyError) as err:
         raise UsageError(f"--data {args.data!r}: the model cannot take these inputs: "
                          f"{str(err).splitlines()[0]}") from None
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".npz")
-    os.close(fd)
-    try:
-        np.savez(tmp, **predictions)
-        os.replace(tmp, args.out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_predictions(args.out, predictions)
     rows = len(next(iter(predictions.values())))
     print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} (checkpoint {run.checkpoint})")
     return 0
@@ -490,12 +482,14 @@ def _add_commands(sub: Any) -> None:
     allow_import(export)
     export.set_defaults(func=cmd_export)
 
-    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz")
+    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz or .csv")
     predict.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     predict.add_argument("--data", required=True, metavar="FILE",
                          help=".npz (input arrays by name, x by default), or .csv / .tfrecord laid "
                               "out as the run's data (its data.features)")
-    predict.add_argument("--out", required=True, metavar="FILE", help="where to write {head: array} (.npz)")
+    predict.add_argument("--out", required=True, metavar="FILE",
+                         help="where to write the outputs: .npz (an array per head) or .csv "
+                              "(columns by head: y1, or y1_0, y1_1, ... for several outputs)")
     predict.add_argument("--heads", metavar="A,B", help="heads to predict (default: all)")
     predict.add_argument("--checkpoint", metavar="NAME",
                          help="final (default), latest, best, ckpt-<step> or a checkpoint path")
