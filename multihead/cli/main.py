@@ -262,8 +262,26 @@ def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: st
               file=sys.stderr)
         return 1
     write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
-                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")))
+                 checkpoint=_default_checkpoint(run_dir))
     return code
+
+
+def _default_checkpoint(run_dir: str) -> str | None:
+    """The checkpoint `predict`, `export` and `load_run` restore by default (`final`, else
+    the newest periodic one), so `status.json` names the same one they print."""
+    from multihead.experiments.run.load import run_checkpoint
+
+    try:
+        return run_checkpoint(run_dir)
+    except ConfigError:
+        return None
+
+
+def _checkpoint_name(run_dir: str, path: str) -> str:
+    """How `predict` and `export` name a checkpoint: as `status.json` does, relative to the
+    run directory (`checkpoints/final`), or the path given when it lies outside."""
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(run_dir))
+    return path if relative.startswith("..") else relative
 
 
 def signal_name(signum: int) -> str:
@@ -341,7 +359,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
     except ValueError as err:
         raise UsageError(f"export: {err}") from None
-    print(f"wrote {args.out} from {path} (signatures: {', '.join(signatures)})")
+    print(f"wrote {args.out} from checkpoint {_checkpoint_name(run_dir, path)} "
+          f"(signatures: {', '.join(signatures)})")
     return 0
 
 
@@ -377,7 +396,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
                          f"{str(err).splitlines()[0]}") from None
     write_predictions(args.out, predictions)
     rows = len(next(iter(predictions.values())))
-    print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} (checkpoint {run.checkpoint})")
+    print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} "
+          f"(checkpoint {_checkpoint_name(args.run_dir, run.checkpoint)})")
     return 0
 
 
@@ -529,6 +549,9 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",
                        help="a random axis: loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
                             "choice:A,B (repeatable; --trials draws, or Optuna's search space)")
+    sweep.add_argument("--only-head", metavar="HEAD",
+                       help="every trial trains HEAD alone, as train --only-head: single-task "
+                            "baselines over seeds (e.g. --grid seed=0,1,2)")
     sweep.add_argument("--trials", type=int, metavar="N", help="random draws / Optuna trials (default 10)")
     sweep.add_argument("--search", choices=("grid", "optuna"), default="grid",
                        help="grid: the axes' trials; optuna: an Optuna search over --sample axes")

@@ -36,10 +36,10 @@ def csv_columns(head: str, array: np.ndarray) -> list[str]:
 
 def predictions_csv(predictions: Mapping[str, np.ndarray]) -> str:
     """The CSV text of `predictions` (header, then one row per example)."""
-    rows = len(next(iter(predictions.values())))
-    columns = [np.asarray(a).reshape(rows, -1) for a in predictions.values()]
-    header = [name for head, a in predictions.items() for name in csv_columns(head, np.asarray(a))]
-    table = np.concatenate(columns, axis=1) if columns else np.zeros((rows, 0))
+    arrays = {head: np.asarray(a) for head, a in predictions.items()}
+    rows = len(next(iter(arrays.values())))
+    header = [name for head, a in arrays.items() for name in csv_columns(head, a)]
+    table = np.concatenate([a.reshape(rows, len(csv_columns(h, a))) for h, a in arrays.items()], axis=1)
     text = "\n".join(",".join(_number(v) for v in row) for row in table.tolist())
     return ",".join(header) + "\n" + (text + "\n" if rows else "")
 

@@ -133,8 +133,11 @@ def test_finished_csv_run_with_named_inputs(tmp_path, capsys):
                                rtol=1e-6, atol=1e-6)
 
 
-def _per_head_run_of_two_file_kinds(tmp_path):
-    """y1 reads an .npz, y2 (three classes) a .csv with the same four inputs."""
+@pytest.fixture(scope="module")
+def per_head_run(tmp_path_factory):
+    """A finished run whose head y1 reads an .npz and y2 (three classes) a .csv with the same
+    four inputs: (its directory, the inputs)."""
+    tmp_path = tmp_path_factory.mktemp("per_head")
     rng = np.random.default_rng(3)
     x = rng.standard_normal((120, 4)).astype(np.float32)
     np.savez(tmp_path / "y1.npz", x=x, y1=x.sum(1))
@@ -159,11 +162,12 @@ def _per_head_run_of_two_file_kinds(tmp_path):
     return tmp_path / "run", x
 
 
-def test_predict_a_per_head_run_of_two_file_kinds_to_csv_and_npz(tmp_path, capsys):
-    run_dir, x = _per_head_run_of_two_file_kinds(tmp_path)
+def test_predict_a_per_head_run_of_two_file_kinds_to_csv_and_npz(per_head_run, tmp_path, capsys):
+    run_dir, x = per_head_run
+    data = run_dir.parent
     expected = mh.load_run(run_dir).model.predict(x)
     # a CSV laid out as y2's training file, written as CSV: columns by head, y2 has three
-    assert main(["predict", str(run_dir), "--data", str(tmp_path / "y2.csv"),
+    assert main(["predict", str(run_dir), "--data", str(data / "y2.csv"),
                  "--out", str(tmp_path / "p.csv")]) == 0
     with open(tmp_path / "p.csv", newline="") as fh:
         table = list(csv.reader(fh))
@@ -172,14 +176,30 @@ def test_predict_a_per_head_run_of_two_file_kinds_to_csv_and_npz(tmp_path, capsy
     np.testing.assert_array_equal(values[:, :1], expected["y1"])
     np.testing.assert_array_equal(values[:, 1:], expected["y2"])
     # an .npz laid out as y1's training file (array x), one head, as .npz
-    assert main(["predict", str(run_dir), "--data", str(tmp_path / "y1.npz"), "--heads", "y2",
+    assert main(["predict", str(run_dir), "--data", str(data / "y1.npz"), "--heads", "y2",
                  "--out", str(tmp_path / "p.npz")]) == 0
     with np.load(tmp_path / "p.npz") as saved:
         assert saved.files == ["y2"]
         np.testing.assert_array_equal(saved["y2"], expected["y2"])
     capsys.readouterr()
-    assert main(["predict", str(run_dir), "--data", str(tmp_path / "y1.npz"),
+    assert main(["predict", str(run_dir), "--data", str(data / "y1.npz"),
                  "--out", str(tmp_path / "p.txt")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "written as .npz or .csv" in err
     assert not (tmp_path / "p.txt").exists()
+
+
+def test_status_predict_and_export_name_the_end_checkpoint_alike(per_head_run, tmp_path, capsys):
+    """The run ends with `checkpoints/final` (and a periodic `ckpt-6` of the same step, for
+    resume): status.json, predict and export all name the one they use, `checkpoints/final`."""
+    run_dir, _ = per_head_run
+    assert json.loads((run_dir / "status.json").read_text())["checkpoint"] == "checkpoints/final"
+    capsys.readouterr()
+    assert main(["predict", str(run_dir), "--data", str(run_dir.parent / "y1.npz"),
+                 "--out", str(tmp_path / "p.npz")]) == 0
+    assert capsys.readouterr().out.strip().endswith("(checkpoint checkpoints/final)")
+    assert main(["export", str(run_dir), str(tmp_path / "export")]) == 0
+    assert " from checkpoint checkpoints/final (signatures: " in capsys.readouterr().out
+    assert main(["predict", str(run_dir), "--data", str(run_dir.parent / "y1.npz"),
+                 "--checkpoint", "ckpt-6", "--out", str(tmp_path / "q.npz")]) == 0
+    assert capsys.readouterr().out.strip().endswith("(checkpoint checkpoints/ckpt-6)")
