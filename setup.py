@@ -33,7 +33,7 @@ setup(
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
         "tfds": ["tensorflow-datasets", "importlib_resources"],  # data.kind: tfds, datasets prepared locally
         "rl": ["gymnasium"],
-        "plot": ["matplotlib"],
+        "plot": ["matplotlib>=3.7"],
         "optuna": ["optuna"],  # multihead sweep --search optuna
         "ray": ["ray"],  # multihead sweep --backend ray
         "pandas": ["pandas"],  # Comparison.to_dataframe()

@@ -9,6 +9,7 @@ test greps the package so no other module reads a private name.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import keras
@@ -149,6 +150,15 @@ def build_shapes(model: keras.Model) -> dict[str, Any]:
 #: `validation_data` (`TensorFlowTrainer.fit`: `_use_cached_eval_dataset=True`), which an
 #: `evaluate` override must accept.
 FIT_EVALUATE_KWARGS = ("_use_cached_eval_dataset",)
+
+
+def has_auto_name(layer: keras.layers.Layer) -> bool:
+    """Whether `layer.name` is the one Keras made up for it, not one its author chose:
+    the snake-cased class name, then `_<n>` (`keras.src.utils.naming.auto_name`)."""
+    from keras.src.utils.naming import to_snake_case
+
+    stem = re.escape(to_snake_case(type(layer).__name__))
+    return re.fullmatch(f"{stem}(_[0-9]+)?", layer.name) is not None
 
 
 # -- TensorFlow ---------------------------------------------------------------------------

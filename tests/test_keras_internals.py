@@ -153,3 +153,13 @@ def test_fit_passes_evaluate_only_the_private_arguments_listed():
     x, y = np.ones((4, 2), "float32"), np.zeros((4, 1), "float32")
     model.fit(x, y, epochs=1, verbose=0, validation_data=(x, y))
     assert {k for k in seen if k.startswith("_")} == set(internals.FIT_EVALUATE_KWARGS)
+
+
+def test_has_auto_name_on_the_installed_keras():
+    named = {"a": keras.Input((2,), name="a")}
+    made_up = [keras.layers.Dense(1), keras.layers.Dense(1), keras.Sequential(),
+               keras.Model(named, keras.layers.Dense(1)(named["a"])), keras.layers.LayerNormalization()]
+    assert [internals.has_auto_name(layer) for layer in made_up] == [True] * 5
+    chosen = [keras.layers.Dense(1, name="head"), keras.Sequential(name="dense"),
+              keras.layers.Dense(1, name="dense_x")]
+    assert [internals.has_auto_name(layer) for layer in chosen] == [False] * 3

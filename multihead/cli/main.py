@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Sequence
 
 
@@ -285,7 +284,7 @@ def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: st
               file=sys.stderr)
         return 1
     write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
-                 checkpoint=_latest_checkpoint(os.path.join(run_dir, "checkpoints")),
+                 checkpoint=_default_checkpoint(run_dir),
                  stopped=metrics.get("stopped"), stopped_heads=_stopped_heads(metrics))
     return code
 
@@ -297,6 +296,24 @@ def _stopped_heads(metrics: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {h: {"step": w["stopped_step"], "reason": w["reason"]}
             for h, w in watches.items() if w["stopped_step"] is not None}
+
+
+def _default_checkpoint(run_dir: str) -> str | None:
+    """The checkpoint `predict`, `export` and `load_run` restore by default (`final`, else
+    the newest periodic one), so `status.json` names the same one they print."""
+    from multihead.experiments.run.load import run_checkpoint
+
+    try:
+        return run_checkpoint(run_dir)
+    except ConfigError:
+        return None
+
+
+def _checkpoint_name(run_dir: str, path: str) -> str:
+    """How `predict` and `export` name a checkpoint: as `status.json` does, relative to the
+    run directory (`checkpoints/final`), or the path given when it lies outside."""
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(run_dir))
+    return path if relative.startswith("..") else relative
 
 
 def signal_name(signum: int) -> str:
@@ -374,7 +391,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         signatures = list(export_saved_model(model, args.out, heads=chosen).signatures)
     except ValueError as err:
         raise UsageError(f"export: {err}") from None
-    print(f"wrote {args.out} from {path} (signatures: {', '.join(signatures)})")
+    print(f"wrote {args.out} from checkpoint {_checkpoint_name(run_dir, path)} "
+          f"(signatures: {', '.join(signatures)})")
     return 0
 
 
@@ -403,16 +421,16 @@ def _input_names(model: Any) -> list[str] | None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from multihead.experiments.build.data_sources import read_inputs
     from multihead.experiments.run.load import load_run
+    from multihead.io.predictions import SUFFIXES, write_predictions
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise UsageError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
-    if not args.out.endswith(".npz"):
-        raise UsageError(f"--out {args.out!r}: predictions are written as .npz; end the name with .npz")
+    if os.path.splitext(args.out)[1].lower() not in SUFFIXES:
+        raise UsageError(f"--out {args.out!r}: predictions are written as .npz or .csv; end the "
+                         "name with one of them")
     if os.path.islink(args.out) or (os.path.lexists(args.out) and not os.path.isfile(args.out)):
         raise UsageError(f"--out {args.out!r}: exists and is not a regular file (a directory, a "
                          "symlink, ...); choose another path")
@@ -424,16 +442,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, KeyError) as err:
         raise UsageError(f"--data {args.data!r}: the model cannot take these inputs: "
                          f"{str(err).splitlines()[0]}") from None
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".npz")
-    os.close(fd)
-    try:
-        np.savez(tmp, **predictions)
-        os.replace(tmp, args.out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_predictions(args.out, predictions)
     rows = len(next(iter(predictions.values())))
-    print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} (checkpoint {run.checkpoint})")
+    print(f"wrote {args.out}: {rows} rows, heads {', '.join(heads)} "
+          f"(checkpoint {_checkpoint_name(args.run_dir, run.checkpoint)})")
     return 0
 
 
@@ -542,12 +554,14 @@ def _add_commands(sub: Any) -> None:
     allow_import(export)
     export.set_defaults(func=cmd_export)
 
-    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz")
+    predict = _command(sub, "predict", True, help="a finished run's outputs on new data, as .npz or .csv")
     predict.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `multihead train`")
     predict.add_argument("--data", required=True, metavar="FILE",
                          help=".npz (input arrays by name, x by default), or .csv / .tfrecord laid "
                               "out as the run's data (its data.features)")
-    predict.add_argument("--out", required=True, metavar="FILE", help="where to write {head: array} (.npz)")
+    predict.add_argument("--out", required=True, metavar="FILE",
+                         help="where to write the outputs: .npz (an array per head) or .csv "
+                              "(columns by head: y1, or y1_0, y1_1, ... for several outputs)")
     predict.add_argument("--heads", metavar="A,B", help="heads to predict (default: all)")
     predict.add_argument("--checkpoint", metavar="NAME",
                          help="final (default), latest, best, ckpt-<step> or a checkpoint path")
@@ -587,6 +601,9 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",
                        help="a random axis: loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
                             "choice:A,B (repeatable; --trials draws, or Optuna's search space)")
+    sweep.add_argument("--only-head", metavar="HEAD",
+                       help="every trial trains HEAD alone, as train --only-head: single-task "
+                            "baselines over seeds (e.g. --grid seed=0,1,2)")
     sweep.add_argument("--trials", type=int, metavar="N", help="random draws / Optuna trials (default 10)")
     sweep.add_argument("--search", choices=("grid", "optuna"), default="grid",
                        help="grid: the axes' trials; optuna: an Optuna search over --sample axes")
@@ -626,14 +643,29 @@ def _add_compare_parser(sub: Any) -> None:
                          help="single-task runs (train --only-head) or sweeps of them")
     compare.add_argument("--json", action="store_true", help="print JSON instead of tables")
     compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
+    compare.add_argument("--metrics", metavar="M1,M2",
+                         help="the metrics Δm%% is computed over, e.g. loss or accuracy,mae "
+                              "(default: every metric the runs and baselines report, losses included)")
 
     def run(args: argparse.Namespace) -> int:
-        from multihead.experiments.results.compare import compare as compare_runs, plot_comparison
+        from multihead.experiments.results.compare import (
+            CompareError, compare as compare_runs, plot_comparison)
 
         if args.png and not os.path.isdir(os.path.dirname(os.path.abspath(args.png))):
             raise UsageError(f"--png {args.png!r}: directory {os.path.dirname(os.path.abspath(args.png))!r} "
                              "does not exist")
-        result = compare_runs(args.paths, baseline=args.baseline)
+        chosen = None
+        if args.metrics is not None:
+            chosen = [m.strip() for m in args.metrics.split(",") if m.strip()]
+            if not args.baseline:
+                raise UsageError("--metrics needs --baseline: it chooses what Δm% against the "
+                                 "baselines is computed over")
+        try:
+            result = compare_runs(args.paths, baseline=args.baseline, metrics=chosen)
+        except CompareError as err:
+            if args.metrics is None or not str(err).startswith("metrics"):
+                raise
+            raise UsageError(f"--{err}") from None
         if args.png:
             try:
                 plot_comparison(result, args.png)

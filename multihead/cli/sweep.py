@@ -65,6 +65,17 @@ def _heads(base: Mapping[str, Any]) -> list[str]:
     return [str(h) for h in heads]
 
 
+def _only_head(config_path: str, base: dict[str, Any], head: str,
+               allow_import: Sequence[str]) -> dict[str, Any]:
+    """`sweep --only-head HEAD`: the base config every trial runs is the single-task baseline
+    of HEAD (`train --only-head`), so each trial trains HEAD alone."""
+    from multihead.experiments.config.schema import from_dict, to_dict
+    from multihead.experiments.run.single_task import only_head
+
+    config = from_dict(base, config_path, allow_import)
+    return to_dict(only_head(config, head, source=f"{config_path}: --only-head", allow_import=allow_import))
+
+
 def _lock(sweep_dir: str) -> Any:
     """The sweep directory's lock (`RunLock`, as `train` takes on a run directory): one
     sweep process at a time acts on a sweep's index and trial directories."""
@@ -81,9 +92,9 @@ def cmd_sweep(args: Any) -> int:
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
     if args.resume:
-        if args.config or args.grid or args.sample or args.set:
+        if args.config or args.grid or args.sample or args.set or getattr(args, "only_head", None):
             raise ConfigError("--resume SWEEP_DIR: the trials are those of its sweep.json; give no "
-                              "CONFIG, --grid, --sample or --set")
+                              "CONFIG, --grid, --sample, --set or --only-head")
         if not os.path.isdir(args.resume) or not os.path.lexists(os.path.join(args.resume, INDEX)):
             read_index(args.resume)  # the one-line "no sweep.json there"
         with _lock(args.resume):
@@ -103,6 +114,8 @@ def _sweep(args: Any, sweep_dir: str) -> int:
         search = sweep.index.get("search", "grid")
     else:
         base, spec = load_base(args.config, args.set or [], allow_import)
+        if getattr(args, "only_head", None):
+            base = _only_head(args.config, base, args.only_head, allow_import)
         for text in args.grid or []:
             key, values = parse_grid_arg(text)
             if key in spec.keys():

@@ -71,6 +71,17 @@ def _zeros_like_shape(shape: Any) -> Any:
     return tf.zeros([1 if d is None else int(d) for d in shape])
 
 
+def _name_parts(trunk: keras.layers.Layer, heads: Mapping[str, keras.layers.Layer]) -> None:
+    """Names the trunk `trunk` and each head by its head name, so `model.summary()` and
+    Keras' messages say which part is which; a layer whose name its author chose (anything
+    but Keras' made-up `dense_3`, `sequential_1`, ...) keeps it, and so does the trunk when
+    a head is called `trunk`."""
+    parts = [] if "trunk" in heads else [("trunk", trunk)]
+    for part, layer in [*parts, *heads.items()]:
+        if internals.has_auto_name(layer):
+            layer.name = part
+
+
 @keras.saving.register_keras_serializable(package="multihead")
 class MultiHeadModel(KerasTraining, keras.Model):
     """A shared trunk feeding several named heads.
@@ -106,7 +117,9 @@ class MultiHeadModel(KerasTraining, keras.Model):
         trunk: any Keras layer or model; its output is every head's input.
         heads: head name -> Keras layer or model. Names start with a letter and
             contain letters, digits, `_` or `-` (they become TensorBoard tags and
-            checkpoint keys).
+            checkpoint keys). A head whose layer has the name Keras made up for it
+            (`sequential_1`) is renamed to its head name, and such a trunk to `trunk`,
+            so `model.summary()` shows the parts by name; names you gave are kept.
         name: Keras name of the model.
     """
 
@@ -139,6 +152,7 @@ class MultiHeadModel(KerasTraining, keras.Model):
                 raise ValueError(
                     f"the trunk {type(trunk).__name__} routes heads {routed}, but the model's heads "
                     f"are {list(heads)}; build the trunk with heads={list(heads)}")
+        _name_parts(trunk, heads)
         self.trunk = trunk
         self.heads = dict(heads)
         self._head_names = tuple(heads)

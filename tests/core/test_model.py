@@ -82,3 +82,27 @@ def test_unknown_head_and_unbuilt_model_errors():
     model.build((None, 2))
     with pytest.raises(KeyError, match="no head 'z'"):
         model.var_list("z")
+
+
+def _summary_rows(model) -> list[str]:
+    lines = []
+    model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
+    return [line for line in "\n".join(lines).splitlines() if "(" in line and "│" in line]
+
+
+def test_summary_names_the_trunk_and_heads_by_their_names_and_keeps_user_names():
+    trunk = keras.Sequential([keras.layers.Dense(8, activation="relu")])
+    model = mh.MultiHeadModel(trunk, {"y1": keras.Sequential([keras.layers.Dense(1)]),
+                                      "age": keras.layers.Dense(1),
+                                      "mine": keras.layers.Dense(1, name="my_dense")})
+    model.build((None, 4))
+    rows = _summary_rows(model)
+    names = [row.split("│")[1].split("(")[0].strip() for row in rows]
+    assert names == ["trunk", "y1", "age", "my_dense"], rows  # a name the user gave is kept
+    assert "(Sequential)" in rows[0] and "(Dense)" in rows[2]
+    assert model.heads["y1"].name == "y1" and model.trunk.name == "trunk"
+    # variables are still found by object identity, and a second model is named the same way
+    assert len(model.var_list("age")) == 4
+    other = mh.MultiHeadModel(keras.Sequential([keras.layers.Dense(2)]), {"y1": keras.layers.Dense(1)})
+    other.build((None, 4))
+    assert [r.split("│")[1].split("(")[0].strip() for r in _summary_rows(other)] == ["trunk", "y1"]

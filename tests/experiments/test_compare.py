@@ -12,7 +12,7 @@ import yaml
 
 import multihead as mh
 from multihead.cli.main import main
-from multihead.experiments.results.compare import delta_m, direction
+from multihead.experiments.results.compare import CompareError, delta_m, direction
 
 
 def _run(path, config: dict, final: dict, evals=()) -> str:
@@ -125,3 +125,59 @@ def test_to_dataframe(runs):
     row = frame[(frame["head"] == "b") & (frame["metric"] == "accuracy")].iloc[0]
     assert row["mean"] == pytest.approx(0.8) and row["baseline"] == 0.5 and row["n"] == 2
     np.testing.assert_allclose(frame["delta_m"].unique(), [-6.25])
+
+
+# The fixture's pcgrad group means (M), baselines (B) and directions (s), as numpy arrays.
+PAIRS = [("a", "loss"), ("a", "mae"), ("b", "accuracy"), ("b", "loss")]
+M, B, S = np.array([0.9, 1.2, 0.8, 0.5]), np.array([1.0, 1.0, 0.5, 0.4]), np.array([1, 1, -1, 1])
+
+
+@pytest.mark.parametrize("chosen", [None, ["loss"], ["accuracy", "mae"], ["mae"]])
+def test_compare_metrics_chooses_the_quantities_of_delta_m(runs, capsys, chosen):
+    keep = np.array([chosen is None or m in chosen for _, m in PAIRS])
+    expected = 100.0 * np.mean((S * (M - B) / B)[keep])  # numpy, over the chosen pairs only
+    result = mh.compare(runs["pcgrad"], baseline=runs["baseline"], metrics=chosen)
+    assert result.groups[0].delta_m == pytest.approx(expected, rel=1e-12)
+    assert result.delta_m_pairs == [f"{h}/{m}" for (h, m), k in zip(PAIRS, keep) if k]
+    flag = ["--metrics", ",".join(chosen)] if chosen else []
+    assert main(["compare", *runs["pcgrad"], "--baseline", *runs["baseline"], "--json", *flag]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["groups"][0]["delta_m"] == pytest.approx(expected, rel=1e-12)
+    assert main(["compare", *runs["pcgrad"], "--baseline", *runs["baseline"], *flag]) == 0
+    table = capsys.readouterr().out
+    assert f"{expected:+.2f}" in table
+    assert f"Δm% over {len(result.delta_m_pairs)} pairs: {', '.join(result.delta_m_pairs)}" in table
+
+
+def test_compare_metrics_names_an_unknown_metric(runs, capsys):
+    with pytest.raises(CompareError, match=r"metrics: 'acuracy' is reported by no baseline \(did you mean 'accuracy'\?\)"):
+        mh.compare(runs["pcgrad"], baseline=runs["baseline"], metrics=["acuracy"])
+    assert main(["compare", *runs["pcgrad"], "--baseline", *runs["baseline"],
+                 "--metrics", "loss,acuracy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--metrics: 'acuracy' is reported by no baseline" in err, err
+    assert main(["compare", *runs["pcgrad"], "--metrics", "loss"]) == 2  # no baseline: no Δm%
+    assert "--metrics needs --baseline" in capsys.readouterr().err
+
+
+def test_compare_png_legend_is_outside_every_panel(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    from multihead.experiments.results.compare import comparison_figure
+
+    result = mh.compare(runs["pcgrad"] + runs["sum"], baseline=runs["baseline"])
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = comparison_figure(result)
+    FigureCanvasAgg(fig).draw()  # lays the figure out as savefig does
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    assert len(fig.axes) == 2 and legends
+    labels = {t.get_text() for legend in legends for t in legend.get_texts()}
+    assert labels == {"train.trunk.aggregator=pcgrad", "single-task"}  # the sum runs have no curves
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:  # the legend covers no panel's data area
+            assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.bbox)
+        # and lies inside the figure, not cut off in the PNG
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
+        assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1

@@ -2,6 +2,7 @@
 reproducing metrics.json, `multihead predict` and `multihead export` on a CSV run with
 named inputs."""
 
+import csv
 import json
 
 import keras
@@ -130,3 +131,75 @@ def test_finished_csv_run_with_named_inputs(tmp_path, capsys):
     np.testing.assert_allclose(served["y1"].numpy(), run.model.predict({k: v[:7] for k, v in
                                                                          inputs.items()})["y1"],
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def per_head_run(tmp_path_factory):
+    """A finished run whose head y1 reads an .npz and y2 (three classes) a .csv with the same
+    four inputs: (its directory, the inputs)."""
+    tmp_path = tmp_path_factory.mktemp("per_head")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((120, 4)).astype(np.float32)
+    np.savez(tmp_path / "y1.npz", x=x, y1=x.sum(1))
+    rows = [",".join(f"{v:.9g}" for v in row) + f",{int(row[0] > 0) + int(row[1] > 0)}" for row in x]
+    (tmp_path / "y2.csv").write_text("\n".join(["f0,f1,f2,f3,cls"] + rows) + "\n")
+    config = {
+        "seed": 2,
+        "data": {"per_head": {
+            "y1": {"kind": "npz", "train": str(tmp_path / "y1.npz"), "holdout": 0.25},
+            "y2": {"kind": "csv", "train": str(tmp_path / "y2.csv"), "holdout": 0.25,
+                   "features": ["f0", "f1", "f2", "f3"], "targets": {"y2": "cls"}}}},
+        "model": {"trunk": {"mlp": {"units": [8]}},
+                  "heads": {"y1": {},
+                            "y2": {"layers": {"class_name": "Dense", "config": {"units": 3}},
+                                   "loss": {"class_name": "SparseCategoricalCrossentropy",
+                                            "config": {"from_logits": True}}}}},
+        "train": {"steps": 6, "batch_size": 16, "eval_every": 3},
+        "log": {"every": 3, "histograms_every": 0},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    return tmp_path / "run", x
+
+
+def test_predict_a_per_head_run_of_two_file_kinds_to_csv_and_npz(per_head_run, tmp_path, capsys):
+    run_dir, x = per_head_run
+    data = run_dir.parent
+    expected = mh.load_run(run_dir).model.predict(x)
+    # a CSV laid out as y2's training file, written as CSV: columns by head, y2 has three
+    assert main(["predict", str(run_dir), "--data", str(data / "y2.csv"),
+                 "--out", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv", newline="") as fh:
+        table = list(csv.reader(fh))
+    assert table[0] == ["y1", "y2_0", "y2_1", "y2_2"] and len(table) == 1 + len(x)
+    values = np.array(table[1:], dtype=np.float64).astype(np.float32)  # 9 digits: float32 exact
+    np.testing.assert_array_equal(values[:, :1], expected["y1"])
+    np.testing.assert_array_equal(values[:, 1:], expected["y2"])
+    # an .npz laid out as y1's training file (array x), one head, as .npz
+    assert main(["predict", str(run_dir), "--data", str(data / "y1.npz"), "--heads", "y2",
+                 "--out", str(tmp_path / "p.npz")]) == 0
+    with np.load(tmp_path / "p.npz") as saved:
+        assert saved.files == ["y2"]
+        np.testing.assert_array_equal(saved["y2"], expected["y2"])
+    capsys.readouterr()
+    assert main(["predict", str(run_dir), "--data", str(data / "y1.npz"),
+                 "--out", str(tmp_path / "p.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "written as .npz or .csv" in err
+    assert not (tmp_path / "p.txt").exists()
+
+
+def test_status_predict_and_export_name_the_end_checkpoint_alike(per_head_run, tmp_path, capsys):
+    """The run ends with `checkpoints/final` (and a periodic `ckpt-6` of the same step, for
+    resume): status.json, predict and export all name the one they use, `checkpoints/final`."""
+    run_dir, _ = per_head_run
+    assert json.loads((run_dir / "status.json").read_text())["checkpoint"] == "checkpoints/final"
+    capsys.readouterr()
+    assert main(["predict", str(run_dir), "--data", str(run_dir.parent / "y1.npz"),
+                 "--out", str(tmp_path / "p.npz")]) == 0
+    assert capsys.readouterr().out.strip().endswith("(checkpoint checkpoints/final)")
+    assert main(["export", str(run_dir), str(tmp_path / "export")]) == 0
+    assert " from checkpoint checkpoints/final (signatures: " in capsys.readouterr().out
+    assert main(["predict", str(run_dir), "--data", str(run_dir.parent / "y1.npz"),
+                 "--checkpoint", "ckpt-6", "--out", str(tmp_path / "q.npz")]) == 0
+    assert capsys.readouterr().out.strip().endswith("(checkpoint checkpoints/ckpt-6)")

@@ -220,3 +220,18 @@ def test_resume_after_sigkill_runs_what_is_missing_and_ends_as_an_uninterrupted_
     assert log.count("$ ") == 2 and " --resume " in log.split("$ ")[2]  # from its checkpoint
     final = json.loads(index.read_text())
     assert final == json.loads((tmp_path / "whole" / "sweep.json").read_text())
+
+
+def test_only_head_sweep_trains_the_head_alone_as_train_only_head(tmp_path, capsys):
+    config = _write(tmp_path, TINY)
+    assert main(["sweep", config, "--only-head", "y3", "--grid", "seed=0,1",
+                 "--sweep-dir", str(tmp_path / "bad")]) == 2
+    assert "--only-head 'y3': the model has no head 'y3'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    out = _sweep(config, "--only-head", "y2", "--grid", "seed=3", "--sweep-dir", str(tmp_path / "sw"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    (trial,) = json.loads((tmp_path / "sw" / "sweep.json").read_text())["trials"]
+    assert list(trial["metrics"]) == ["y2"] and trial["objective"] == trial["metrics"]["y2"]["loss"]
+    assert main(["train", config, "--only-head", "y2", "--set", "seed=3",
+                 "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert _results(tmp_path / "sw" / "trials" / "t000") == _results(tmp_path / "alone")  # bitwise

@@ -268,17 +268,18 @@ def read_inputs(data: DataConfig, path: str, where: str = "--data",
     """Only the inputs of a file laid out as a run's data (`multihead predict`): an `.npz`,
     `.csv` or `.tfrecord` read with the run's `data.features` (a `.npz` of a run on generated
     data holds its input as array `x`, or one array per named input). No labels are needed.
+    With `data.per_head`, the file is read as the first head's data of the file's kind: a
+    run whose heads read an `.npz` and a `.csv` predicts from either.
 
     Raises:
         ConfigError: naming `where`, for a missing file, array or column, or a wrong dtype.
     """
-    if data.per_head:  # every head's input has the same layout (checked at training)
-        data = next(iter(data.per_head.values()))
     ext = os.path.splitext(path)[1].lower()
     kinds = {".npz": "npz", ".csv": "csv", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord"}
     if ext not in kinds:
         raise ConfigError(f"{where}: {path!r} is not .npz, .csv or .tfrecord")
     kind = kinds[ext]
+    data = _section_of_kind(data, kind)
     if kind != "npz" and data.kind != kind:
         raise ConfigError(f"{where}: a {kind} file needs a run trained on kind {kind} (its columns "
                           f"are data.features); this run's data kind is {data.kind!r}: give an .npz")
@@ -331,6 +332,16 @@ def _check_names(keyed: Sequence[tuple[str, Any]], available: list[str] | None, 
                 raise ConfigError(f"{key}: {source} has no {what} {name!r}"
                                   f"{suggest(name, available)}; it has {len(available)} "
                                   f"{what}s: {listed}")
+
+
+def _section_of_kind(data: DataConfig, kind: str) -> DataConfig:
+    """The data section a file of `kind` is laid out as: `data`, or with `data.per_head` the
+    first head's section of that kind (every head's input has the same layout, checked at
+    training, so any head of the file's kind names its columns), else the first head's."""
+    if not data.per_head:
+        return data
+    sections = list(data.per_head.values())
+    return next((s for s in sections if s.kind == kind), sections[0])
 
 
 def _check_file(path: str, where: str) -> None:

@@ -13,7 +13,9 @@ metric counts positive:
     Δm% = 100 / N · Σ_i s_i · (M_i − B_i) / B_i,   s_i = +1 if lower is better, −1 if higher
 
 over the N (head, metric) pairs that both the group and the baselines report, M_i the
-group's mean final metric and B_i the baselines' mean. Lower Δm% is better; 0 is parity
+group's mean final metric and B_i the baselines' mean. By default every such pair counts,
+each head's loss as well as its metrics; `metrics=["loss"]` (`--metrics loss`) or
+`metrics=["accuracy", "mae"]` restricts the pairs to those metric names. Lower Δm% is better; 0 is parity
 with single-task training. Directions come from the metric's name
 (`multihead.monitoring.metric_key.metric_direction`: `loss`, errors and crossentropies are
 lower-better; accuracy, AUC, precision, recall, F1, R² and IoU are higher-better); metrics of unknown direction are left out and listed in `skipped`, or
@@ -26,12 +28,13 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import yaml
 
 from multihead._boundary import BoundaryError, inside, read_json, read_text
+from multihead._checks import suggest
 from multihead.experiments.config.schema import ConfigError, parse_yaml
 from multihead.experiments.config.yaml12 import MAX_BYTES
 from multihead.monitoring.metric_key import metric_direction
@@ -51,9 +54,39 @@ def direction(metric: str, directions: Mapping[str, str] | None = None) -> str |
     return metric_direction(metric)
 
 
+def delta_m_terms(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],
+                  directions: Mapping[str, str] | None = None,
+                  chosen: Collection[str] | None = None) -> tuple[dict[str, float], list[str]]:
+    """The terms `s_i · (M_i − B_i) / B_i` of Δm%, by `head/metric`.
+
+    Args:
+        metrics, baseline: {head: {metric: value}}; a pair counts when both report it.
+        directions: metric name -> `min` or `max`, for metrics whose name does not say.
+        chosen: the metric names that enter Δm% (e.g. `["loss"]`); None: every metric.
+
+    Returns:
+        (the terms, the `head/metric` pairs left out because their direction is unknown).
+    """
+    terms: dict[str, float] = {}
+    skipped = []
+    for head, values in metrics.items():
+        for metric, value in values.items():
+            base = baseline.get(head, {}).get(metric)
+            if base is None or (chosen is not None and metric not in chosen):
+                continue
+            sign = {"min": 1.0, "max": -1.0}.get(direction(metric, directions) or "")
+            if not sign:
+                skipped.append(f"{head}/{metric}")
+                continue
+            terms[f"{head}/{metric}"] = sign * (value - base) / base
+    return terms, skipped
+
+
 def delta_m(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],
-            directions: Mapping[str, str] | None = None) -> tuple[float | None, list[str]]:
-    """Δm% of `metrics` ({head: {metric: value}}) against `baseline` (same shape).
+            directions: Mapping[str, str] | None = None,
+            chosen: Collection[str] | None = None) -> tuple[float | None, list[str]]:
+    """Δm% of `metrics` ({head: {metric: value}}) against `baseline` (same shape), over the
+    metrics named in `chosen` (default: every metric both report).
 
     Returns:
         (Δm%, or None when no pair is comparable; the `head/metric` pairs left out because
@@ -63,21 +96,14 @@ def delta_m(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, M
         >>> delta_m({"a": {"loss": 0.9}, "b": {"accuracy": 0.8}},
         ...         {"a": {"loss": 1.0}, "b": {"accuracy": 0.5}})[0]   # (-10 - 60) / 2
         -35.0
+        >>> delta_m({"a": {"loss": 0.5}, "b": {"accuracy": 0.8}},
+        ...         {"a": {"loss": 1.0}, "b": {"accuracy": 0.5}}, chosen=["loss"])[0]
+        -50.0
     """
-    terms, skipped = [], []
-    for head, values in metrics.items():
-        for metric, value in values.items():
-            base = baseline.get(head, {}).get(metric)
-            if base is None:
-                continue
-            sign = {"min": 1.0, "max": -1.0}.get(direction(metric, directions) or "")
-            if not sign:
-                skipped.append(f"{head}/{metric}")
-                continue
-            terms.append(sign * (value - base) / base)
+    terms, skipped = delta_m_terms(metrics, baseline, directions, chosen)
     if not terms:
         return None, skipped
-    return 100.0 * math.fsum(terms) / len(terms), skipped
+    return 100.0 * math.fsum(terms.values()) / len(terms), skipped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,12 +157,17 @@ class Comparison:
         groups: the runs grouped by their non-seed hyperparameters.
         baseline: {head: {metric: value}}, the baselines' mean final metrics (empty without).
         skipped: `head/metric` pairs left out of Δm% (direction unknown).
+        delta_m_pairs: the `head/metric` pairs Δm% is computed over (of any group).
+        delta_m_metrics: the metric names chosen for Δm% (`compare(metrics=...)`), or None
+            for every metric.
     """
 
     runs: list[RunResult]
     groups: list[Group]
     baseline: dict[str, dict[str, float]]
     skipped: list[str]
+    delta_m_pairs: list[str] = dataclasses.field(default_factory=list)
+    delta_m_metrics: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `multihead compare --json` prints)."""
@@ -145,6 +176,8 @@ class Comparison:
             "groups": [{k: v for k, v in dataclasses.asdict(g).items()} for g in self.groups],
             "baseline": self.baseline,
             "skipped": self.skipped,
+            "delta_m_pairs": self.delta_m_pairs,
+            "delta_m_metrics": self.delta_m_metrics,
         }
 
     def rows(self) -> list[dict[str, Any]]:
@@ -185,6 +218,8 @@ class Comparison:
                           for h, m in pairs] +
                          ([f"{g.delta_m:+.2f}" if g.delta_m is not None else "-"] if self.baseline else []))
         lines += _table(table)
+        if self.delta_m_pairs:
+            lines.append(f"Δm% over {len(self.delta_m_pairs)} pairs: {', '.join(self.delta_m_pairs)}")
         if self.skipped:
             lines.append(f"left out of Δm% (direction unknown): {', '.join(self.skipped)}")
         return "\n".join(lines)
@@ -294,7 +329,8 @@ def group_runs(runs: Sequence[RunResult]) -> list[tuple[dict[str, Any], list[Run
 
 def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
             baseline: Sequence[str | os.PathLike[str]] | str | os.PathLike[str] = (),
-            directions: Mapping[str, str] | None = None) -> Comparison:
+            directions: Mapping[str, str] | None = None,
+            metrics: Sequence[str] | None = None) -> Comparison:
     """Compares finished runs and sweeps, and their Δm% against single-task baselines.
 
     Args:
@@ -303,12 +339,16 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
             head, any number of seeds) or sweeps of them; each head's baseline is the mean
             over the baseline runs that have that head.
         directions: metric name -> `min` or `max`, for metrics whose name does not say.
+        metrics: the metric names Δm% is computed over, e.g. `["loss"]` or
+            `["accuracy", "mae"]`; None (default): every metric the group and the baselines
+            both report, losses included.
 
     Returns:
         A `Comparison` (plain dataclasses; `.to_dataframe()` with pandas installed).
 
     Raises:
-        CompareError: a path is neither a finished run nor a sweep.
+        CompareError: a path is neither a finished run nor a sweep, or `metrics` names a
+            metric no baseline reports (or is given without baselines).
 
     Example:
         >>> result = mh.compare(["runs/sweep-quickstart"], baseline=["runs/y1", "runs/y2"])  # doctest: +SKIP
@@ -326,31 +366,51 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         raise CompareError(f"{[os.fspath(p) for p in paths]}: no finished run to compare")
     base_runs = [load_result(d, directions) for p in baseline for d in run_dirs(p)]
     base_mean = _mean_std([r.final for r in base_runs])[0] if base_runs else {}
-    groups, skipped = [], []
+    chosen = _chosen_metrics(metrics, base_mean)
+    groups, skipped, pairs = [], [], []
     for hparams, members in group_runs(runs):
         mean, std = _mean_std([r.final for r in members])
         best_mean = _mean_std([r.best for r in members])[0]
-        dm, left_out = delta_m(mean, base_mean, directions) if base_mean else (None, [])
+        dm, left_out = delta_m(mean, base_mean, directions, chosen) if base_mean else (None, [])
         skipped += [s for s in left_out if s not in skipped]
+        pairs += [p for p in delta_m_terms(mean, base_mean, directions, chosen)[0] if p not in pairs]
         label = ", ".join(f"{k}={_short(v)}" for k, v in hparams.items()) or "all"
         groups.append(Group(label, hparams, [r.run_dir for r in members], mean, std, best_mean, dm))
-    return Comparison(runs, groups, base_mean, skipped)
+    return Comparison(runs, groups, base_mean, skipped, pairs, chosen)
+
+
+def _chosen_metrics(metrics: Sequence[str] | None,
+                    baseline: Mapping[str, Mapping[str, float]]) -> list[str] | None:
+    """`compare(metrics=...)` checked against what the baselines report."""
+    if metrics is None:
+        return None
+    chosen = list(dict.fromkeys(str(m) for m in metrics))
+    if not chosen:
+        raise CompareError("metrics: name at least one metric, e.g. loss")
+    if not baseline:
+        raise CompareError(f"metrics {chosen}: Δm% needs baselines (baseline=[...], --baseline)")
+    reported = list(dict.fromkeys(m for values in baseline.values() for m in values))
+    for metric in chosen:
+        if metric not in reported:
+            raise CompareError(f"metrics: {metric!r} is reported by no baseline{suggest(metric, reported)}; "
+                               f"they report {reported}")
+    return chosen
 
 
 def _short(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
-def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: str = "loss") -> None:
-    """A PNG with one panel per head: each group's mean eval `metric` curve over its runs
-    (shaded ± std), the baseline as a dashed line."""
+def comparison_figure(result: Comparison, metric: str = "loss") -> Any:
+    """The matplotlib `Figure` of `plot_comparison` (needs matplotlib): one legend for every
+    panel, below them, so it covers no curve."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
     heads = list(dict.fromkeys(h for r in result.runs for h in r.curves))
-    fig = Figure(figsize=(5 * max(1, len(heads)), 4))
+    fig = Figure(figsize=(5 * max(1, len(heads)), 4), layout="constrained")
     for i, head in enumerate(heads):
         ax = fig.add_subplot(1, len(heads), i + 1)
         for group in result.groups:
@@ -367,6 +427,15 @@ def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: st
             ax.axhline(result.baseline[head][metric], linestyle="--", color="gray", label="single-task")
         ax.set_title(f"{head}: eval {metric}")
         ax.set_xlabel("step")
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(os.fspath(path), dpi=100)
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    if lines:  # the same groups in every panel: one legend, outside the axes
+        wide = max(len(label) for label in lines) > 40
+        fig.legend(list(lines.values()), list(lines), loc="outside lower center",
+                   ncols=1 if wide else min(len(lines), 3), fontsize="small")
+    return fig
+
+
+def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: str = "loss") -> None:
+    """A PNG with one panel per head: each group's mean eval `metric` curve over its runs
+    (shaded ± std), the baseline as a dashed line."""
+    comparison_figure(result, metric).savefig(os.fspath(path), dpi=100)
