@@ -141,7 +141,8 @@ class Trainer:
         self.model = model
         self.objectives = {h: objectives[h] for h in model.head_names}
         self.schedule = schedule
-        self.loss_fns = {h: resolve_loss(o.loss, h) for h, o in self.objectives.items()}
+        self.loss_fns = {h: resolve_loss(o.loss, h, o.missing_label)
+                         for h, o in self.objectives.items()}
         #: The `tf.distribute` strategy, or None.
         self.strategy = strategy
         with distribute.scope(strategy):  # optimizers given by name are created in the scope
@@ -263,6 +264,7 @@ class Trainer:
                 every=objective.every,
                 trains_trunk=objective.trains_trunk,
                 guarded=objective.on_nonfinite != "apply",
+                missing_label=objective.missing_label,
             ))
         return heads
 
