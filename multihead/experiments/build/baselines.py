@@ -38,6 +38,10 @@ def constant_baseline(
     init = np.zeros(output_shape, np.float32)
     if tuple(np.shape(y_train)[1:]) == tuple(output_shape):
         init = np.asarray(np.mean(y_train, axis=0), np.float32)
+        if np.isnan(init).any():  # NaN marks missing labels (data.missing_label): the present ones'
+            present = ~np.isnan(y_train)
+            init = np.asarray(np.where(present, y_train, 0).sum(axis=0)
+                              / np.maximum(present.sum(axis=0), 1), np.float32)
     const = tf.Variable(init)
     optimizer = keras.optimizers.Adam(learning_rate)
 
