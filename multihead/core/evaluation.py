@@ -32,6 +32,7 @@ from multihead.core.objectives import (
     label_marker,
     present_labels,
     resolve_metric,
+    split_weighted,
 )
 
 #: `{head: {"loss": value, <metric name>: value}}`.
@@ -87,7 +88,7 @@ def check_metrics(outputs: Mapping[str, Any], targets: Any,
                 f"head {head!r} has metrics {names}, which compare its outputs with labels, but "
                 f"the data has no labels for it (targets: {keys}); give targets[{head!r}] or "
                 "drop the metrics")
-        y_true, y_pred = targets[head], outputs[head]
+        y_true, y_pred = split_weighted(targets[head])[0], outputs[head]
         for metric in head_metrics:
             try:
                 metric.update_state(y_true, y_pred)
@@ -302,15 +303,22 @@ class Evaluator:
                     "reduce it (e.g. tf.reduce_mean) inside the loss function")
             losses.append(tf.cast(loss, tf.float64))
             marker = label_marker(self._losses[head])
+            if marker is None and not self.metrics[head]:
+                counts.append(n)
+                continue
+            labels, weight = split_weighted(targets[head])
             if marker is None:
                 counts.append(n)
                 for metric in self.metrics[head]:
-                    metric.update_state(targets[head], output)
+                    metric.update_state(labels, output, sample_weight=weight)
                 continue
-            present, labels = present_labels(targets[head], marker)
+            present, labels = present_labels(labels, marker)
             counts.append(tf.reduce_sum(tf.cast(present, tf.float64)))
+            kept = tf.cast(present, tf.float32)
+            if weight is not None:
+                kept = kept * tf.cast(tf.reshape(weight, [-1]), tf.float32)
             for metric in self.metrics[head]:
-                metric.update_state(labels, output, sample_weight=tf.cast(present, tf.float32))
+                metric.update_state(labels, output, sample_weight=kept)
         return tf.stack(losses), tf.stack(counts)
 
 

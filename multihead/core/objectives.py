@@ -7,7 +7,7 @@ import gc
 import inspect
 import re
 import weakref
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 import keras
 import tensorflow as tf
@@ -177,14 +177,53 @@ def resolve_loss(spec: LossSpec, head: str, missing_label: float | None = None) 
     def head_loss(inputs: Any, targets: Any, output: Any, training: bool = False) -> tf.Tensor:
         del training  # a Keras loss is the same in training and evaluation
         del inputs
+        labels, weight = split_weighted(targets[head])
+        if missing_label is None and weight is None:
+            return loss_obj(labels, output)
         if missing_label is None:
-            return loss_obj(targets[head], output)
-        present, labels = present_labels(targets[head], missing_label)
-        return masked_mean(loss_obj, labels, output, present)
+            present = tf.ones([tf.shape(output)[0]], tf.bool)
+        else:
+            present, labels = present_labels(labels, missing_label)
+        return masked_mean(loss_obj, labels, output, present, weight)
 
     head_loss.elementwise = True  # type: ignore[attr-defined]
     head_loss.missing_label = missing_label  # type: ignore[attr-defined]
     return head_loss
+
+
+class Weighted(NamedTuple):
+    """A head's labels with their per-example sample weights, as a batch's targets hold them
+    when the batch is `(inputs, targets, sample_weight)` (see `with_sample_weights`)."""
+
+    labels: Any
+    sample_weight: Any
+
+
+def with_sample_weights(targets: Any, sample_weight: Any) -> Any:
+    """`targets` (a dict head -> labels) with the labels of each head of `sample_weight`
+    (a dict head -> one weight per example) as `Weighted`; `targets` itself when None.
+
+    Raises:
+        TypeError: `sample_weight` is not a dict.
+        ValueError: it names a head the targets have no labels for.
+    """
+    if sample_weight is None:
+        return targets
+    if not isinstance(sample_weight, Mapping) or not isinstance(targets, Mapping):
+        raise TypeError("sample_weight must be a dict head -> one weight per example (with "
+                        f"targets a dict head -> labels), got {type(sample_weight).__name__}")
+    for head in sample_weight:
+        if head not in targets:
+            raise ValueError(f"sample_weight names head {head!r}, but the batch has no labels "
+                             f"for it (its targets are {sorted(targets)})")
+    return {h: Weighted(y, sample_weight[h]) if h in sample_weight else y for h, y in targets.items()}
+
+
+def split_weighted(labels: Any) -> tuple[Any, Any]:
+    """`(labels, sample_weight)` of a head's entry in a batch's targets (weight None if none)."""
+    if isinstance(labels, Weighted):
+        return labels.labels, labels.sample_weight
+    return labels, None
 
 
 def present_labels(labels: Any, missing_label: float) -> tuple[tf.Tensor, tf.Tensor]:

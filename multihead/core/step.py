@@ -38,7 +38,7 @@ from multihead.core.applier import Applier, HeadsDone, PlannedUpdate, all_finite
 from multihead.core.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.core.freezing import FrozenHeads
 from multihead.core.model import MultiHeadModel, trunk_losses
-from multihead.core.objectives import present_labels
+from multihead.core.objectives import present_labels, split_weighted
 from multihead.core.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, TrunkRule
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
@@ -324,7 +324,7 @@ class TrainStep:
             losses[head.name] = self._head_loss(head, x, y, output)
             weighted[head.name] = head.weight(step) * losses[head.name]
             if head.missing_label is not None:
-                present, _ = present_labels(y[head.name], head.missing_label)
+                present, _ = present_labels(split_weighted(y[head.name])[0], head.missing_label)
                 counts[head.name] = tf.reduce_sum(tf.cast(present, tf.float32))
         # A routing trunk's per-head layers (gates) regularize their own head's objective.
         shared_losses, owned_losses = trunk_losses(model.trunk)

@@ -37,6 +37,7 @@ from multihead.core.objectives import (
     claim_optimizers,
     resolve_loss,
     resolve_optimizer,
+    with_sample_weights,
 )
 from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
@@ -304,8 +305,10 @@ class Trainer:
         """
         if heads is not None:
             heads = self._check_head_subset(heads)
-        inputs, targets = split_batch(batch)
+        inputs, targets, sample_weight = split_batch(batch)
         targets = self._labels.as_dict(targets)
+        if sample_weight is not None:
+            targets = with_sample_weights(targets, self._labels.as_dict(sample_weight))
         if tf.nest.flatten(inputs) and np.shape(tf.nest.flatten(inputs)[0])[:1] == (0,):
             raise ValueError("the batch is empty (its inputs have 0 examples); give a batch "
                              "with at least one example")

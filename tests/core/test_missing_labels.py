@@ -120,3 +120,44 @@ def test_missing_label_is_refused_for_a_research_loss_and_a_non_number():
                                   "b": mh.Objective(lambda i, t, o: o, missing_label=NAN)})
     with pytest.raises(TypeError, match="Objective.missing_label: expected a number"):
         mh.Objective("mse", missing_label="nan")
+
+
+# -- sample weights: Keras' (x, y, sample_weight) with a dict head -> weights ---------------
+
+
+def test_sample_weights_equal_keras_sample_weight_in_the_step_and_in_evaluation():
+    x, y = make_batch(HEADS, n=30)
+    w = {"b": np.random.default_rng(1).random(30).astype("float32")}
+    model = make_model(heads=HEADS)
+    trainer = mh.Trainer(model, _objectives())
+    expected = keras.losses.MeanSquaredError()(y["b"], model(x)["b"], sample_weight=w["b"])
+    result = trainer.step((x, y, w))
+    np.testing.assert_allclose(result.losses["b"], float(expected), rtol=1e-6)
+
+    trainer.fit((x, y, w), 3, batch_size=8, verbose=False)  # array triples through fit
+    pred = model(x, training=False)["b"].numpy()
+    ev = trainer.evaluate((x, y, w), batch_size=10)["b"]
+    # loss: Keras' sum(w l) / n; metrics: Keras' weighted mean sum(w m) / sum(w)
+    np.testing.assert_allclose(ev["loss"], float(keras.losses.MeanSquaredError()(
+        y["b"], pred, sample_weight=w["b"])), rtol=1e-6)
+    np.testing.assert_allclose(ev["mean_absolute_error"],
+                               np.sum(w["b"] * np.abs(pred - y["b"])[:, 0]) / np.sum(w["b"]),
+                               rtol=1e-6)
+
+
+def test_sample_weights_and_a_mask_combine_as_keras_masked_weighted_loss():
+    x, y = _masked_batch(n=24)
+    w = {"b": np.random.default_rng(2).random(24).astype("float32")}
+    model = make_model(heads=HEADS)
+    trainer = mh.Trainer(model, _objectives(missing_label=NAN))
+    present = ~np.isnan(y["b"][:, 0])
+    error = model(x)["b"].numpy()[:, 0] - y["b"][:, 0]
+    expected = np.sum((w["b"] * error ** 2)[present]) / present.sum()  # sum_i p w l / sum_i p
+    np.testing.assert_allclose(trainer.step((x, y, w)).losses["b"], expected, rtol=1e-6)
+
+
+def test_sample_weights_for_an_unknown_head_are_refused():
+    trainer = mh.Trainer(make_model(), {h: mh.Objective("mse") for h in "ab"})
+    x, y = make_batch()
+    with pytest.raises(ValueError, match="sample_weight names head 'z'"):
+        trainer.step((x, y, {"z": np.ones(16, "float32")}))
