@@ -316,18 +316,17 @@ def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
     """
     if isinstance(data, tf.data.Dataset):
         return data
-    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+    if not (isinstance(data, (tuple, list)) and len(data) in (2, 3)):
         raise TypeError(
-            "data must be a tf.data.Dataset or a tuple (inputs, targets) of arrays, "
-            f"got {type(data).__name__}"
+            "data must be a tf.data.Dataset or a tuple (inputs, targets) of arrays (or "
+            f"(inputs, targets, sample_weight)), got {type(data).__name__}"
         )
     batch_size = check_int(batch_size, "batch_size", minimum=1, hint="array data needs a batch size")
-    inputs, targets = data
-    lengths = {len(a) for a in tf.nest.flatten((inputs, targets))}
+    lengths = {len(a) for a in tf.nest.flatten(tuple(data))}
     if len(lengths) != 1:
         raise ValueError(f"inputs and targets have different numbers of examples: {sorted(lengths)}")
     n = lengths.pop()
-    arrays = tf.nest.map_structure(tf.convert_to_tensor, (inputs, targets))
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, tuple(data))
     # One permutation per epoch, then each batch is a slice of it gathered in one op.
     # Per-example tf.data work (slicing examples, or a shuffle buffer of indices)
     # costs per example, a large share of a small model's step; one gather per batch does not.

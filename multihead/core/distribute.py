@@ -175,6 +175,17 @@ def replica_scale(inputs: Any) -> tf.Tensor:
     return local / total
 
 
+def count_share(count: tf.Tensor) -> tf.Tensor:
+    """`count / (count summed over replicas)` (0 when the sum is 0), in replica context.
+
+    The scale of a head whose loss is a mean over its present labels (`count` of
+    them on this replica): summed over replicas, each replica's mean times its share
+    is the mean over the global batch's present labels.
+    """
+    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, count)
+    return tf.math.divide_no_nan(count, total)
+
+
 def all_reduce_sum(values: Any) -> Any:
     """Sums a structure of tensors (None leaves kept) over replicas in one all-reduce."""
     flat = tf.nest.flatten(values, expand_composites=False)

@@ -3,6 +3,9 @@
 A head's evaluation loss is the example-weighted mean of its batch losses:
 `sum_b loss_b * n_b / sum_b n_b`, where `loss_b` is the head's loss (a batch
 mean) on batch `b` of `n_b` examples; so a short last batch counts for its size.
+For a head with a missing-label marker (`Objective.missing_label`), `n_b` counts
+the rows with a present label, its metrics see those rows only, and with no
+present label at all its results are NaN.
 The sum is kept in float64. Metrics are Keras metric objects owned by one
 `Evaluator` each, reset at the start of every evaluation.
 
@@ -22,7 +25,15 @@ import tensorflow as tf
 
 from multihead.core.compiled import fold_batches
 from multihead.core.model_view import HeadsModel
-from multihead.core.objectives import HeadLoss, LossSpec, MetricSpec, resolve_metric
+from multihead.core.objectives import (
+    HeadLoss,
+    LossSpec,
+    MetricSpec,
+    label_marker,
+    present_labels,
+    resolve_metric,
+    split_weighted,
+)
 
 #: `{head: {"loss": value, <metric name>: value}}`.
 EvalResults = dict[str, dict[str, float]]
@@ -77,7 +88,7 @@ def check_metrics(outputs: Mapping[str, Any], targets: Any,
                 f"head {head!r} has metrics {names}, which compare its outputs with labels, but "
                 f"the data has no labels for it (targets: {keys}); give targets[{head!r}] or "
                 "drop the metrics")
-        y_true, y_pred = targets[head], outputs[head]
+        y_true, y_pred = split_weighted(targets[head])[0], outputs[head]
         for metric in head_metrics:
             try:
                 metric.update_state(y_true, y_pred)
@@ -240,7 +251,7 @@ class Evaluator:
             raise ValueError("the evaluation data yielded no batch")
         results: EvalResults = {}
         for i, head in enumerate(self._heads):
-            results[head] = {"loss": values[i] / count}
+            results[head] = {"loss": values[i]}
         rest = iter(values[len(self._heads):])
         for head in self._heads:
             results[head].update({m.name: next(rest) for m in self.metrics[head]})
@@ -249,28 +260,36 @@ class Evaluator:
     # -- compiled ---------------------------------------------------------------------
 
     def _evaluate_all(self, iterator: Any) -> tf.Tensor:
-        """`[examples, loss sum per head..., metric result per head and metric...]`, float64."""
+        """`[examples, loss per head..., metric result per head and metric...]`, float64."""
         self.trace_count += 1  # Python side effect: runs once per trace
         metrics = [m for h in self._heads for m in self.metrics[h]]
         for metric in metrics:
             metric.reset_state()
 
-        def add(batch: Any, carry: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-            count, totals = carry
+        k = len(self._heads)
+
+        def add(batch: Any, carry: tuple[tf.Tensor, tf.Tensor, tf.Tensor],
+                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            count, rows, totals = carry
             inputs, targets = _split(batch)
             n = tf.cast(tf.shape(tf.nest.flatten(inputs)[0])[0], tf.float64)
-            return count + n, totals + n * self._batch_losses(inputs, targets)
+            losses, present = self._batch_losses(inputs, targets, n)
+            return count + n, rows + present, totals + present * losses
 
-        count, totals = fold_batches(iterator, add, (tf.constant(0.0, tf.float64),
-                                                     tf.zeros([len(self._heads)], tf.float64)))
+        count, rows, totals = fold_batches(
+            iterator, add, (tf.constant(0.0, tf.float64), tf.zeros([k], tf.float64),
+                            tf.zeros([k], tf.float64)))
+        # a head without any present label: NaN, not 0
+        losses = tf.where(rows > 0, totals / tf.maximum(rows, 1.0), float("nan"))
         results = [tf.cast(tf.reshape(m.result(), []), tf.float64) for m in metrics]
-        return tf.concat([[count], totals, tf.stack(results) if results else tf.zeros([0], tf.float64)],
+        return tf.concat([[count], losses, tf.stack(results) if results else tf.zeros([0], tf.float64)],
                          axis=0)
 
-    def _batch_losses(self, inputs: Any, targets: Any) -> tf.Tensor:
-        """One batch: each head's loss (float64, in head order); updates the metrics."""
+    def _batch_losses(self, inputs: Any, targets: Any, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """One batch of `n` examples: each head's loss and its number of present labels
+        (float64, in head order); updates the metrics."""
         outputs = self._model(inputs, training=False)
-        losses = []
+        losses, counts = [], []
         for head in self._heads:
             output = outputs[head]
             if self._loss_training[head]:
@@ -283,9 +302,24 @@ class Evaluator:
                     f"the loss of head {head!r} must be a scalar, got shape {loss.shape}; "
                     "reduce it (e.g. tf.reduce_mean) inside the loss function")
             losses.append(tf.cast(loss, tf.float64))
+            marker = label_marker(self._losses[head])
+            if marker is None and not self.metrics[head]:
+                counts.append(n)
+                continue
+            labels, weight = split_weighted(targets[head])
+            if marker is None:
+                counts.append(n)
+                for metric in self.metrics[head]:
+                    metric.update_state(labels, output, sample_weight=weight)
+                continue
+            present, labels = present_labels(labels, marker)
+            counts.append(tf.reduce_sum(tf.cast(present, tf.float64)))
+            kept = tf.cast(present, tf.float32)
+            if weight is not None:
+                kept = kept * tf.cast(tf.reshape(weight, [-1]), tf.float32)
             for metric in self.metrics[head]:
-                metric.update_state(targets[head], output)
-        return tf.stack(losses)
+                metric.update_state(labels, output, sample_weight=kept)
+        return tf.stack(losses), tf.stack(counts)
 
 
 def _split(batch: Any) -> tuple[Any, Any]:

@@ -14,17 +14,18 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.model_view import HeadsModel
-from multihead.core.objectives import Objective, needs_own_targets
+from multihead.core.objectives import Objective, Weighted, needs_own_targets, split_weighted
 from multihead.core.step import check_targets
 
 
-def split_batch(batch: Any) -> tuple[Any, Any]:
-    """`(inputs, targets)` of a batch given to `Trainer.step`."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
+def split_batch(batch: Any) -> tuple[Any, Any, Any]:
+    """`(inputs, targets, sample_weight)` of a batch given to `Trainer.step`: a pair
+    `(inputs, targets)` (weights None) or Keras' triple `(inputs, targets, sample_weight)`."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
+        return batch[0], batch[1], batch[2] if len(batch) == 3 else None
     raise TypeError(
-        "a batch must be a pair (inputs, targets) with targets a dict head -> labels, "
-        f"got {type(batch).__name__}"
+        "a batch must be a pair (inputs, targets) with targets a dict head -> labels, or a "
+        f"triple (inputs, targets, sample_weight), got {type(batch).__name__}"
     )
 
 
@@ -107,8 +108,13 @@ class LabelCheck:
         outputs = self._output_shapes(inputs)
         batch = np.shape(tf.nest.flatten(inputs)[0])[0] if tf.nest.flatten(inputs) else None
         for head in heads or self._objectives:
+            if isinstance(targets, Mapping) and isinstance(targets.get(head), Weighted) \
+                    and not needs[head]:
+                raise ValueError(f"head {head!r}: sample weights need a Keras loss or a "
+                                 "(y_true, y_pred) callable; a research loss reads its batch "
+                                 "itself: weigh inside it")
             if needs[head] and isinstance(targets, Mapping):
-                label = targets[head]
+                label = split_weighted(targets[head])[0]
                 label_shape = tf.TensorShape(label.shape if hasattr(label, "shape") else np.shape(label))
                 check_label_shape(head, self._objectives[head].loss, label_shape, outputs[head], batch)
         self._checked = key

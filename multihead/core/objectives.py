@@ -7,7 +7,7 @@ import gc
 import inspect
 import re
 import weakref
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 import keras
 import tensorflow as tf
@@ -72,6 +72,14 @@ class Objective:
             step (the trunk, the other heads and every optimizer slot stay as
             without it) and counts it in `nonfinite_skips/<head>`; `"raise"`
             skips it too and `fit` raises at that step; `"apply"` applies it.
+        missing_label: the label value that marks a row without a label for this head
+            (`float("nan")`, or a number such as -1 for class indices); None: every
+            row has one. A row whose label holds it anywhere contributes nothing to
+            the head's loss, gradient or metrics: the loss is the mean over the rows
+            present (Keras' convention for a masked loss). A batch with no row
+            present gives the head no update (counted in
+            `missing_label_skips/<head>`). Needs a Keras loss or a `(y_true, y_pred)`
+            callable.
     """
 
     loss: LossSpec
@@ -81,8 +89,15 @@ class Objective:
     trains_trunk: bool = True
     metrics: Sequence[MetricSpec] = ()
     on_nonfinite: str = "skip"
+    missing_label: float | None = None
 
     def __post_init__(self) -> None:
+        if self.missing_label is not None:
+            if isinstance(self.missing_label, bool) or not isinstance(self.missing_label,
+                                                                      (int, float)):
+                raise TypeError("Objective.missing_label: expected a number (float('nan') for "
+                                f"NaN labels) or None, got {self.missing_label!r}")
+            self.missing_label = float(self.missing_label)
         self.every = check_int(self.every, "Objective.every", minimum=1)
         if isinstance(self.weight, Mapping):
             self.weight = keras.optimizers.schedules.deserialize(dict(self.weight))
@@ -114,16 +129,19 @@ def _takes_training(fn: Callable[..., Any]) -> bool:
                                        for p in params.values())
 
 
-def resolve_loss(spec: LossSpec, head: str) -> HeadLoss:
+def resolve_loss(spec: LossSpec, head: str, missing_label: float | None = None) -> HeadLoss:
     """Turns a loss spec into `(inputs, targets, output) -> scalar` for head `head`.
 
     Element-wise Keras losses and `(y_true, y_pred)` callables are wrapped in a
     Keras `Loss` that matches the ranks of `y_true` and `y_pred` (a `(batch,)`
     label against a `(batch, 1)` output would otherwise broadcast to
-    `(batch, batch)`) and averages over the batch.
+    `(batch, batch)`) and averages over the batch. With `missing_label`, the
+    average is over the rows whose label is present (see `present_labels`); the
+    resolved loss carries the marker as its `missing_label` attribute.
 
     Raises:
-        ValueError: unknown loss name or bad serialization dict.
+        ValueError: unknown loss name or bad serialization dict; `missing_label`
+            with a research loss (it reads the labels its own way).
         TypeError: a callable with neither 2 nor 3 required positional arguments.
     """
     if isinstance(spec, (str, Mapping)):
@@ -137,6 +155,11 @@ def resolve_loss(spec: LossSpec, head: str) -> HeadLoss:
     elif callable(spec):
         arity = _positional_arity(spec)
         if arity == 3:
+            if missing_label is not None:
+                raise ValueError(
+                    f"head {head!r}: missing_label needs a Keras loss or a (y_true, y_pred) "
+                    "callable; a research loss (inputs, targets, outputs) reads its labels "
+                    "itself: mask them inside it")
             research: Callable[..., tf.Tensor] = spec
             if _takes_training(research):
                 return lambda inputs, targets, output, training=False: research(
@@ -154,10 +177,98 @@ def resolve_loss(spec: LossSpec, head: str) -> HeadLoss:
     def head_loss(inputs: Any, targets: Any, output: Any, training: bool = False) -> tf.Tensor:
         del training  # a Keras loss is the same in training and evaluation
         del inputs
-        return loss_obj(targets[head], output)
+        labels, weight = split_weighted(targets[head])
+        if missing_label is None and weight is None:
+            return loss_obj(labels, output)
+        if missing_label is None:
+            present = tf.ones([tf.shape(output)[0]], tf.bool)
+        else:
+            present, labels = present_labels(labels, missing_label)
+        return masked_mean(loss_obj, labels, output, present, weight)
 
     head_loss.elementwise = True  # type: ignore[attr-defined]
+    head_loss.missing_label = missing_label  # type: ignore[attr-defined]
     return head_loss
+
+
+class Weighted(NamedTuple):
+    """A head's labels with their per-example sample weights, as a batch's targets hold them
+    when the batch is `(inputs, targets, sample_weight)` (see `with_sample_weights`)."""
+
+    labels: Any
+    sample_weight: Any
+
+
+def with_sample_weights(targets: Any, sample_weight: Any) -> Any:
+    """`targets` (a dict head -> labels) with the labels of each head of `sample_weight`
+    (a dict head -> one weight per example) as `Weighted`; `targets` itself when None.
+
+    Raises:
+        TypeError: `sample_weight` is not a dict.
+        ValueError: it names a head the targets have no labels for.
+    """
+    if sample_weight is None:
+        return targets
+    if not isinstance(sample_weight, Mapping) or not isinstance(targets, Mapping):
+        raise TypeError("sample_weight must be a dict head -> one weight per example (with "
+                        f"targets a dict head -> labels), got {type(sample_weight).__name__}")
+    for head in sample_weight:
+        if head not in targets:
+            raise ValueError(f"sample_weight names head {head!r}, but the batch has no labels "
+                             f"for it (its targets are {sorted(targets)})")
+    return {h: Weighted(y, sample_weight[h]) if h in sample_weight else y for h, y in targets.items()}
+
+
+def split_weighted(labels: Any) -> tuple[Any, Any]:
+    """`(labels, sample_weight)` of a head's entry in a batch's targets (weight None if none)."""
+    if isinstance(labels, Weighted):
+        return labels.labels, labels.sample_weight
+    return labels, None
+
+
+def present_labels(labels: Any, missing_label: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Which rows of `labels` are present, and the labels with the missing ones zeroed.
+
+    A row is missing when any of its entries equals `missing_label` (NaN: is NaN;
+    integer labels hold no NaN, so with a NaN marker all their rows are present).
+
+    Returns:
+        `(present, labels)`: a `(batch,)` bool tensor, and `labels` with every entry of
+        a missing row set to 0 (so no NaN reaches the loss or its gradient).
+    """
+    labels = tf.convert_to_tensor(labels)
+    if missing_label != missing_label:  # NaN
+        marked = (tf.math.is_nan(labels) if labels.dtype.is_floating
+                  else tf.zeros_like(labels, tf.bool))
+    else:
+        marked = tf.equal(labels, tf.cast(missing_label, labels.dtype))
+    rank = labels.shape.rank
+    missing = tf.reduce_any(marked, axis=list(range(1, rank))) if rank and rank > 1 else marked
+    present = tf.logical_not(tf.reshape(missing, [-1]))
+    rows = tf.reshape(present, [-1] + [1] * max((rank or 1) - 1, 0))
+    return present, tf.where(rows, labels, tf.zeros_like(labels))
+
+
+def masked_mean(loss_obj: Callable[..., Any], labels: Any, output: Any,
+                present: tf.Tensor, sample_weight: Any = None) -> tf.Tensor:
+    """`sum_i p_i w_i l_i / max(sum_i p_i, 1)`: the mean of a Keras loss over the present
+    rows (`p`), each weighted by `sample_weight` (`w`, 1 if None); 0 with no row present.
+
+    This is Keras' own reduction of a masked loss (`sum_over_batch_size` scales the
+    mask by `total / valid`); `loss_obj` must reduce by Keras' default,
+    `sum_over_batch_size`, which divides by the batch size `n` undone here.
+    """
+    weight = tf.cast(present, tf.float32)
+    if sample_weight is not None:
+        weight = weight * tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
+    loss = tf.cast(loss_obj(labels, output, sample_weight=weight), tf.float32)
+    n = tf.cast(tf.shape(present)[0], tf.float32)
+    return loss * n / tf.maximum(tf.reduce_sum(tf.cast(present, tf.float32)), 1.0)
+
+
+def label_marker(loss: HeadLoss) -> float | None:
+    """The missing-label marker a resolved loss masks (None: it masks nothing)."""
+    return getattr(loss, "missing_label", None)
 
 
 class _ElementwiseLoss(keras.losses.Loss):

@@ -38,6 +38,7 @@ from multihead.core.applier import Applier, HeadsDone, PlannedUpdate, all_finite
 from multihead.core.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.core.freezing import FrozenHeads
 from multihead.core.model_view import HeadsModel
+from multihead.core.objectives import present_labels, split_weighted
 from multihead.core.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, TrunkRule
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
@@ -66,6 +67,8 @@ class Forward(NamedTuple):
             regularization, plus the trunk's when the head's optimizer updates the trunk.
         trunk_reg: the trunk's regularization (0.0 when it has none).
         scaling: what the trunk rule's loss weighting computed in the pass.
+        counts: head -> its rows with a present label (float32), for the heads with a
+            missing-label marker (`HeadSpec.missing_label`).
     """
 
     features: Any
@@ -73,6 +76,7 @@ class Forward(NamedTuple):
     objectives: dict[str, tf.Tensor]
     trunk_reg: tf.Tensor | float
     scaling: LossScaling
+    counts: dict[str, tf.Tensor]
 
 
 class TrainStep:
@@ -135,6 +139,9 @@ class TrainStep:
         #: Per head, in head order: steps whose update was dropped as non-finite.
         self.nonfinite_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64), trainable=False,
                                            name="nonfinite_skips")
+        #: Per head, in head order: due steps skipped because no row of the batch had a label.
+        self.missing_label_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64),
+                                               trainable=False, name="missing_label_skips")
         #: The compiled variants, keyed (monitored, heads, own batches).
         self.loops = StepLoops(self._body_for, step, len(self._heads), jit_compile)
 
@@ -237,6 +244,9 @@ class TrainStep:
                     write_scalar(tags.loss_weight(head.name), head.weight(step))
                     if head.guarded:
                         write_scalar(tags.nonfinite_skips(head.name), self.nonfinite_skips[i])
+                    if head.missing_label is not None:
+                        write_scalar(tags.missing_label_skips(head.name),
+                                     self.missing_label_skips[i])
 
         monitor.when_scalars(log)
 
@@ -305,7 +315,7 @@ class TrainStep:
         else:
             features = model.features(inputs, training=True)
             stopped = model.stop_shared(features)
-        losses, weighted = {}, {}
+        losses, weighted, counts = {}, {}, {}
         for head in heads:
             seen = features if head.trains_trunk else stopped
             x, y = inputs, targets
@@ -314,6 +324,9 @@ class TrainStep:
             output = model.head_output(head.name, seen, training=True)
             losses[head.name] = self._head_loss(head, x, y, output)
             weighted[head.name] = head.weight(step) * losses[head.name]
+            if head.missing_label is not None:
+                present, _ = present_labels(split_weighted(y[head.name])[0], head.missing_label)
+                counts[head.name] = tf.reduce_sum(tf.cast(present, tf.float32))
         # A routing trunk's per-head layers (gates) regularize their own head's objective.
         shared_losses, owned_losses = model.trunk_losses()
         trunk_reg = tf.add_n(shared_losses) if shared_losses else 0.0
@@ -329,14 +342,15 @@ class TrainStep:
             if head.trains_trunk and self._rule.heads_update_trunk:
                 objective = objective + trunk_reg
             objectives[head.name] = objective
-        return Forward(features, losses, objectives, trunk_reg, scaling)
+        return Forward(features, losses, objectives, trunk_reg, scaling, counts)
 
     def _pass(self, heads: tuple[HeadSpec, ...], losses: dict[str, tf.Tensor], step: tf.Tensor,
               fwd: Forward | None = None, tape: tf.GradientTape | None = None,
-              given: Any = None) -> HeadsPass:
+              given: Any = None, counts: Mapping[str, tf.Tensor] | None = None) -> HeadsPass:
         """What the trunk rule plans from: `fwd` on `tape` (one device) or `given`
-        gradients (all-reduced under a strategy)."""
+        gradients and `counts` of present labels (all-reduced under a strategy)."""
         monitor = self._monitor
+        counts = fwd.counts if fwd is not None else counts
         return HeadsPass(
             heads=heads, losses=losses, step=step,
             trunk_variables=tuple(self._model.trunk_variables),
@@ -346,7 +360,30 @@ class TrainStep:
             trunk_reg=0.0 if fwd is None else fwd.trunk_reg,
             scaling=fwd.scaling if fwd is not None else LossScaling({}),
             when_logging=None if monitor is None else monitor.when_scalars,
-            active=None if self._frozen is None else self._frozen.active())
+            active=self._taking_part(heads, counts or {}, step))
+
+    def _taking_part(self, heads: tuple[HeadSpec, ...], counts: Mapping[str, tf.Tensor],
+                     step: tf.Tensor) -> dict[str, tf.Tensor] | None:
+        """Head -> whether it takes part in the step: not frozen, and with a present label
+        when it has a missing-label marker (`counts`); None: every head does. Counts the
+        due, unfrozen heads without a label in `missing_label_skips`."""
+        frozen = None if self._frozen is None else self._frozen.active()
+        active, unlabelled = {}, {}
+        for head in heads:
+            takes = None if frozen is None else frozen[head.name]
+            if head.name in counts:
+                labelled = counts[head.name] > 0
+                missed = tf.logical_not(labelled)
+                if head.every != 1:
+                    missed = tf.logical_and(missed, tf.equal(step % head.every, 0))
+                unlabelled[head.name] = missed if takes is None else tf.logical_and(missed, takes)
+                takes = labelled if takes is None else tf.logical_and(takes, labelled)
+            if takes is not None:
+                active[head.name] = takes
+        if unlabelled:
+            self.missing_label_skips.assign_add(
+                tf.cast(stack_done(self.head_names, unlabelled, tf.bool, False), tf.int64))
+        return active or None
 
     # -- schedules --------------------------------------------------------------------
 
@@ -414,17 +451,22 @@ class TrainStep:
             scale = distribute.replica_scale(inputs)
             with tf.GradientTape(persistent=True) as tape:
                 fwd = self.forward(inputs, targets, heads, step)
-                scaled = {h: objective * scale for h, objective in fwd.objectives.items()}
+                # A loss that is a mean over present labels: scaled by this replica's share.
+                scales = {h: distribute.count_share(c) for h, c in fwd.counts.items()}
+                scaled = {h: objective * scales.get(h, scale)
+                          for h, objective in fwd.objectives.items()}
                 trunk_reg = fwd.trunk_reg * scale
             grads = self._rule.replica_gradients(heads, Backward(tape, scaled), trunk_reg,
                                                  self._model.trunk_variables)
             del tape
             return distribute.all_reduce_sum(
-                ({h: loss * scale for h, loss in fwd.losses.items()}, grads))
+                ({h: loss * scales.get(h, scale) for h, loss in fwd.losses.items()}, grads,
+                 fwd.counts))
 
         strategy = self._strategy
-        losses, grads = distribute.first_replica(strategy, strategy.run(gradients, (inputs, targets)))
-        plans = self._rule.plan(self._pass(heads, losses, step, given=grads))
+        losses, grads, counts = distribute.first_replica(
+            strategy, strategy.run(gradients, (inputs, targets)))
+        plans = self._rule.plan(self._pass(heads, losses, step, given=grads, counts=counts))
         return losses, self._applier.apply_all(plans, step, due_decided)
 
 

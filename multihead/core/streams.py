@@ -18,6 +18,7 @@ from multihead._checks import check_int
 from multihead.core.data import DataPosition, StreamPosition, as_dataset
 from multihead.core.labels import LabelCheck
 from multihead.core.model_view import HeadsModel
+from multihead.core.objectives import with_sample_weights
 from multihead.core.rules import PYTHON, check_rep_grad_data
 from multihead.core.sampling import TaskSampling, as_sampling
 from multihead.core.step import TrainStep
@@ -307,13 +308,20 @@ class DataFeed:
         return dataset
 
     def labelled(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """A single-head dataset with bare labels becomes `(inputs, {head: labels})`."""
+        """A single-head dataset with bare labels becomes `(inputs, {head: labels})`;
+        triples `(inputs, targets, sample_weight)` become pairs whose weighted heads' labels
+        are `Weighted` (see `multihead.core.objectives.with_sample_weights`)."""
         spec = dataset.element_spec
-        if not (isinstance(spec, tuple) and len(spec) == 2):
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
             raise TypeError(
                 "the training data must yield pairs (inputs, targets) with targets a dict "
-                f"head -> labels; its elements are {spec}"
+                "head -> labels, or triples (inputs, targets, sample_weight); its elements "
+                f"are {spec}"
             )
+        as_dict = self._labels.as_dict
+        if len(spec) == 3:
+            with_sample_weights(as_dict(spec[1]), as_dict(spec[2]))  # checked here, once
+            return dataset.map(lambda x, y, w: (x, with_sample_weights(as_dict(y), as_dict(w))))
         heads = self._model.head_names
         if not isinstance(spec[1], Mapping) and len(heads) == 1:
             head = heads[0]

@@ -37,6 +37,7 @@ from multihead.core.objectives import (
     claim_optimizers,
     resolve_loss,
     resolve_optimizer,
+    with_sample_weights,
 )
 from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
@@ -141,7 +142,8 @@ class Trainer:
         self.model = model
         self.objectives = {h: objectives[h] for h in model.head_names}
         self.schedule = schedule
-        self.loss_fns = {h: resolve_loss(o.loss, h) for h, o in self.objectives.items()}
+        self.loss_fns = {h: resolve_loss(o.loss, h, o.missing_label)
+                         for h, o in self.objectives.items()}
         #: The `tf.distribute` strategy, or None.
         self.strategy = strategy
         with distribute.scope(strategy):  # optimizers given by name are created in the scope
@@ -265,6 +267,7 @@ class Trainer:
                 every=objective.every,
                 trains_trunk=objective.trains_trunk,
                 guarded=objective.on_nonfinite != "apply",
+                missing_label=objective.missing_label,
             ))
         return heads
 
@@ -304,8 +307,10 @@ class Trainer:
         """
         if heads is not None:
             heads = self._check_head_subset(heads)
-        inputs, targets = split_batch(batch)
+        inputs, targets, sample_weight = split_batch(batch)
         targets = self._labels.as_dict(targets)
+        if sample_weight is not None:
+            targets = with_sample_weights(targets, self._labels.as_dict(sample_weight))
         if tf.nest.flatten(inputs) and np.shape(tf.nest.flatten(inputs)[0])[:1] == (0,):
             raise ValueError("the batch is empty (its inputs have 0 examples); give a batch "
                              "with at least one example")

@@ -38,6 +38,8 @@ class HeadSpec:
         every: the head is due on steps where `step % every == 0`.
         trains_trunk: the head's gradient reaches the trunk.
         guarded: whether a non-finite loss or gradient drops the head's update.
+        missing_label: the label value marking a row without a label (None: every row
+            has one); a batch with no row present gives the head no update.
     """
 
     name: str
@@ -48,6 +50,7 @@ class HeadSpec:
     every: int
     trains_trunk: bool
     guarded: bool = True
+    missing_label: float | None = None
 
 
 class LossScaling(NamedTuple):

@@ -78,6 +78,10 @@ def _fit_constant(loss: HeadLoss, head: str, y_train: np.ndarray, output_shape: 
     init = np.zeros(output_shape, np.float32)
     if tuple(np.shape(y_train)[1:]) == tuple(output_shape):
         init = np.asarray(np.mean(y_train, axis=0), np.float32)
+        if np.isnan(init).any():  # NaN marks missing labels (data.missing_label): the present ones'
+            present = ~np.isnan(y_train)
+            init = np.asarray(np.where(present, y_train, 0).sum(axis=0)
+                              / np.maximum(present.sum(axis=0), 1), np.float32)
     const = tf.Variable(init)
     optimizer = keras.optimizers.Adam(learning_rate)
 

@@ -18,7 +18,12 @@ import yaml
 from multihead import _keras_internals as internals
 from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.experiments.build.architectures import build_architecture, is_architecture
-from multihead.experiments.config.schema import ConfigError, ExperimentConfig, to_dict
+from multihead.experiments.config.schema import (
+    ConfigError,
+    ExperimentConfig,
+    missing_label_of,
+    to_dict,
+)
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
 from multihead.core.head_early_stopping import HeadEarlyStopping
 from multihead.core.data import MultiTaskData
@@ -155,7 +160,10 @@ def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
         path = f"model.heads.{name}"
         for key, resolve in [("loss", resolve_loss), ("optimizer", resolve_optimizer)]:
             try:
-                resolve(getattr(head, key), name)
+                if key == "loss":
+                    resolve(head.loss, name, missing_label_of(config.data, name))
+                else:
+                    resolve(head.optimizer, name)
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"{path}.{key}: {err}") from None
         for i, metric in enumerate(head.metrics):
@@ -169,6 +177,7 @@ def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
                 loss=head.loss, optimizer=head.optimizer, weight=weight, every=head.every,
                 trains_trunk=head.trains_trunk, metrics=list(head.metrics),
                 on_nonfinite=head.on_nonfinite,
+                missing_label=missing_label_of(config.data, name),
             )
         except (ValueError, TypeError) as err:  # checked at load; a direct from_dict caller too
             raise ConfigError(f"{path}.weight: {str(err).splitlines()[0]}") from None

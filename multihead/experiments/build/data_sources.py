@@ -41,6 +41,7 @@ from multihead.experiments.config.schema import (
     DataConfig,
     ExperimentConfig,
     data_from_dict,
+    missing_label_of,
 )
 
 #: The default `data.features` of file sources.
@@ -138,11 +139,14 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
         train = _read_split(data, data.train or "train", "data.train", heads)
         evaluation = None if data.eval is None else _read_split(data, data.eval, "data.eval", heads)
     policy = data.on_nonfinite or data.on_nan or "error"
-    train = _checked(train, heads, policy, "data.train")
+    # NaN marks a missing label of these heads: not a non-finite value to refuse or drop
+    markers = {h: missing_label_of(data, h) for h in heads}
+    masked = [h for h, marker in markers.items() if marker is not None and math.isnan(marker)]
+    train = _checked(train, heads, policy, "data.train", masked)
     if evaluation is None:
         train, evaluation = _holdout(train, data.holdout, seed)
     else:
-        evaluation = _checked(evaluation, heads, policy, "data.eval")
+        evaluation = _checked(evaluation, heads, policy, "data.eval", masked)
         _check_same_shapes(train, evaluation)
     for split, where in ((train, "data.train"), (evaluation, "data.eval")):
         if _rows(split) == 0:
@@ -674,8 +678,10 @@ def _check_rows(arrays: Mapping[str, np.ndarray], where: str, source: str) -> No
                           + ", ".join(f"{n}: {k}" for n, k in lengths.items()))
 
 
-def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str) -> tuple[Any, dict]:
-    """Heads vs targets, equal row counts, and the non-finite policy (NaN, +inf, -inf)."""
+def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str,
+             masked: Sequence[str] = ()) -> tuple[Any, dict]:
+    """Heads vs targets, equal row counts, and the non-finite policy (NaN, +inf, -inf);
+    NaN in the labels of the `masked` heads marks a missing label and is kept."""
     x, y = split
     for head in y:
         if head not in heads:
@@ -691,7 +697,10 @@ def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str)
     bad = np.zeros(len(next(iter(named.values()))), bool)
     for name, array in named.items():
         if np.issubdtype(array.dtype, np.floating):
-            rows = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            flat = array.reshape(len(array), -1)
+            if name in {f"labels of {h!r}" for h in masked}:
+                flat = np.where(np.isnan(flat), 0.0, flat)
+            rows = ~np.isfinite(flat).all(axis=1)
             if rows.any() and policy == "error":
                 first = int(np.argmax(rows))
                 what = "NaN" if np.isnan(array[first]).any() else "inf"

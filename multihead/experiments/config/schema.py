@@ -168,6 +168,10 @@ class DataConfig:
                            doc="with per_head: every head a batch each step (all), or one head "
                                "drawn per step (docs/data.md)")
     temperature: float = _field(2.0, doc="temperature sampling: p_k proportional to n_k^(1/T)")
+    missing_label: dict[str, Any] = _field(
+        {}, doc="head -> the label value that marks a row without a label for that head: nan "
+                "(NaN labels, opt-in) or a number (e.g. -1); such rows give the head nothing "
+                "(docs/data.md)")
     sampling_weights: dict[str, float] = _field({}, doc="head -> sampling weight (default: its "
                                                         "number of training examples)")
 
@@ -685,6 +689,24 @@ def _check_tasks(tasks: list[str], heads: list[str]) -> None:
                                   "may generate tasks it does not train)")
 
 
+def missing_label_of(data: DataConfig, head: str) -> float | None:
+    """`data.missing_label` of `head` as `Objective(missing_label=...)` takes it: NaN for
+    `nan`, a float for a number, None when the head has none.
+
+    Raises:
+        ConfigError: the value is neither `nan` nor a number.
+    """
+    value = data.missing_label.get(head)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("nan", ".nan"):
+        return float("nan")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"data.missing_label.{head}: expected nan or a number (the label value "
+                          f"that marks a missing label), got {value!r}")
+    return float(value)
+
+
 def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:
     """Every key of the mapping at `where` names a head of the model."""
     for head in keys:
@@ -697,6 +719,9 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
     """`data.per_head` (one source per head) and how its heads are drawn."""
     check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
     _check_head_keys(data.sampling_weights, "data.sampling_weights", heads)
+    _check_head_keys(data.missing_label, "data.missing_label", heads)
+    for head in data.missing_label:
+        missing_label_of(data, head)
     for head, weight in data.sampling_weights.items():
         check_bounds(weight, f"data.sampling_weights.{head}", minimum=0, min_open=True,
                      error=ConfigError)
@@ -707,7 +732,7 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
         return
     defaults = DataConfig()
     for field in dataclasses.fields(DataConfig):
-        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite") and \
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label") and \
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
                               f"source is data.per_head.<head>.{field.name}); move or remove it")

@@ -78,7 +78,8 @@ def dry_run(runner: Any) -> None:
             for head, objective in objectives.items():
                 path = f"model.heads.{head}"
                 try:
-                    loss = resolve_loss(objective.loss, head)(x, y, outputs[head])
+                    loss = resolve_loss(objective.loss, head, objective.missing_label)(
+                        x, y, outputs[head])
                     losses[head] = loss
                 except Exception as err:  # noqa: BLE001 - any failure here fails train too
                     raise ConfigError(f"{path}.loss: cannot compute it on a batch of the data "
