@@ -106,6 +106,7 @@ class Backward:
                 "var_list: check that the loss uses the head's output")
         return grads
 
+    @not_converted
     def gradient(self, target: Any, sources: Sequence[Any],
                  output_gradients: Any = None) -> list[tf.Tensor | None]:
         """`tape.gradient(target, sources, output_gradients)`."""
