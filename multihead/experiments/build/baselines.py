@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.objectives import HeadLoss
+from multihead.core.objectives import HeadLoss, label_marker, present_labels
 
 
 def constant_baseline(
@@ -56,7 +56,11 @@ def constant_baseline_metrics(
     const = _fit_constant(loss, head, y_train, output_shape, 500, 0.05)
     labels = tf.constant(y_eval)
     result = {"loss": float(_constant_loss(loss, head, const, labels))}
-    outputs = tf.broadcast_to(const, (len(y_eval), *const.shape))
+    marker = label_marker(loss)
+    if marker is not None:  # the metrics, as the head's, see the present labels only
+        present, _ = present_labels(labels, marker)
+        labels = tf.boolean_mask(labels, present)
+    outputs = tf.broadcast_to(const, (int(tf.shape(labels)[0]), *const.shape))
     for metric in metrics:
         metric.reset_state()
         metric.update_state(labels, outputs)
