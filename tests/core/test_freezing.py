@@ -274,3 +274,21 @@ def test_under_a_loss_weighting_a_frozen_head_stops_the_trunk_without_retracing(
     assert trainer.trace_count == traces
     for x, y in zip(trunk, weights(trainer.model.trunk.weights)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_run_steps_of_the_keras_adapter_honours_two_frozen_heads():
+    x, y = make_batch(HEADS, n=48)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    adapter, stepped = _trainer(trunk=MGDA), _trainer(trunk=MGDA)
+    stepped.model.set_weights(adapter.model.get_weights())
+    trunk = weights(adapter.model.trunk.weights)
+    for trainer in (adapter, stepped):
+        trainer.freeze("b")
+        trainer.freeze("c")
+    results = adapter.run_steps(iter(data), 3)
+    for batch in data:
+        stepped.step(batch)
+    assert [r.updated for r in results] == [("a",)] * 3
+    for a, b in zip(weights(adapter.model.weights), weights(stepped.model.weights)):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(trunk[0], adapter.model.trunk.weights[0].numpy())
