@@ -8,7 +8,10 @@ drops a head, see `multihead.core.trunk_update`). `StepResult` and the history
 list it neither as updated nor as skipped.
 
 The flags are a non-trainable variable read inside the compiled step, so freezing
-and unfreezing never retrace it; a checkpoint saves them as the part `frozen`.
+and unfreezing do not retrace it; a checkpoint saves them as the part `frozen`. The
+one exception: under trunk aggregation with two or more frozen heads the step runs
+the variant compiled for the other heads (`TrunkRule.step_heads`), traced once per
+distinct frozen set.
 """
 
 from __future__ import annotations

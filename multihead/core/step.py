@@ -102,7 +102,9 @@ class TrainStep:
         target_networks: objects whose `update()` runs after each step's updates.
         addresses: id of a variable -> its address in the model (for the monitor's tags).
         frozen: the heads' freeze flags, read in the step (a frozen head takes no part in
-            it: see `multihead.core.freezing`); None: no head is ever frozen.
+            it: see `multihead.core.freezing`) and, when the trunk rule needs it, on the
+            host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
+            None: no head is ever frozen.
     """
 
     def __init__(
@@ -181,7 +183,7 @@ class TrainStep:
             own_batches: each head has a batch of its own: `inputs` and `targets` are
                 dicts head -> that head's inputs / targets (see `forward`).
         """
-        names = self.head_names if heads is None else tuple(h for h in self.head_names if h in heads)
+        names = self._variant_heads(heads)
         if self._strategy is not None:
             distribute.check_not_in_scope(self._strategy)
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
@@ -189,9 +191,19 @@ class TrainStep:
         monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
         return self.loops.one((monitored, names, own_batches), inputs, targets)
 
-    def run(self, iterator: Any, max_steps: int, own_batches: bool = False) -> StepsOutput:
+    def _variant_heads(self, heads: Sequence[str] | None) -> tuple[str, ...]:
+        """The heads of the variant a step of `heads` (None: all) runs: with frozen heads
+        the trunk rule may need a variant without them (`TrunkRule.step_heads`)."""
+        names = self.head_names if heads is None else tuple(h for h in self.head_names if h in heads)
+        if self._frozen is None:
+            return names
+        return self._rule.step_heads(names, self._frozen.names)
+
+    def run(self, iterator: Any, max_steps: int, own_batches: bool = False,
+            heads: Sequence[str] | None = None) -> StepsOutput:
         """Up to `max_steps` steps in compiled calls, taking batches from `iterator`
-        (with `own_batches`, batches `({head: inputs}, {head: targets})`, see `forward`).
+        (with `own_batches`, batches `({head: inputs}, {head: targets})`, see `forward`);
+        `heads` as in `__call__`.
 
         One call, or, with a monitor, one per stretch of steps that do not log
         plus one per logging step. Fewer steps are run if the iterator is
@@ -203,9 +215,10 @@ class TrainStep:
             distribute.check_not_in_scope(self._strategy)
         monitor = self._monitor
         cacheable = self._strategy is None
+        names = self._variant_heads(heads)
 
         def part(monitored: bool, n: int) -> StepsOutput:
-            return self.loops.many((monitored, self.head_names, own_batches), iterator, n, cacheable)
+            return self.loops.many((monitored, names, own_batches), iterator, n, cacheable)
 
         if monitor is None or monitor.distributed:
             return part(monitor is not None, max_steps)

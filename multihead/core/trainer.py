@@ -329,10 +329,13 @@ class Trainer:
     def freeze(self, head: str) -> None:
         """Freezes `head`: from the next step on, its optimizer does not update (its
         variables, iterations and slots stay as they are) and none of its gradient
-        reaches the trunk (`StepResult.updated` leaves it out). Under trunk aggregation it is
-        dropped from the aggregate as a non-finite head is (see
-        `multihead.core.trunk_update`). The step is not retraced; checkpoints save the
-        flags (part `frozen`). Freezing a frozen head does nothing.
+        reaches the trunk (`StepResult.updated` leaves it out). Under trunk aggregation the
+        trunk moves as without the frozen heads: with one frozen head it is dropped in the
+        graph as a non-finite head is, and the step is not retraced; with two or more,
+        `step`, `fit` and `run_steps` run the step compiled for the other heads (one trace
+        per distinct frozen set; under a loss weighting the trunk does not move while a
+        head is frozen; see `multihead.core.trunk_update`). Checkpoints save the flags
+        (part `frozen`). Freezing a frozen head does nothing.
 
         Example:
             >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP

@@ -174,6 +174,11 @@ class TrunkRule(Protocol):
     def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """The updates of one step, in the order they are applied."""
 
+    def step_heads(self, heads: tuple[str, ...], frozen: Sequence[str]) -> tuple[str, ...]:
+        """The heads a step of `heads` is compiled for while the heads `frozen` are frozen:
+        `heads` when `plan` drops the frozen ones in the graph (`HeadsPass.active`, no
+        retrace), else the heads of `heads` that are not frozen."""
+
     def summary_tags(self) -> list[str]:
         """The scalar tags the rule writes into the train run on logging steps (for the
         Custom Scalars layout, `multihead.monitoring.layout`)."""
@@ -220,6 +225,11 @@ class PerHeadTrunk:
     def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """One update per head, in head order (see `head_plans`)."""
         return head_plans(heads_pass.heads, heads_pass)
+
+    def step_heads(self, heads: tuple[str, ...], frozen: Sequence[str]) -> tuple[str, ...]:
+        """`heads`: each head's update is dropped in the graph, frozen or not."""
+        del frozen
+        return heads
 
     def summary_tags(self) -> list[str]:
         """None: the monitor logs each head's update itself."""

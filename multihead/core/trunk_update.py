@@ -28,6 +28,15 @@ frozen, or without a present label in its batch). Its own update is skipped;
 under aggregation the trunk aggregate of that step is taken over the other heads
 (exactly as a partial step without it), and with two or more such heads, or
 under a loss weighting, the trunk is not updated that step.
+
+Frozen heads are known on the host, so they need not wait for that in-graph rule
+(`step_heads`): with at most one frozen aggregated head the step drops it in the
+graph (freezing does not retrace); with two or more (and no loss weighting) the
+step runs the variant compiled for the heads that are not frozen, a partial step
+whose trunk moves exactly as without them: one trace per distinct such frozen
+set, and unfreezing returns to the variant of every head. Under a loss weighting
+every frozen set is dropped in the graph: the trunk does not move while any
+aggregated head is frozen (a weighting weighs all its heads or none).
 """
 
 from __future__ import annotations
@@ -643,6 +652,19 @@ class TrunkUpdate(_Aggregated, tf.Module):
                     f"{self.weighting.label!r}: it weighs all {list(self.heads)} together")
             self._subsets[names] = self.aggregator.for_heads(self._indices(names))
         return self._subsets[names]
+
+    def step_heads(self, heads: tuple[str, ...], frozen: Sequence[str]) -> tuple[str, ...]:
+        """The heads a step of `heads` is compiled for while `frozen` are frozen (known on
+        the host, unlike a non-finite drop): `heads` while `plan` drops them in the graph
+        (at most one frozen aggregated head; any under a loss weighting, which weighs all
+        heads or none, so the trunk is not updated then); else, with two or more frozen
+        aggregated heads, `heads` less the frozen ones: a step of that subset, compiled
+        once per such set, whose trunk moves exactly as without those heads."""
+        dropped = [h for h in heads if h in frozen]
+        if (self.weighting is not None or len(dropped) == len(heads)
+                or sum(h in self.heads for h in dropped) < 2):
+            return heads
+        return tuple(h for h in heads if h not in frozen)
 
     @classmethod
     def create(cls, trunk: Any, objectives: Mapping[str, Objective], schedule: str,

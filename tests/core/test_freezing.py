@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
@@ -155,3 +156,139 @@ def test_freezing_works_under_a_mirrored_strategy(tmp_path):
         # float rounding only: the mirrored batch mean is summed from two replica halves
         assert gap < 1e-5, case
         assert kept_single and kept_mirrored and traces == 1, case
+
+
+MGDA = {"optimizer": "adam", "aggregator": "mgda"}
+
+
+def _aligned(trainer, heads, trunk):
+    """A trainer of `heads` only, from `trainer`'s (initial) trunk and head weights."""
+    alone = _trainer(heads=heads, trunk=trunk)
+    alone.model.trunk.set_weights(trainer.model.trunk.get_weights())
+    for h in heads:
+        alone.model.heads[h].set_weights(trainer.model.heads[h].get_weights())
+    return alone
+
+
+def _policy(aggregator):
+    return mh.TrunkPolicy(optimizer=keras.optimizers.Adam(1e-2), aggregator=aggregator)
+
+
+@pytest.mark.parametrize("aggregator", ["mgda", "moco"])  # moco: per-head buffers and state
+def test_with_two_heads_frozen_under_aggregation_the_trunk_moves_as_the_other_head_alone(
+        aggregator):
+    trainer = _trainer(trunk=_policy(aggregator))
+    alone = _aligned(trainer, ("a",), _policy(aggregator))
+    trainer.freeze("b")
+    trainer.freeze("c")
+    frozen_at = {h: _head_state(trainer, h) for h in ("b", "c")}
+    for seed in range(4):
+        x, y = make_batch(HEADS, seed=seed)
+        assert trainer.step((x, y)).updated == ("a",)
+        alone.step((x, {"a": y["a"]}))
+    # Bitwise: the step is the one compiled for head a alone, whose aggregator is the
+    # policy's restricted to a (the same ops as a one-head run's).
+    for x, y in zip(weights(trainer.model.trunk.weights), weights(alone.model.trunk.weights)):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(_head_state(trainer, "a"), _head_state(alone, "a")):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(weights(trainer.trunk_optimizer.variables),
+                    weights(alone.trunk_optimizer.variables)):
+        np.testing.assert_array_equal(x, y)
+    for h in ("b", "c"):
+        for before, after in zip(frozen_at[h], _head_state(trainer, h)):
+            np.testing.assert_array_equal(before, after)
+    assert trainer.global_step == 4
+
+
+def test_a_subset_step_reads_and_writes_the_aggregator_state_of_its_members_only():
+    trainer = _trainer(trunk=_policy("moco"))
+    trainer.step(make_batch(HEADS))  # every head's buffer row is written once
+    state = trainer.trunk_update.aggregator_state
+    before = weights(state.variables)
+    trainer.freeze("b")
+    trainer.freeze("c")
+    trainer.step(make_batch(HEADS, seed=1))
+    after = weights(state.variables)
+    rows_changed = [v.shape.rank > 0 and v.shape[0] == 3 for v in state.variables]
+    assert any(rows_changed)
+    for old, new, per_head in zip(before, after, rows_changed):
+        if per_head:  # rows of b and c: bitwise kept; the row of a: moved
+            np.testing.assert_array_equal(old[1:], new[1:])
+            assert not np.array_equal(old[0], new[0])
+
+
+def test_freezing_one_head_does_not_retrace_two_trace_once_and_unfreezing_returns():
+    trainer = _trainer(trunk=MGDA)
+    trainer.step(make_batch(HEADS))
+    traces = trainer.trace_count
+    trainer.freeze("b")
+    trainer.step(make_batch(HEADS, seed=1))
+    assert trainer.trace_count == traces  # one frozen head: dropped in the graph
+    trainer.freeze("c")
+    assert trainer.step(make_batch(HEADS, seed=2)).updated == ("a",)
+    assert trainer.trace_count == traces + 1  # the variant of head a alone
+    trainer.unfreeze("b")
+    trainer.unfreeze("c")
+    assert trainer.step(make_batch(HEADS, seed=3)).updated == HEADS
+    trainer.freeze("b")
+    trainer.freeze("c")
+    trainer.step(make_batch(HEADS, seed=4))
+    assert trainer.trace_count == traces + 1  # both variants compiled already
+
+
+def test_fit_honours_two_frozen_heads_under_aggregation():
+    class FreezeBC(mh.Callback):
+        def on_step_end(self, step, result):
+            if step == 2:
+                self.trainer.freeze("b")
+                self.trainer.freeze("c")
+
+    x, y = make_batch(HEADS, n=80)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    fitted, stepped = _trainer(trunk=MGDA), _trainer(trunk=MGDA)
+    stepped.model.set_weights(fitted.model.get_weights())
+    history = fitted.fit(data, 5, verbose=False, callbacks=[FreezeBC()])
+    for i, batch in enumerate(data):
+        if i == 2:
+            stepped.freeze("b")
+            stepped.freeze("c")
+        stepped.step(batch)
+    for a, b in zip(weights(fitted.model.weights), weights(stepped.model.weights)):
+        np.testing.assert_array_equal(a, b)
+    assert fitted.global_step == 5 and [s for s, _ in history.train["a"]] == [0, 1, 2, 3, 4]
+    assert [s for s, _ in history.train["b"]] == [0, 1]
+    assert int(fitted.optimizers["b"].iterations.numpy()) == 2
+    assert int(fitted.trunk_optimizer.iterations.numpy()) == 5  # the trunk kept moving
+
+
+def test_under_a_loss_weighting_a_frozen_head_stops_the_trunk_without_retracing():
+    # Documented limit: a loss weighting weighs all its heads or none.
+    trainer = _trainer(trunk={"optimizer": "adam", "aggregator": "mgda",
+                              "loss_weighting": "uncertainty"})
+    trainer.step(make_batch(HEADS))
+    traces, trunk = trainer.trace_count, weights(trainer.model.trunk.weights)
+    trainer.freeze("b")
+    trainer.freeze("c")
+    assert trainer.step(make_batch(HEADS, seed=1)).updated == ("a",)
+    assert trainer.trace_count == traces
+    for x, y in zip(trunk, weights(trainer.model.trunk.weights)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_run_steps_of_the_keras_adapter_honours_two_frozen_heads():
+    x, y = make_batch(HEADS, n=48)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    adapter, stepped = _trainer(trunk=MGDA), _trainer(trunk=MGDA)
+    stepped.model.set_weights(adapter.model.get_weights())
+    trunk = weights(adapter.model.trunk.weights)
+    for trainer in (adapter, stepped):
+        trainer.freeze("b")
+        trainer.freeze("c")
+    results = adapter.run_steps(iter(data), 3)
+    for batch in data:
+        stepped.step(batch)
+    assert [r.updated for r in results] == [("a",)] * 3
+    for a, b in zip(weights(adapter.model.weights), weights(stepped.model.weights)):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(trunk[0], adapter.model.trunk.weights[0].numpy())
