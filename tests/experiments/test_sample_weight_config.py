@@ -160,3 +160,21 @@ def test_weights_stay_with_their_rows_through_holdout_and_dropped_rows(tmp_path)
         np.testing.assert_array_equal(w["y1"], y["y1"][:, 0])
     kept = np.sort(np.concatenate([data.w_train["y1"], data.w_eval["y1"]]))
     np.testing.assert_array_equal(kept, np.delete(index, 3))
+
+
+def test_a_tfrecord_float_feature_is_read_as_the_weights(tmp_path):
+    import tensorflow as tf
+
+    x, y, w = _arrays()
+    with tf.io.TFRecordWriter(str(tmp_path / "d.tfrecord")) as writer:
+        for i in range(N):
+            values = {"x": x[i], "w": w[i:i + 1], **{h: y[h][i] for h in HEADS}}
+            feature = {k: tf.train.Feature(float_list=tf.train.FloatList(value=v))
+                       for k, v in values.items()}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature))
+                         .SerializeToString())
+    data = mh.load_data({"kind": "tfrecord", "train": str(tmp_path / "d.tfrecord"),
+                         "eval": str(tmp_path / "d.tfrecord"), "shapes": {"x": [D]},
+                         "sample_weights": {"y2": "w"}}, heads=HEADS)
+    np.testing.assert_array_equal(data.w_train["y2"], w)
+    np.testing.assert_array_equal(data.w_eval["y2"], w)
