@@ -39,6 +39,8 @@ class MultiTaskData:
         y_train, y_eval: task name -> labels, float32 `(n, 1)`.
         kinds: task name -> `"regression"` or `"classification"` (labels 0/1).
         task_correlation: the cosine similarity of the tasks' weight vectors.
+        w_train, w_eval: head -> per-example sample weights, float32 `(n,)`, for the heads
+            that have them (`data.sample_weights`); empty without.
     """
 
     x_train: np.ndarray
@@ -47,6 +49,8 @@ class MultiTaskData:
     y_eval: dict[str, np.ndarray]
     kinds: dict[str, str]
     task_correlation: float
+    w_train: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    w_eval: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def train(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -155,7 +155,8 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
     kinds = {h: CLASSIFICATION if np.issubdtype(train[1][h].dtype, np.integer) else REGRESSION
              for h in heads}
     return MultiTaskData(x_train=train[0], y_train=train[1], x_eval=evaluation[0],
-                         y_eval=evaluation[1], kinds=kinds, task_correlation=math.nan)
+                         y_eval=evaluation[1], kinds=kinds, task_correlation=math.nan,
+                         w_train=_weights_of(train), w_eval=_weights_of(evaluation))
 
 
 # -- the embedded generator --------------------------------------------------------------
@@ -223,17 +224,21 @@ def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
     return features, targets
 
 
-def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, dict]:
-    """One file -> `(inputs, {head: labels})`."""
+def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, ...]:
+    """One file -> `(inputs, {head: labels})`, with `{head: sample weights}` third when
+    `data.sample_weights` names columns."""
     features, targets = _specs(data, heads)
     if data.kind != "tfds":
         _check_file(path, where)
-    needed = list(dict.fromkeys(_names(features) + _names(targets)))
     what = _WHAT.get(data.kind, "feature")
+    weights = dict(data.sample_weights)
+    _check_weight_names(weights, features, targets, what)
+    needed = list(dict.fromkeys(_names(features) + _names(targets) + list(weights.values())))
     source = f"{where} ({path})"
     keyed = [(f"data.features.{n}", s) for n, s in features.items()] \
         if isinstance(features, Mapping) else [("data.features", features)]
     keyed += [(f"data.targets.{h}", targets[h]) for h in heads]
+    keyed += [(f"data.sample_weights.{h}", name) for h, name in weights.items()]
     if data.kind in ("tfds", "npz"):
         table = _read_tfds(data, path, where) if data.kind == "tfds" else _read_npz(path, where)
         _check_names(keyed, sorted(table), source, what)
@@ -264,7 +269,43 @@ def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tu
     else:
         x = select(features, "data.features", False)
     y = {h: select(targets[h], f"data.targets.{h}", True) for h in heads}
-    return x, y
+    if not weights:
+        return x, y
+    return x, y, {h: _sample_weights(table[name], f"data.sample_weights.{h}", what, name, path)
+                  for h, name in weights.items()}
+
+
+def _check_weight_names(weights: Mapping[str, str], features: Any, targets: Mapping[str, Any],
+                        what: str) -> None:
+    """A sample-weight column is neither a feature nor a target."""
+    for head, name in weights.items():
+        used = {**{n: "data.features" for n in _names(features)},
+                **{n: f"data.targets.{h}" for h, spec in targets.items() for n in _names(spec)}}
+        if name in used:
+            raise ConfigError(f"data.sample_weights.{head}: {what} {name!r} is also read by "
+                              f"{used[name]}; a weight {what} must be neither a feature nor a "
+                              "target")
+
+
+def _sample_weights(column: np.ndarray, key: str, what: str, name: str, path: str) -> np.ndarray:
+    """One finite, non-negative float32 weight per example, shape `(n,)`."""
+    array = _numeric(column, f"{key} ({what} {name!r} of {path!r})", False)
+    if array.shape[1:] != (1,):
+        raise ConfigError(f"{key}: {what} {name!r} of {path!r} has shape {array.shape[1:]} per "
+                          "example; give one weight per example")
+    array = array[:, 0]
+    bad = ~np.isfinite(array) | (array < 0)
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise ConfigError(f"{key}: {what} {name!r} of {path!r} has {array[first]} at row {first} "
+                          f"({int(bad.sum())} of {len(array)} rows bad); sample weights must be "
+                          "finite and >= 0")
+    return array
+
+
+def _weights_of(split: tuple[Any, ...]) -> dict[str, np.ndarray]:
+    """The `{head: sample weights}` of a split (empty without)."""
+    return dict(split[2]) if len(split) > 2 else {}
 
 
 def read_inputs(data: DataConfig, path: str, where: str = "--data",
@@ -678,11 +719,13 @@ def _check_rows(arrays: Mapping[str, np.ndarray], where: str, source: str) -> No
                           + ", ".join(f"{n}: {k}" for n, k in lengths.items()))
 
 
-def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str,
-             masked: Sequence[str] = ()) -> tuple[Any, dict]:
+def _checked(split: tuple[Any, ...], heads: list[str], policy: str, where: str,
+             masked: Sequence[str] = ()) -> tuple[Any, ...]:
     """Heads vs targets, equal row counts, and the non-finite policy (NaN, +inf, -inf);
-    NaN in the labels of the `masked` heads marks a missing label and is kept."""
-    x, y = split
+    NaN in the labels of the `masked` heads marks a missing label and is kept. Sample
+    weights (a third element, checked when read) keep the rows the labels keep."""
+    x, y = split[:2]
+    weights = _weights_of(split)
     for head in y:
         if head not in heads:
             raise ConfigError(f"{where}: the data has a target {head!r} but the model has no head "
@@ -693,7 +736,8 @@ def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str,
                               f"(targets: {sorted(y)})")
     inputs = {"inputs": x} if not isinstance(x, Mapping) else {f"inputs {k!r}": v for k, v in x.items()}
     named = {**inputs, **{f"labels of {h!r}": y[h] for h in heads}}
-    _check_rows(named, where, "the data")
+    _check_rows({**named, **{f"sample weights of {h!r}": w for h, w in weights.items()}}, where,
+                "the data")
     bad = np.zeros(len(next(iter(named.values()))), bool)
     for name, array in named.items():
         if np.issubdtype(array.dtype, np.floating):
@@ -712,7 +756,8 @@ def _checked(split: tuple[Any, dict], heads: list[str], policy: str, where: str,
         keep = ~bad
         x = tf.nest.map_structure(lambda a: a[keep], _inputs_tree(x))
         y = {h: y[h][keep] for h in heads}
-    return x, {h: y[h] for h in heads}
+        weights = {h: w[keep] for h, w in weights.items()}
+    return (x, {h: y[h] for h in heads}) + ((weights,) if weights else ())
 
 
 def _check_same_shapes(train: tuple[Any, dict], evaluation: tuple[Any, dict]) -> None:
@@ -735,6 +780,6 @@ def _holdout(split: tuple[Any, dict], fraction: float, seed: int) -> tuple[tuple
     order = np.random.default_rng(seed).permutation(n)
     parts = []
     for idx in (np.sort(order[n_eval:]), np.sort(order[:n_eval])):
-        parts.append((tf.nest.map_structure(lambda a: a[idx], _inputs_tree(split[0])),
-                      {h: v[idx] for h, v in split[1].items()}))
+        parts.append(tuple([tf.nest.map_structure(lambda a: a[idx], _inputs_tree(split[0]))]
+                           + [{h: v[idx] for h, v in d.items()} for d in split[1:]]))
     return parts[0], parts[1]

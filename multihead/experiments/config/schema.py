@@ -172,6 +172,10 @@ class DataConfig:
         {}, doc="head -> the label value that marks a row without a label for that head: nan "
                 "(NaN labels, opt-in) or a number (e.g. -1); such rows give the head nothing "
                 "(docs/data.md)")
+    sample_weights: dict[str, str] = _field(
+        {}, doc="npz/csv/tfrecord: head -> the array/column/float feature of the same files "
+                "holding that head's per-example weights (Keras' sample_weight: weighted loss "
+                "and eval metrics; docs/data.md)")
     sampling_weights: dict[str, float] = _field({}, doc="head -> sampling weight (default: its "
                                                         "number of training examples)")
 
@@ -715,6 +719,24 @@ def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:
                               f"{suggest(str(head), heads)}; its heads are {heads}")
 
 
+def _check_sample_weights(data: DataConfig, heads: list[str]) -> None:
+    """`data.sample_weights`: head -> the name of a column/array of the data files."""
+    _check_head_keys(data.sample_weights, "data.sample_weights", heads)
+    if not data.sample_weights:
+        return
+    if data.per_head:
+        raise ConfigError("data.sample_weights: sample weights with one dataset per head "
+                          "(data.per_head) are not supported; use one dataset for all heads")
+    if data.kind not in FILE_KINDS:
+        raise ConfigError(f"data.sample_weights: read from the data files (kind npz, csv or "
+                          f"tfrecord), but data.kind is {data.kind!r}; pass sample_weight to "
+                          "Trainer.fit instead")
+    for head, name in data.sample_weights.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"data.sample_weights.{head}: expected the name of a column/array "
+                              f"of the data files, got {name!r}")
+
+
 def _check_sampling(data: DataConfig, heads: list[str]) -> None:
     """`data.per_head` (one source per head) and how its heads are drawn."""
     check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
@@ -722,6 +744,7 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
     _check_head_keys(data.missing_label, "data.missing_label", heads)
     for head in data.missing_label:
         missing_label_of(data, head)
+    _check_sample_weights(data, heads)
     for head, weight in data.sampling_weights.items():
         check_bounds(weight, f"data.sampling_weights.{head}", minimum=0, min_open=True,
                      error=ConfigError)
@@ -754,6 +777,9 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
             if "on_nan" not in raw and "on_nonfinite" not in raw:
                 raw = {"on_nonfinite": data.on_nonfinite, **raw}
         section = _build(DataConfig, raw, where)
+        if section.sample_weights:
+            raise ConfigError(f"{where}.sample_weights: sample weights with one dataset per head "
+                              "(data.per_head) are not supported; use one dataset for all heads")
         try:
             check_data(section, [head])
         except ConfigError as err:  # the messages name data.<key>: point them at this head

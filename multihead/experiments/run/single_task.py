@@ -58,8 +58,9 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
         data["sampling"] = "all"
     elif data["kind"] in ("mmoe", "mixed") and data.get("tasks") is None:
         data["tasks"] = heads  # the task list decides the generated data: keep it
-    if data.get("missing_label"):
-        data["missing_label"] = {k: v for k, v in data["missing_label"].items() if k == head}
+    for key in ("missing_label", "sample_weights"):  # the kept head's own
+        if data.get(key):
+            data[key] = {k: v for k, v in data[key].items() if k == head}
     if isinstance(data.get("targets"), dict):
         data["targets"] = {head: data["targets"][head]} if head in data["targets"] else None
     if isinstance(raw["train"]["trunk"], dict):

@@ -182,11 +182,14 @@ def _tree(x: Any) -> Any:
 
 
 def _splits(data: MultiTaskData | dict[str, MultiTaskData]) -> tuple[Any, Any]:
-    """What `fit` and `evaluate` take: `(inputs, {head: labels})` for the train and eval
-    splits, or per head, a dict head -> that head's own pair."""
+    """What `fit` and `evaluate` take: `(inputs, {head: labels})` (with `{head: weights}`
+    third when the data has sample weights) for the train and eval splits, or per head, a
+    dict head -> that head's own pair."""
     if isinstance(data, dict):
         return ({h: (d.x_train, {h: d.y_train[h]}) for h, d in data.items()},
                 {h: (d.x_eval, {h: d.y_eval[h]}) for h, d in data.items()})
+    if data.w_train:  # Keras' (inputs, targets, sample_weight): weighted loss and eval metrics
+        return (*data.train, data.w_train), (*data.eval, data.w_eval)
     return data.train, data.eval
 
 
