@@ -218,7 +218,7 @@ class MultiHeadModel(KerasTraining, keras.Model):
         return {name: self.head_output(name, feats, training=training) for name in self._head_names}
 
     def predict(self, x: Any, batch_size: int | None = None,
-                heads: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+                heads: Iterable[str] | None = None, verbose: Any = "auto") -> dict[str, np.ndarray]:
         """Inference outputs, `{head: array}`, computed batch by batch in one compiled function.
 
         Runs with `training=False` (dropout off); batches are concatenated in order.
@@ -228,6 +228,7 @@ class MultiHeadModel(KerasTraining, keras.Model):
                 `tf.data.Dataset` of inputs or of `(inputs, targets)` pairs.
             batch_size: examples per call for array inputs (default 1024).
             heads: the heads to return (default all); the trunk runs once per batch.
+            verbose: accepted as Keras' `predict` takes it; nothing is printed.
 
         Returns:
             Head name -> numpy array with one row per example.
@@ -238,6 +239,7 @@ class MultiHeadModel(KerasTraining, keras.Model):
             >>> model.predict(np.zeros((3, 2), "float32"))["a"].shape
             (3, 1)
         """
+        del verbose
         chosen = tuple(self._head_names if heads is None else heads)
         self.check_heads(chosen, "predict(heads=...)")
         if isinstance(x, tf.data.Dataset):

@@ -252,6 +252,15 @@ def test_a_one_head_model_takes_one_optimizer_and_bare_labels():
     assert model.evaluate(x, y, return_dict=True)["y_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_predict_takes_keras_verbose_and_returns_the_same_outputs():
+    model = _model()
+    x = TRAIN[0]
+    quiet, plain = model.predict(x, verbose=0), model.predict(x)
+    assert quiet.keys() == plain.keys()
+    for head in plain:
+        np.testing.assert_array_equal(quiet[head], plain[head])
+
+
 # -- refused with one line ---------------------------------------------------------------------
 
 
