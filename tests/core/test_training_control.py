@@ -266,7 +266,8 @@ def test_the_logged_skip_count_equals_the_skipped_steps(tmp_path):
         trainer.step(batch)
     trainer.close()
     logged = read_events(str(tmp_path / "train"))["nonfinite_skips/b"]
-    # Logged on steps 0, 3 and 6: the count of skipped steps up to and including that step.
-    expected = {s: sum(1 for b in bad if b <= s) for s in (0, 3, 6)}
+    # Logged after updates 1, 3 and 6 (the step axis counts the updates done): the count of
+    # skipped updates among them (batch i is update i + 1).
+    expected = {s: sum(1 for b in bad if b < s) for s in (1, 3, 6)}
     assert {s: int(v) for s, v in logged.items()} == expected
     assert {int(v) for v in read_events(str(tmp_path / "train"))["nonfinite_skips/a"].values()} == {0}

@@ -315,8 +315,10 @@ def test_a_weight_schedule_in_a_config_trains(run):
     _, run_dir, metrics = run
     logged = _train_scalars(run_dir, "loss_weight/y1")
     assert len(logged) >= 3
-    for step, value in logged:  # ExponentialDecay: 0.5 ** (step / 100)
-        assert value == pytest.approx(0.5 ** (step / 100), rel=1e-6), step
+    # ExponentialDecay: 0.5 ** (counter / 100), the weight of the update the step counter
+    # `counter` takes; it is logged at the number of updates done, counter + 1.
+    for step, value in logged:
+        assert value == pytest.approx(0.5 ** ((step - 1) / 100), rel=1e-6), step
     assert all(v == 1.0 for _, v in _train_scalars(run_dir, "loss_weight/y2"))
     assert all(np.isfinite(h["loss"]) for h in metrics["train"].values())
     first, last = metrics["evals"][0]["eval"]["y1"]["loss"], \
@@ -428,7 +430,8 @@ def test_export_head_best_uses_that_heads_best_checkpoint(head_runs, tmp_path, c
     _, full, _, _ = head_runs
     path = _run_json(full, "metrics.json")["head_best_checkpoints"]["y2"]["path"]
     assert main(["export", full, str(tmp_path / "out"), "--head", "y2", "--best"]) == 0
-    assert f"from {os.path.join(full, path)} " in capsys.readouterr().out
+    # named relative to the run directory, as status.json names checkpoints
+    assert f"from checkpoint {path} " in capsys.readouterr().out
     assert main(["export", full, str(tmp_path / "out2"), "--heads", "y1,y2", "--best"]) == 2
     assert "export one head at a time" in capsys.readouterr().err
 
