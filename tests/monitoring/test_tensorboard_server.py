@@ -129,7 +129,9 @@ def _last_step(points: list[tuple[int, float]]) -> int | None:
 
 @pytest.mark.parametrize("load_fast", ["false", "true"])  # the Python loader; the Rust data server
 def test_a_resumed_run_shows_each_step_once(tmp_path, load_fast):
-    """A run stopped at step 17 (checkpoint at 10) and resumed to 20 shows steps 0..19 once.
+    """A run stopped at step 17 (checkpoint at 10) and resumed to 20 shows steps 1..20 once
+    (TensorBoard's step is the number of updates done; `History.train` keys the update by the
+    step counter it was taken at, one less).
 
     The stopped run evaluated at 5, 10, 15 and 17; the resumed one evaluates every
     10 steps, so the eval run must show 5, 10 and 20: the evaluations after the
@@ -158,11 +160,12 @@ def test_a_resumed_run_shows_each_step_once(tmp_path, load_fast):
     with _tensorboard(logs, tmp_path, f"--load_fast={load_fast}", "--reload_interval=1") as (
             port, proc, log):
         served = _wait_until(port, proc, log, lambda: _served(port, "train", "loss/y1"),
-                             lambda points: _last_step(points) == 19, "train steps up to 19")
+                             lambda points: _last_step(points) == 20, "train steps up to 20")
         evals = _wait_until(port, proc, log, lambda: _served(port, "eval", "loss/y1"),
                             lambda points: _last_step(points) == 20, "the eval at step 20")
-    assert [s for s, _ in served] == list(range(20))  # each step once, in order
-    np.testing.assert_allclose([v for _, v in served], [expected[s] for s in range(20)], rtol=1e-6)
+    assert [s for s, _ in served] == list(range(1, 21))  # each step once, in order
+    np.testing.assert_allclose([v for _, v in served], [expected[s - 1] for s in range(1, 21)],
+                               rtol=1e-6)
     assert [s for s, _ in evals] == [5, 10, 20]
 
 
@@ -198,7 +201,8 @@ def _pcgrad_weights(ga, gb):
 @pytest.mark.parametrize("rule", ["per_head", "mgda", "pcgrad"])
 def test_every_custom_scalars_chart_has_a_line(tmp_path, rule):
     """Each chart of the served layout matches a tag of the train run, one tag per chart, and
-    an aggregated run's section serves the aggregation weights computed by hand at step 0."""
+    an aggregated run's section serves the aggregation weights computed by hand for the first
+    update (logged at step 1)."""
     heads = ("y1", "y2") if rule != "per_head" else ("y1", "y2", "y3")
     x, y = make_batch(heads, seed=3)
     y["y2"] = -y["y1"]  # opposite targets: the trunk gradients conflict (PCGrad projects both)
@@ -238,5 +242,6 @@ def test_every_custom_scalars_chart_has_a_line(tmp_path, rule):
             "y1, y2: trunk gradient cosine fed to the aggregator (agg_cosine/y1/y2)"} <= titles
     assert ("PCGrad projections (agg_projections)" in titles) == (rule == "pcgrad")
     expected = (_mgda_weights if rule == "mgda" else _pcgrad_weights)(by_hand["y1"], by_hand["y2"])
-    assert [s for s, _ in weights["y1"]] == [0, 2]
+    # logged after update 1 (the first, taken at the weights by_hand saw) and update 2
+    assert [s for s, _ in weights["y1"]] == [1, 2]
     np.testing.assert_allclose([weights[h][0][1] for h in heads], expected, rtol=1e-4)
