@@ -182,17 +182,20 @@ def test_aggregated_trunk_conflict_comes_from_agg_cosine(tmp_path):
     assert report.conflict["c"]["c"] is None and report.conflict["a"]["c"] is None  # c: no trunk gradient
 
 
-def test_aggregated_trunk_run_reports_the_logged_cosines(tmp_path, capsys):
-    """End to end with a trunk aggregator: the conflict matrix is the mean of the raw
-    `agg_cosine/<a>/<b>` events the step wrote."""
-    trainer = mh.Trainer(make_model(HEADS, seed=1), {h: mh.Objective("mse") for h in HEADS},
-                         trunk={"aggregator": "mean"}, log_dir=str(tmp_path), log_every=1,
-                         histograms_every=0)
+def _aggregated_run(tmp_path, capsys, objectives, aggregator):
+    """Three logged steps under `aggregator`: (the raw train scalars, `report --json`)."""
+    trainer = mh.Trainer(make_model(HEADS, seed=1), objectives, trunk={"aggregator": aggregator},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0)
     for s in range(3):
         trainer.step(make_batch(HEADS, seed=s))
     trainer.close()
-    raw = _raw_scalars(str(tmp_path / "train"))
-    data = _report_json(capsys, str(tmp_path))
+    return _raw_scalars(str(tmp_path / "train")), _report_json(capsys, str(tmp_path))
+
+
+def test_aggregated_trunk_run_reports_the_logged_cosines(tmp_path, capsys):
+    """End to end with a trunk aggregator: the conflict matrix is the mean of the raw
+    `agg_cosine/<a>/<b>` events the step wrote."""
+    raw, data = _aggregated_run(tmp_path, capsys, {h: mh.Objective("mse") for h in HEADS}, "mean")
     for x, y in itertools.combinations(HEADS, 2):
         assert tags.agg_cosine(x, y) in raw, sorted(raw)
         mean = np.mean(list(raw[tags.agg_cosine(x, y)].values()))
@@ -203,16 +206,9 @@ def test_aggregated_run_reports_the_weights_and_why_the_trunk_norm_is_empty(tmp_
     """MGDA over a and b (c does not train the trunk): the aggregation weights, the norms fed
     to the aggregator and the aggregated norm are the means of the raw events, and each
     empty cell is explained."""
-    trainer = mh.Trainer(make_model(HEADS, seed=1),
-                         {"a": mh.Objective("mse"), "b": mh.Objective("mse"),
-                          "c": mh.Objective("mse", trains_trunk=False)},
-                         trunk={"aggregator": "mgda"}, log_dir=str(tmp_path), log_every=1,
-                         histograms_every=0)
-    for s in range(3):
-        trainer.step(make_batch(HEADS, seed=s))
-    trainer.close()
-    raw = _raw_scalars(str(tmp_path / "train"))
-    data = _report_json(capsys, str(tmp_path))
+    raw, data = _aggregated_run(tmp_path, capsys,
+                                {"a": mh.Objective("mse"), "b": mh.Objective("mse"),
+                                 "c": mh.Objective("mse", trains_trunk=False)}, "mgda")
     mean = {tag: np.mean(list(raw[tag].values())) for tag in raw}
     for head in ("a", "b"):
         row = data["heads"][head]
