@@ -82,6 +82,7 @@ _EXPORTS = {
     "copy_weights": "multihead.io.transfer",
     "load_data": "multihead.experiments.build.data_sources",
     "multidigits": "multihead.experiments.build.multidigits",
+    "impressions": "multihead.experiments.build.impressions",
     "LoadedRun": "multihead.experiments.run.load",
     "load_run": "multihead.experiments.run.load",
     "Comparison": "multihead.experiments.results.compare",
@@ -154,6 +155,7 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.io.transfer import copy_weights
     from multihead.experiments.build.data_sources import load_data
     from multihead.experiments.build.multidigits import multidigits
+    from multihead.experiments.build.impressions import impressions
     from multihead.experiments.run.load import LoadedRun
     from multihead.experiments.run.load import load_run
     from multihead.experiments.results.compare import Comparison
@@ -237,6 +239,7 @@ __all__ = [
     "copy_weights",
     "export_saved_model",
     "import_tf1_checkpoint",
+    "impressions",
     "load_data",
     "load_report",
     "load_run",

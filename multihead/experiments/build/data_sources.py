@@ -122,17 +122,12 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
             if head not in TASKS:
                 raise ConfigError(f"model.heads.{head}: data kind multidigits has no task {head!r} "
                                   f"(its tasks: {list(TASKS)})")
-        try:
-            full = multidigits(**{"seed": seed, **data.options})
-        except TypeError as err:
-            raise ConfigError(f"data.options: {str(err).splitlines()[0]}") from None
-        except ValueError as err:  # the option's own check names it ("size: ..."); numpy does not
-            line = str(err).splitlines()[0]
-            named = line.split(":", 1)[0] in data.options
-            raise ConfigError(f"data.options.{line}" if named else f"data.options: {line}") from None
+        full = _generated(multidigits, data, seed)
         return MultiTaskData(x_train=full.x_train, y_train={h: full.y_train[h] for h in heads},
                              x_eval=full.x_eval, y_eval={h: full.y_eval[h] for h in heads},
                              kinds={h: full.kinds[h] for h in heads}, task_correlation=math.nan)
+    if kind == "esmm":
+        return _impressions(data, heads, seed)
     if kind == "python":
         train, evaluation = _from_function(data, heads)
     else:
@@ -185,6 +180,34 @@ def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     return dataclasses.replace(full, y_train={h: full.y_train[h] for h in heads},
                                y_eval={h: full.y_eval[h] for h in heads},
                                kinds={h: full.kinds[h] for h in heads})
+
+
+def _impressions(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
+    """`kind: esmm`: the impression -> click -> conversion generator, the labels of `heads`."""
+    from multihead.experiments.build.impressions import TASKS, impressions
+
+    for head in heads:
+        if head not in TASKS:
+            raise ConfigError(f"model.heads.{head}: data kind esmm has no task {head!r} (its "
+                              f"tasks: {list(TASKS)})")
+    marker = missing_label_of(data, "cvr") if "cvr" in heads else math.nan
+    if marker is None or not math.isnan(marker):
+        raise ConfigError("data.missing_label.cvr: the cvr labels are NaN on impressions without "
+                          "a click (a conversion is only seen after one); set data.missing_label: "
+                          "{cvr: nan}")
+    return _generated(impressions, data, seed).multitask(heads)
+
+
+def _generated(generator: Any, data: DataConfig, seed: int) -> Any:
+    """`generator(seed=seed, **data.options)`, its errors as one `data.options` line."""
+    try:
+        return generator(**{"seed": seed, **data.options})
+    except TypeError as err:
+        raise ConfigError(f"data.options: {str(err).splitlines()[0]}") from None
+    except ValueError as err:  # the option's own check names it ("size: ..."); numpy does not
+        line = str(err).splitlines()[0]
+        named = line.split(":", 1)[0] in data.options
+        raise ConfigError(f"data.options.{line}" if named else f"data.options: {line}") from None
 
 
 # -- files -----------------------------------------------------------------------------

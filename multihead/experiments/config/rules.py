@@ -155,7 +155,7 @@ SYNTHETIC_BYTES_MAX = 4 << 30
 
 
 def _check_synthetic_size(data: Any, error: type[Exception]) -> None:
-    """The generated inputs (mmoe, mixed, multidigits) fit in `SYNTHETIC_BYTES_MAX`."""
+    """The generated inputs (mmoe, mixed, multidigits, esmm) fit in `SYNTHETIC_BYTES_MAX`."""
     if data.kind in ("mmoe", "mixed"):
         if data.num_sinusoids > MAX_SINUSOIDS:  # generation time grows with it, per example
             raise error(f"data.num_sinusoids: must be <= {MAX_SINUSOIDS}, got "
@@ -168,6 +168,14 @@ def _check_synthetic_size(data: Any, error: type[Exception]) -> None:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
             return  # the generator names the bad option
         rows, width, where = sizes[0] + sizes[1], sizes[2] ** 2, "data.options.train_size"
+    elif data.kind == "esmm":
+        options = data.options
+        rows = [options.get("train_size", 100_000), options.get("eval_size", 20_000)]
+        width = _input_width(data)
+        if width is None or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                    for v in rows):
+            return  # the generator names the bad option
+        rows, where = sum(rows), "data.options.train_size"
     else:
         return
     needed = rows * width * 4
@@ -201,6 +209,11 @@ def _input_width(data: Any) -> int | None:
     if data.kind == "multidigits":
         canvas = data.options.get("canvas", 12)
         return canvas ** 2 if isinstance(canvas, int) and not isinstance(canvas, bool) else None
+    if data.kind == "esmm":
+        sizes = [data.options.get(k, v) for k, v in (("numeric", 8), ("categorical", 2),
+                                                      ("levels", 5))]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sizes):
+            return sizes[0] + sizes[1] * sizes[2]
     return None
 
 

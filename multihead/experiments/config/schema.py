@@ -102,7 +102,7 @@ MAX_ENVS = 4096
 #: Steps of one actor-critic rollout.
 MAX_ROLLOUT = 100_000
 
-DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "multidigits")
+DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "multidigits", "esmm")
 FILE_KINDS = ("npz", "csv", "tfrecord")
 #: Kinds whose examples are a table of named columns/arrays, read with features and targets.
 TABLE_KINDS = FILE_KINDS + ("tfds",)
@@ -118,6 +118,7 @@ class DataConfig:
     kind: str = _field("mmoe", choices=DATA_KINDS,
                        doc="mmoe: all regression; mixed: first task binary classification; "
                            "multidigits: two overlaid handwritten digits (heads left, right); "
+                           "esmm: impressions, clicks and conversions (tasks ctr, cvr, ctcvr); "
                            "npz, csv, tfrecord: files; tfds: a prepared tensorflow_datasets "
                            "dataset; python: module:function")
     tasks: Union[list[str], None] = _field(None, doc="task names; default: the model's heads")
@@ -154,7 +155,8 @@ class DataConfig:
                                                   "{head: labels}), a MultiTaskData or a batched "
                                                   "tf.data.Dataset; or {train: ..., eval: ...}")
     options: dict[str, Any] = _field({}, doc="python: keyword arguments of the function; "
-                                             "multidigits: its options (docs/data.md)")
+                                             "multidigits, esmm: their options (docs/data.md, "
+                                             "docs/esmm.md)")
     on_nonfinite: Union[str, None] = _field(
         None, choices=NONFINITE_POLICIES,
         doc="NaN or +-inf in features or labels: error (default), drop the rows, or keep them")
@@ -657,8 +659,8 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
                               f"{kind!r}; remove it")
     if data.tasks is not None and kind in ("mmoe", "mixed"):
         _check_tasks(data.tasks, heads)
-    if data.options and kind not in ("python", "multidigits"):
-        raise ConfigError(f"data.options: only used with kind python or multidigits, but kind is "
+    if data.options and kind not in ("python", "multidigits", "esmm"):
+        raise ConfigError(f"data.options: only used with kind python, multidigits or esmm, but kind is "
                           f"{kind!r}; remove it")
     check_bounds(data.holdout, "data.holdout", minimum=0, maximum=1, min_open=True, max_open=True,
                  error=ConfigError, hint="e.g. 0.2 evaluates on a fifth of data.train")
