@@ -145,8 +145,9 @@ def main() -> None:
     for model in MODELS:
         rows.append([model] + [_cell([r["model"][k] for r in runs[model]]) for k in metrics]
                     + [f"{statistics.fmean(r['wall_time_s'] for r in runs[model]):.0f}"])
+    length = steps or "the configs'"
     print(f"\npCVR on all eval impressions against the known pCVR, {args.seeds} seeds, "
-          f"{steps or 'the configs'} steps" + "".join(f", {o}" for o in args.set)
+          f"{length} steps" + "".join(f", {o}" for o in args.set)
           + f"; load average {os.getloadavg()[0]:.2f}")
     print(table(rows))
     gains = [e["model"]["auc"] - n["model"]["auc"] for e, n in zip(runs["esmm"], runs["naive_cvr"])]
