@@ -240,3 +240,46 @@ def test_an_empty_part_is_refused_naming_the_objective():
                                          "trainable variable"):
         mh.Trainer(model, {"a": mh.Objective("mse"),
                            "b": mh.Objective("mse", trains=("heads/b",))})
+
+
+def test_a_nonfinite_standalone_objective_is_skipped_and_the_others_proceed():
+    # The ctcvr loss is NaN (a NaN label): its update is dropped, ctr's is the plain one.
+    model, reference = _model(seed=11), _model(seed=11)
+    trainer = _esmm(model)
+    alone = mh.Trainer(reference, {"ctr": mh.Objective("binary_crossentropy",
+                                                       keras.optimizers.SGD(0.1)),
+                                   "cvr": mh.Objective("mse", keras.optimizers.SGD(0.0),
+                                                       trains_trunk=False)})
+    x, y = _batch(8)
+    y["ctcvr"][0, 0] = np.nan
+    result = trainer.step((x, y))
+    alone.step((x, {"ctr": y["ctr"], "cvr": y["ctr"]}))
+    assert result.updated == ("ctr",) and result.skipped == ("ctcvr",)
+    for a, b in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_the_sequential_schedule_updates_objectives_one_after_another():
+    # Sequential: ctcvr's gradient is taken at the parameters ctr's update left.
+    model = _model(seed=12)
+    trainer = mh.Trainer(model, {
+        "ctr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1)),
+        "ctcvr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1),
+                              reads=("ctr", "cvr"), combine="product")}, schedule="sequential")
+    x, y = _batch(9)
+    bce = keras.losses.BinaryCrossentropy()
+    with tf.GradientTape() as tape:
+        loss = bce(y["ctr"], model(x, training=True)["ctr"])
+    variables = model.var_list("ctr")
+    for v, g in zip(variables, tape.gradient(loss, variables)):
+        v.assign_sub(0.1 * g)
+    every = model.trunk_variables + model.head_variables("ctr") + model.head_variables("cvr")
+    with tf.GradientTape() as tape:
+        out = model(x, training=True)
+        loss = bce(y["ctcvr"], out["ctr"] * out["cvr"])
+    expected = [v.numpy() - 0.1 * g.numpy() for v, g in zip(every, tape.gradient(loss, every))]
+    for v, w in zip(model.trainable_variables, _model(seed=12).trainable_variables):
+        v.assign(w)  # back to the start, then the trainer's step
+    assert trainer.step((x, y)).updated == ("ctr", "ctcvr")
+    for v, e in zip(every, expected):
+        np.testing.assert_allclose(v.numpy(), e, rtol=1e-5, atol=1e-7)
