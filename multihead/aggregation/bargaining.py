@@ -45,7 +45,7 @@ def nash_mtl_weighting(gram: tf.Tensor, state: dict[str, tf.Tensor],
         optim_niter: Newton steps at most.
         max_norm: clip the aggregate's norm to this (0: off).
     """
-    k = _k(gram)
+    _k(gram)  # the number of heads must be static
     gram = _as_gram(gram)
     dtype = gram.dtype
     previous = tf.cast(state["alpha"], dtype)

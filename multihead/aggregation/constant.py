@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from multihead.aggregation._numerics import _as_gram, _k, _no_projection
-from multihead.aggregation.base import GramianWeighting, Weighting, check_number
+from multihead.aggregation.base import GramianWeighting, Weighting
 
 def sum_weighting(gram: tf.Tensor) -> Weighting:
     """`d = sum_k g_k`: what per-head SGD does to the trunk, with one optimizer."""

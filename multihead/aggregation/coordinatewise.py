@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from multihead.aggregation.base import CoordinatewiseAggregator, check_number

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 
-import numpy as np
 import tensorflow as tf
 
 from multihead.aggregation._numerics import _as_gram, _k, _no_projection, _ridge

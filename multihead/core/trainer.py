@@ -352,12 +352,12 @@ class Trainer:
             >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP
             ('b',)
         """
-        self.model.check_heads([head], "head")
+        self._check_head_subset([head])
         self._frozen.set(head, True)
 
     def unfreeze(self, head: str) -> None:
         """Lets a frozen `head` update again from the next step on (see `freeze`)."""
-        self.model.check_heads([head], "head")
+        self._check_head_subset([head])
         self._frozen.set(head, False)
 
     def run_steps(self, iterator: Any, max_steps: int) -> list[StepResult]:
@@ -395,7 +395,10 @@ class Trainer:
     def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
         if isinstance(heads, str) or not heads:
             raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
-        self.model.check_heads(heads, "heads")
+        unknown = [h for h in heads if h not in self.names]
+        if unknown:
+            raise ValueError(f"heads names head {unknown[0]!r}, but the model's heads are "
+                             f"{list(self.names)}")
         return tuple(heads)
 
     def fit(

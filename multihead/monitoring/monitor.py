@@ -279,6 +279,17 @@ class Monitor:
         self._addresses = {}
         self._optimizers = dict(optimizers)
         self._trunk_ids = {id(v) for v in trunk_variables}
+        named_parts = {ref: "/".join(a.split("/")[:2]) for ref, a in (addresses or {}).items()}
+        #: Objective -> {part address: ids of its variables}, for objectives training >1 head.
+        self._parts = {}
+        for head, variables in var_lists.items():
+            parts: dict[str, set[int]] = {}
+            for v in variables:
+                part = named_parts.get(id(v), "")
+                if id(v) not in self._trunk_ids and part.startswith("heads/"):
+                    parts.setdefault(part, set()).add(id(v))
+            if len(parts) > 1:
+                self._parts[head] = parts
         trunk_heads = [h for h, vs in var_lists.items() if any(id(v) in self._trunk_ids for v in vs)]
         with tf.init_scope():
             self._before, self._variables = {}, {}
@@ -322,6 +333,7 @@ class Monitor:
                     written.append(tags.grad_norm_clipped(head))
             if any(id(v) not in self._trunk_ids for v in variables):
                 written.append(tags.head_grad_norm(head))
+            written += [tags.part_grad_norm(head, part) for part in self._parts.get(head, {})]
         if self.grad_cosine:
             written += [tags.grad_cosine(a, b) for i, a in enumerate(trunk_heads)
                         for b in trunk_heads[i + 1:]]
@@ -538,6 +550,9 @@ class Monitor:
                     self._emit_scalar(tags.grad_norm_clipped(head), global_norm(applied))
             if own:
                 self._emit_scalar(tags.head_grad_norm(head), global_norm([g for g, _ in own]))
+            for part, ids in self._parts.get(head, {}).items():
+                self._emit_scalar(tags.part_grad_norm(head, part),
+                                  global_norm([g for g, v in own if id(v) in ids]))
             if self.variable_norms:
                 for g, v in pairs:
                     self._emit_scalar(tags.variable_grad_norm(head, self._address(v)),

@@ -13,6 +13,7 @@ Train run (`<log_dir>/train`):
 | `loss/<head>`                         | the head's loss (unweighted, without regularization)   |
 | `grad_norm/<head>/trunk`, `/head`     | L2 norm of the applied gradient's trunk / head part    |
 | `grad_norm/<head>/var/<address>`      | one variable's gradient norm                           |
+| `grad_norm/<head>/part/heads/<h>`     | head h's part, for an objective that trains >1 head    |
 | `grad_norm_clipped/<head>/trunk`      | the trunk part's norm after clipping                   |
 | `grad_hist/<head>/<address>`          | one variable's gradient histogram                      |
 | `lr/<head>`                           | the learning rate of the update                        |
@@ -65,7 +66,7 @@ GATE_HIST = "gate_hist"
 GATE_ENTROPY, GATE_EXPERT = "entropy", "expert_"
 
 #: The parts a head's gradient norm is split into.
-TRUNK, HEAD, VAR = "trunk", "head", "var"
+TRUNK, HEAD, VAR, PART = "trunk", "head", "var", "part"
 
 _PER_HEAD = (LOSS, LR, UPDATE_RATIO, LOSS_WEIGHT, NONFINITE_SKIPS, MISSING_LABEL_SKIPS, AGG_WEIGHT,
              AGG_LOSS_WEIGHT, AGG_TRUNK_GRAD_NORM)
@@ -94,6 +95,11 @@ def head_grad_norm(head: str) -> str:
 def variable_grad_norm(head: str, address: str) -> str:
     """`grad_norm/<head>/var/<address>`."""
     return f"{GRAD_NORM}/{head}/{VAR}/{address}"
+
+
+def part_grad_norm(head: str, part: str) -> str:
+    """`grad_norm/<head>/part/<part>` (`part`: `heads/<name>`)."""
+    return f"{GRAD_NORM}/{head}/{PART}/{part}"
 
 
 def grad_norm_clipped(head: str) -> str:
@@ -186,9 +192,10 @@ class Tag(NamedTuple):
         kind: the first segment (`loss`, `grad_norm`, `grad_cosine`, ...), or the
             whole tag of a run-wide one (`agg_projections`, `episode/return`).
         heads: the head (one), the pair (two), or `()` for a run-wide tag.
-        part: `trunk`, `head` or `var` for gradient norms, `expert_<i>` or `entropy`
+        part: `trunk`, `head`, `var` or `part` for gradient norms, `expert_<i>` or `entropy`
             for gate tags, else None.
-        address: the variable's address for per-variable tags, else None.
+        address: the variable's address for per-variable tags, the part's (`heads/<h>`)
+            for per-part ones, else None.
     """
 
     kind: str
@@ -219,8 +226,8 @@ def parse(tag: str) -> Tag | None:
     if kind == GRAD_NORM:
         if len(segments) == 2 and segments[1] in (TRUNK, HEAD):
             return Tag(kind, (segments[0],), segments[1])
-        if len(segments) > 2 and segments[1] == VAR:
-            return Tag(kind, (segments[0],), VAR, "/".join(segments[2:]))
+        if len(segments) > 2 and segments[1] in (VAR, PART):
+            return Tag(kind, (segments[0],), segments[1], "/".join(segments[2:]))
         return None
     if kind == GRAD_NORM_CLIPPED and segments[1:] == [TRUNK]:
         return Tag(kind, (segments[0],), TRUNK)

@@ -240,3 +240,89 @@ def test_an_empty_part_is_refused_naming_the_objective():
                                          "trainable variable"):
         mh.Trainer(model, {"a": mh.Objective("mse"),
                            "b": mh.Objective("mse", trains=("heads/b",))})
+
+
+def test_a_nonfinite_standalone_objective_is_skipped_and_the_others_proceed():
+    # The ctcvr loss is NaN (a NaN label): its update is dropped, ctr's is the plain one.
+    model, reference = _model(seed=11), _model(seed=11)
+    trainer = _esmm(model)
+    alone = mh.Trainer(reference, {"ctr": mh.Objective("binary_crossentropy",
+                                                       keras.optimizers.SGD(0.1)),
+                                   "cvr": mh.Objective("mse", keras.optimizers.SGD(0.0),
+                                                       trains_trunk=False)})
+    x, y = _batch(8)
+    y["ctcvr"][0, 0] = np.nan
+    result = trainer.step((x, y))
+    alone.step((x, {"ctr": y["ctr"], "cvr": y["ctr"]}))
+    assert result.updated == ("ctr",) and result.skipped == ("ctcvr",)
+    for a, b in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_the_sequential_schedule_updates_objectives_one_after_another():
+    # Sequential: ctcvr's gradient is taken at the parameters ctr's update left.
+    model = _model(seed=12)
+    trainer = mh.Trainer(model, {
+        "ctr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1)),
+        "ctcvr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1),
+                              reads=("ctr", "cvr"), combine="product")}, schedule="sequential")
+    x, y = _batch(9)
+    bce = keras.losses.BinaryCrossentropy()
+    with tf.GradientTape() as tape:
+        loss = bce(y["ctr"], model(x, training=True)["ctr"])
+    variables = model.var_list("ctr")
+    for v, g in zip(variables, tape.gradient(loss, variables)):
+        v.assign_sub(0.1 * g)
+    every = model.trunk_variables + model.head_variables("ctr") + model.head_variables("cvr")
+    with tf.GradientTape() as tape:
+        out = model(x, training=True)
+        loss = bce(y["ctcvr"], out["ctr"] * out["cvr"])
+    expected = [v.numpy() - 0.1 * g.numpy() for v, g in zip(every, tape.gradient(loss, every))]
+    for v, w in zip(model.trainable_variables, _model(seed=12).trainable_variables):
+        v.assign(w)  # back to the start, then the trainer's step
+    assert trainer.step((x, y)).updated == ("ctr", "ctcvr")
+    for v, e in zip(every, expected):
+        np.testing.assert_allclose(v.numpy(), e, rtol=1e-5, atol=1e-7)
+
+
+def test_tensorboard_logs_each_objective_and_the_parts_it_trains(tmp_path):
+    # ESMM's ctcvr trains the trunk and two heads: its loss, trunk norm, and one norm per head
+    # part are logged, each equal to the hand-written tape's; its trunk gradient meets ctr's
+    # in grad_cosine.
+    from test_monitor import read_events  # noqa: PLC0415 - the shared event reader
+
+    model = _model(seed=13)
+    trainer = mh.Trainer(model, {
+        "ctr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1)),
+        "ctcvr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1),
+                              reads=("ctr", "cvr"), combine="product")},
+        log_dir=tmp_path, log_every=1)
+    x, y = _batch(10)
+    bce = keras.losses.BinaryCrossentropy()
+    with tf.GradientTape(persistent=True) as tape:
+        out = model(x, training=True)
+        l_ctr, l_ctcvr = bce(y["ctr"], out["ctr"]), bce(y["ctcvr"], out["ctr"] * out["cvr"])
+    trunk = model.trunk_variables
+    g = {name: tape.gradient(loss, trunk + model.head_variables("ctr") + model.head_variables("cvr"))
+         for name, loss in [("ctr", l_ctr), ("ctcvr", l_ctcvr)]}
+    trainer.step((x, y))
+    trainer.close()
+    logged = {tag: values[1] for tag, values in read_events(str(tmp_path / "train")).items()
+              if 1 in values}
+    n, n_ctr = len(trunk), len(model.head_variables("ctr"))
+
+    def norm(grads):
+        return float(np.sqrt(sum(np.sum(np.square(t.numpy())) for t in grads)))
+
+    np.testing.assert_allclose(logged["loss/ctcvr"], l_ctcvr.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(logged["grad_norm/ctcvr/trunk"], norm(g["ctcvr"][:n]), rtol=1e-5)
+    np.testing.assert_allclose(logged["grad_norm/ctcvr/part/heads/ctr"],
+                               norm(g["ctcvr"][n:n + n_ctr]), rtol=1e-5)
+    np.testing.assert_allclose(logged["grad_norm/ctcvr/part/heads/cvr"],
+                               norm(g["ctcvr"][n + n_ctr:]), rtol=1e-5)
+    np.testing.assert_allclose(logged["grad_norm/ctcvr/head"], norm(g["ctcvr"][n:]), rtol=1e-5)
+    a = np.concatenate([t.numpy().ravel() for t in g["ctr"][:n]])
+    b = np.concatenate([t.numpy().ravel() for t in g["ctcvr"][:n]])
+    np.testing.assert_allclose(logged["grad_cosine/ctr/ctcvr"],
+                               a @ b / np.linalg.norm(a) / np.linalg.norm(b), rtol=1e-5)
+    assert "grad_norm/ctr/part/heads/ctr" not in logged  # one head: its /head norm says it

@@ -19,7 +19,6 @@ import os
 import re
 from typing import Any, Sequence
 
-import tensorflow as tf
 
 from multihead._boundary import BoundaryError, inside, read_json, read_text
 from multihead.core.model import MultiHeadModel
