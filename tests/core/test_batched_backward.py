@@ -3,8 +3,8 @@
 The reference of every comparison is the per-head rule's own gradient: one
 `tape.gradient(objective_k, var_list_k)` per head, as the hand-written Keras loop
 takes it. Bound (float32 rounding; the chain rule's sums run in another order): per
-variable, max |batched - reference| <= 1e-6 x max(1, max |reference|). Measured:
-at most 3.0e-8 on these models (Dense, conv, MMoE).
+variable, max |batched - reference| <= 1e-6 x max(1, max |reference|). Measured on
+these models: at most 1.8e-7 absolute, 1.2e-7 relative (conv); 9e-8 (Dense), 6e-8 (MMoE).
 """
 
 import logging
@@ -68,9 +68,9 @@ def _batch(seed=0, n=16, nan_head=None):
     return x, y
 
 
-def _gradients(model, batch):
-    """(batched, reference, batched heads): per head the gradients its optimizer gets
-    from the batched pass, and from its own backward pass."""
+def _gradients(model, batches):
+    """Per batch, (batched, reference, batched heads): per head the gradients its
+    optimizer gets from the batched pass, and from its own backward pass."""
     specs = tuple(HeadSpec(h, resolve_loss("mse", h), keras.optimizers.SGD(),
                            tuple(model.var_list(h)), lambda step: tf.constant(1.0), 1, True)
                   for h in HEADS)
@@ -92,8 +92,8 @@ def _gradients(model, batch):
                      for h in specs}
         return ours, reference, {h: tf.constant(True) for h in together}
 
-    ours, reference, together = run(*batch)
-    return ours, reference, sorted(together)
+    results = [run(*batch) for batch in batches]  # one trace: the batches' shapes are equal
+    return [(ours, reference, sorted(together)) for ours, reference, together in results]
 
 
 def _max_relative_gap(ours, reference):
@@ -101,47 +101,50 @@ def _max_relative_gap(ours, reference):
                for o, r in zip(ours, reference))
 
 
-@pytest.mark.parametrize("trunk", sorted(TRUNKS))
-def test_every_heads_gradient_equals_its_own_backward_pass(trunk):
-    model = _model(TRUNKS[trunk])
-    ours, reference, together = _gradients(model, _batch())
+@pytest.fixture(scope="module", params=sorted(TRUNKS))
+def clean_and_nan(request):
+    """(model, gradients of a clean batch, of the same batch with a NaN label of head b)."""
+    model = _model(TRUNKS[request.param])
+    return (model, *_gradients(model, [_batch(), _batch(nan_head="b")]))
+
+
+def test_every_heads_gradient_equals_its_own_backward_pass(clean_and_nan):
+    _, (ours, reference, together), _ = clean_and_nan
     assert together == sorted(HEADS)  # all three heads came from the one batched pass
     for head in HEADS:
         assert [g is None for g in ours[head]] == [g is None for g in reference[head]]
         assert _max_relative_gap(ours[head], reference[head]) <= REL
 
 
-@pytest.mark.parametrize("trunk", sorted(TRUNKS))
-def test_a_nan_head_does_not_leak_into_the_others_rows(trunk):
-    model = _model(TRUNKS[trunk])
-    ours, reference, together = _gradients(model, _batch(nan_head="b"))
+def test_a_nan_head_does_not_leak_into_the_others_rows(clean_and_nan):
+    model, (clean, _, _), (ours, reference, together) = clean_and_nan
     assert together == sorted(HEADS)
     trunk_ids = {id(v) for v in model.trunk_variables}
     trunk_rows = [i for i, v in enumerate(model.var_list("b")) if id(v) in trunk_ids]
     assert all(not np.all(np.isfinite(ours["b"][i])) for i in trunk_rows)
     for head in ("a", "c"):
-        assert all(np.all(np.isfinite(g)) for g in ours[head])
+        # bitwise the gradients of the clean batch: no element of b's row reached theirs
+        assert all(np.array_equal(o, c) for o, c in zip(ours[head], clean[head]))
         assert _max_relative_gap(ours[head], reference[head]) <= REL
 
 
 def test_a_layer_pfor_cannot_vectorise_falls_back_to_one_pass_per_head(caplog):
     with caplog.at_level(logging.WARNING, logger="multihead"):
-        ours, reference, together = _gradients(_model(_unvectorisable_trunk), _batch())
+        [(ours, reference, together)] = _gradients(_model(_unvectorisable_trunk), [_batch()])
     assert together == []
     assert "pfor cannot vectorise the trunk's backward pass" in caplog.text
     for head in HEADS:  # the per-head passes themselves: bitwise the reference
         assert all(np.array_equal(o, r) for o, r in zip(ours[head], reference[head]))
 
 
-def _train(trunk, batched, steps=4, nan_head=None, frozen=()):
+def _train(trunk, batched, steps=3, nan_head=None, frozen=()):
     model = _model(trunk, seed=1)
     trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-2))
                                  for h in HEADS}, batched_backward=batched)
     for head in frozen:
         trainer.freeze(head)
-    results = []
-    for step in range(steps):
-        results.append(trainer.step(_batch(seed=step, nan_head=nan_head if step == 2 else None)))
+    results = [trainer.step(_batch(seed=step, nan_head=nan_head if step == 1 else None))
+               for step in range(steps)]
     return model, results
 
 
@@ -150,36 +153,30 @@ def _close(ours, reference, tol=1e-5):
                for o, r in zip(ours, reference))
 
 
-def test_training_with_the_batched_pass_matches_one_pass_per_head():
-    ours, _ = _train(_dense_trunk, True)
-    reference, _ = _train(_dense_trunk, False)
-    # Adam after 4 steps: the gradients' rounding gap stays at rounding level
+def test_training_with_the_batched_pass_matches_one_pass_per_head_frozen_head_included():
+    ours, results = _train(_dense_trunk, True, frozen=("c",))
+    reference, _ = _train(_dense_trunk, False, frozen=("c",))
+    # Adam after 3 steps: the gradients' rounding gap stays at rounding level
     assert _close(weights(ours.weights), weights(reference.weights))
     assert not all(np.array_equal(o, r) for o, r in zip(weights(ours.weights),
                                                         weights(reference.weights)))
+    start = _model(_dense_trunk, seed=1)  # the frozen head: never updated
+    assert all(r.updated == ("a", "b") for r in results)
+    assert all(np.array_equal(o, s) for o, s in zip(weights(ours.heads["c"].weights),
+                                                    weights(start.heads["c"].weights)))
 
 
 def test_a_nan_head_is_skipped_and_the_others_train_as_without_batching():
     ours, results = _train(_mmoe_trunk, True, nan_head="b")
     reference, _ = _train(_mmoe_trunk, False, nan_head="b")
-    assert results[2].skipped == ("b",)
+    assert [r.skipped for r in results] == [(), ("b",), ()]
     assert all(np.all(np.isfinite(w)) for w in weights(ours.weights))
     assert _close(weights(ours.weights), weights(reference.weights))
 
 
-def test_a_frozen_head_stays_frozen_with_the_batched_pass():
-    ours, results = _train(_dense_trunk, True, frozen=("c",))
-    reference, _ = _train(_dense_trunk, False, frozen=("c",))
-    start = _model(_dense_trunk, seed=1)
-    assert all("c" not in r.updated for r in results)
-    assert all(np.array_equal(o, s) for o, s in zip(weights(ours.heads["c"].weights),
-                                                    weights(start.heads["c"].weights)))
-    assert _close(weights(ours.weights), weights(reference.weights))
-
-
 def test_the_fallback_trains_exactly_as_one_pass_per_head():
-    ours, _ = _train(_unvectorisable_trunk, True, steps=2)
-    reference, _ = _train(_unvectorisable_trunk, False, steps=2)
+    ours, _ = _train(_unvectorisable_trunk, True, steps=1)
+    reference, _ = _train(_unvectorisable_trunk, False, steps=1)
     assert all(np.array_equal(o, r) for o, r in zip(weights(ours.weights),
                                                     weights(reference.weights)))
 
