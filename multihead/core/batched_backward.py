@@ -79,7 +79,8 @@ def head_gradients(heads: Sequence[Any], heads_pass: Any) -> dict[str, list[Any]
     backward, features = heads_pass.backward, heads_pass.features
     if backward is None or features is None or tf.executing_eagerly():
         return {}
-    flat = tf.nest.flatten(features)
+    # once each: heads may read the same tensor (OMoE), whose VJP must count it once
+    flat = list({id(t): t for t in tf.nest.flatten(features)}.values())
     trunk = list(heads_pass.trunk_variables)
     trunk_ids = {id(v) for v in trunk}
     reg = heads_pass.trunk_reg if isinstance(heads_pass.trunk_reg, tf.Tensor) else None

@@ -44,12 +44,16 @@ def _mmoe_trunk():
     return mh.MMoE(HEADS, experts=3, expert_units=[8])
 
 
+def _omoe_trunk():  # every head reads the one mixture: the same tensor
+    return mh.OMoE(HEADS, experts=3, expert_units=[8])
+
+
 def _unvectorisable_trunk():
     # The gradient of a bilinear resize (ResizeBilinearGrad) has no pfor vectorisation.
     return _conv_trunk([keras.layers.UpSampling2D(2, interpolation="bilinear")])
 
 
-TRUNKS = {"dense": _dense_trunk, "conv": _conv_trunk, "mmoe": _mmoe_trunk}
+TRUNKS = {"dense": _dense_trunk, "conv": _conv_trunk, "mmoe": _mmoe_trunk, "omoe": _omoe_trunk}
 
 
 def _model(trunk, seed=0):
