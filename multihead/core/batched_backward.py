@@ -87,8 +87,8 @@ def head_gradients(heads: Sequence[Any], heads_pass: Any) -> dict[str, list[Any]
     cut = flat + ([reg] if reg is not None else [])
     candidates = [h for h in heads
                   if h.trains_trunk and h.every == 1 and any(id(v) in trunk_ids for v in h.var_list)
-                  and not _reaches_trunk(backward.objectives[h.name], cut, trunk)]
-    if len(candidates) < 2:
+                  and not _trunk_reads(backward.objectives[h.name], cut, trunk)]
+    if len(candidates) < 2 or not _one_trunk_call(flat, trunk):
         return {}
     own, cotangents = {}, {}
     for head in candidates:
@@ -154,23 +154,32 @@ def _trunk_vjp(backward: Any, flat: list[tf.Tensor], trunk: list[keras.Variable]
     return [next(grads) if g is not None else None for g in connected]
 
 
-def _reaches_trunk(objective: tf.Tensor, cut: Sequence[tf.Tensor],
-                   trunk: Sequence[keras.Variable]) -> bool:
-    """Whether `objective` reads a trunk variable other than through the tensors `cut`
-    (the trunk output, its regularization), walking the traced graph back."""
-    handles = _trunk_handles(objective.graph, trunk)
+def _trunk_reads(tensor: tf.Tensor, cut: Sequence[tf.Tensor],
+                 trunk: Sequence[keras.Variable]) -> set[int]:
+    """Ids of the ops that read a trunk variable and that `tensor` depends on other than
+    through the tensors `cut`, walking the traced graph back."""
+    handles = _trunk_handles(tensor.graph, trunk)
     stop = {id(t) for t in cut}
     seen: set[int] = set()
-    todo = [objective]
+    reads = set()
+    todo = [tensor]
     while todo:
         tensor = todo.pop()
         if id(tensor) in stop or id(tensor.op) in seen:
             continue
-        if id(tensor) in handles:
-            return True
         seen.add(id(tensor.op))
+        if any(id(t) in handles for t in tensor.op.inputs):
+            reads.add(id(tensor.op))
         todo.extend(tensor.op.inputs)
-    return False
+    return reads
+
+
+def _one_trunk_call(flat: Sequence[tf.Tensor], trunk: Sequence[keras.Variable]) -> bool:
+    """Whether the trunk outputs `flat` come from one call of the trunk (they share a read
+    of a trunk variable), not one call per head (own batches): there the vectorised pass
+    would run every head's row through every head's trunk call."""
+    reads = [_trunk_reads(f, (), trunk) for f in flat]
+    return all(r & reads[0] for r in reads[1:])
 
 
 def _trunk_handles(graph: Any, trunk: Sequence[keras.Variable]) -> set[int]:

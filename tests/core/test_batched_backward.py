@@ -72,7 +72,7 @@ def _batch(seed=0, n=16, nan_head=None):
     return x, y
 
 
-def _gradients(model, batches):
+def _gradients(model, batches, own_batches=False):
     """Per batch, (batched, reference, batched heads): per head the gradients its
     optimizer gets from the batched pass, and from its own backward pass."""
     specs = tuple(HeadSpec(h, resolve_loss("mse", h), keras.optimizers.SGD(),
@@ -85,7 +85,7 @@ def _gradients(model, batches):
     def run(x, y):
         counter = tf.constant(0, tf.int64)
         with tf.GradientTape(persistent=True) as tape:
-            fwd = step.forward(x, y, specs, counter)
+            fwd = step.forward(x, y, specs, counter, own_batches)
         heads_pass = HeadsPass(specs, fwd.losses, counter, tuple(model.trunk_variables),
                                Backward(tape, fwd.objectives), features=fwd.features,
                                trunk_reg=fwd.trunk_reg)
@@ -138,6 +138,17 @@ def test_a_layer_pfor_cannot_vectorise_falls_back_to_one_pass_per_head(caplog):
     assert together == []
     assert "pfor cannot vectorise the trunk's backward pass" in caplog.text
     for head in HEADS:  # the per-head passes themselves: bitwise the reference
+        assert all(np.array_equal(o, r) for o, r in zip(ours[head], reference[head]))
+
+
+def test_heads_with_batches_of_their_own_take_one_pass_each():
+    # Each head's features come from its own trunk call: one vectorised pass would run
+    # every head's row through every head's trunk call (K times the work).
+    batches = {h: _batch(seed=i) for i, h in enumerate(HEADS)}
+    x, y = {h: b[0] for h, b in batches.items()}, {h: b[1] for h, b in batches.items()}
+    [(ours, reference, together)] = _gradients(_model(_dense_trunk), [(x, y)], own_batches=True)
+    assert together == []
+    for head in HEADS:
         assert all(np.array_equal(o, r) for o, r in zip(ours[head], reference[head]))
 
 
