@@ -22,8 +22,10 @@ cotangent stays in that head's row, so the non-finite guard drops that head only
 A head is batched only where that decomposition is exact and cheap: it trains the
 trunk, is due every step (`every=1`; a head due on some steps keeps its own pass,
 taken only when due), and its objective reaches the trunk's variables only
-through `features` and the trunk's regularization (checked on the traced graph).
-Where pfor has no vectorisation for an op of the trunk's backward pass (e.g. the
+through `features` and the trunk's regularization (checked on the traced graph: a
+loss that reads a trunk variable itself keeps its own pass). Heads with batches of
+their own (one trunk call per head) keep one pass each, as do the sequential
+schedule (one head per pass) and steps under a `tf.distribute` strategy. Where pfor has no vectorisation for an op of the trunk's backward pass (e.g. the
 gradient of a bilinear resize), the step falls back to one pass per head, with a
 one-line warning at trace time.
 

@@ -72,10 +72,11 @@ def _batch(seed=0, n=16, nan_head=None):
     return x, y
 
 
-def _gradients(model, batches, own_batches=False):
+def _gradients(model, batches, own_batches=False, losses=None):
     """Per batch, (batched, reference, batched heads): per head the gradients its
     optimizer gets from the batched pass, and from its own backward pass."""
-    specs = tuple(HeadSpec(h, resolve_loss("mse", h), keras.optimizers.SGD(),
+    losses = losses or {}
+    specs = tuple(HeadSpec(h, resolve_loss(losses.get(h, "mse"), h), keras.optimizers.SGD(),
                            tuple(model.var_list(h)), lambda step: tf.constant(1.0), 1, True)
                   for h in HEADS)
     step = TrainStep(model, specs, "simultaneous", tf.Variable(0, dtype=tf.int64),
@@ -150,6 +151,21 @@ def test_heads_with_batches_of_their_own_take_one_pass_each():
     assert together == []
     for head in HEADS:
         assert all(np.array_equal(o, r) for o, r in zip(ours[head], reference[head]))
+
+
+def test_a_loss_that_reads_the_trunk_itself_keeps_its_own_pass():
+    model = _model(_dense_trunk)
+    kernel = model.trunk.layers[0].kernel
+
+    def penalised(inputs, targets, output):  # a research loss with a trunk penalty of its own
+        return (tf.reduce_mean(tf.square(targets["a"] - output))
+                + 0.1 * tf.reduce_sum(tf.square(kernel)))
+
+    [(ours, reference, together)] = _gradients(model, [_batch()], losses={"a": penalised})
+    assert together == ["b", "c"]  # a's objective reaches the trunk past its output
+    assert all(np.array_equal(o, r) for o, r in zip(ours["a"], reference["a"]))
+    for head in ("b", "c"):
+        assert _max_relative_gap(ours[head], reference[head]) <= REL
 
 
 def _train(trunk, batched, steps=3, nan_head=None, frozen=()):
