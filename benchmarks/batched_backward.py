@@ -8,7 +8,10 @@ K Dense(1) heads, MSE, Adam per head, batch 256. Side by side in one process
   and `True` (one vectorised pass, `multihead.core.batched_backward`);
 * the heads' gradients alone (no optimizer update), through the per-head rule's
   own `head_plans`, K passes vs batched;
-* the largest difference between the two ways' gradients (float32 rounding).
+* the largest difference between the two ways' gradients (float32 rounding);
+* the trunk's VJP alone, for K given cotangents: K `tape.gradient` calls, pfor
+  (`vectorized_map`), and a hand-written batched VJP of the Dense-relu trunk (one
+  reshaped matmul per layer, no pfor): the best a batched pass could do here.
 
     taskset -c 1 python benchmarks/batched_backward.py            # K = 16, 4 at width 256
     taskset -c 1 python benchmarks/batched_backward.py --small    # also width 32, batch 32
@@ -55,7 +58,7 @@ def gradients_function(init, width, batched):
     step = TrainStep(model, specs, "simultaneous", tf.Variable(0, dtype=tf.int64),
                      PerHeadTrunk(batched))
 
-    @tf.function
+    @tf.function(autograph=False)
     def grads(x, ys):
         counter = tf.constant(0, tf.int64)
         with tf.GradientTape(persistent=True) as tape:
@@ -67,6 +70,46 @@ def gradients_function(init, width, batched):
         return [p.gradients() if callable(p.gradients) else p.gradients for p in plans]
 
     return grads
+
+
+def trunk_vjps(init, width, k, size):
+    """The trunk's VJP for K stacked cotangents: K passes, pfor, by hand."""
+    trunk, _ = keras_parts(init, width)
+    x = tf.random.stateless_normal([size, IN_DIM], seed=[0, 1])
+    cotangents = tf.random.stateless_normal([k, size, width], seed=[0, 2])
+    variables = trunk.trainable_variables
+    (w1, b1), (w2, b2) = trunk.layers[0].weights, trunk.layers[1].weights
+
+    def forward():
+        with tf.GradientTape(persistent=True) as tape:
+            features = trunk(x, training=True)
+        return tape, features
+
+    @tf.function(autograph=False)
+    def k_passes():
+        tape, features = forward()
+        return [tape.gradient(features, variables, output_gradients=cotangents[i])
+                for i in range(k)]
+
+    @tf.function(autograph=False)
+    def pfor():
+        tape, features = forward()
+        return tf.vectorized_map(
+            lambda c: tape.gradient(features, variables, output_gradients=c), cotangents)
+
+    @tf.function(autograph=False)
+    def by_hand():
+        h = tf.nn.relu(x @ w1 + b1)
+        f = tf.nn.relu(h @ w2 + b2)
+        d2 = cotangents * tf.cast(f > 0, tf.float32)                       # (K, B, w)
+        flat2 = tf.reshape(tf.transpose(d2, [1, 0, 2]), [size, k * width])  # (B, K w)
+        dw2 = tf.transpose(tf.reshape(tf.transpose(h) @ flat2, [width, k, width]), [1, 0, 2])
+        d1 = tf.reshape(tf.reshape(d2, [k * size, width]) @ tf.transpose(w2), [k, size, width])
+        d1 = d1 * tf.cast(h > 0, tf.float32)
+        dw1 = tf.einsum("bi,kbj->kij", x, d1)
+        return dw1, tf.reduce_sum(d1, 1), dw2, tf.reduce_sum(d2, 1)
+
+    return {"vjp K": k_passes, "vjp pfor": pfor, "vjp by hand": by_hand}
 
 
 def calls_for(fn, budget=0.3):
@@ -88,13 +131,15 @@ def row(k, width, size, repeats):
     variants = {"step K": lambda: per_head.step((xt, yt)),
                 "step batched": lambda: batched.step((xt, yt)),
                 "grads K": lambda: g_per_head(xt, yt),
-                "grads batched": lambda: g_batched(xt, yt)}
+                "grads batched": lambda: g_batched(xt, yt),
+                **trunk_vjps(init, width, k, size)}
     calls = calls_for(variants["step K"])
     t = interleaved_medians(variants, calls, repeats)
     return [str(k), str(width), str(size), f"{1 / t['step K']:.0f}", f"{1 / t['step batched']:.0f}",
             f"{t['step K'] / t['step batched']:.2f}x",
             f"{t['grads K'] * 1e3:.2f}", f"{t['grads batched'] * 1e3:.2f}",
-            f"{t['grads K'] / t['grads batched']:.2f}x", f"{gap:.1e}"]
+            f"{t['grads K'] / t['grads batched']:.2f}x", f"{gap:.1e}",
+            f"{t['vjp K'] / t['vjp pfor']:.2f}x", f"{t['vjp K'] / t['vjp by hand']:.2f}x"]
 
 
 def main():
@@ -105,11 +150,13 @@ def main():
     grid = [(16, 256, 256), (4, 256, 256)] + ([(16, 32, 32), (4, 32, 32)] if args.small else [])
     print(f"load average before: {os.getloadavg()}  cores allowed: {len(os.sched_getaffinity(0))}")
     rows = [["K", "width", "batch", "step K passes/s", "step batched/s", "batched/K",
-             "grads K ms", "grads batched ms", "batched/K", "max|grad gap|"]]
+             "grads K ms", "grads batched ms", "batched/K", "max|grad gap|",
+             "VJP: K/pfor", "K/by hand"]]
     for k, width, size in grid:
         rows.append(row(k, width, size, args.repeats))
     print(table(rows))
-    print("ratios > 1: the batched pass is faster (medians of interleaved repeats)")
+    print("ratios > 1: the batched pass is faster (medians of interleaved repeats); the VJP "
+          "columns time the trunk's VJP alone for K given cotangents")
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -25,9 +25,10 @@ taken only when due), and its objective reaches the trunk's variables only
 through `features` and the trunk's regularization (checked on the traced graph: a
 loss that reads a trunk variable itself keeps its own pass). Heads with batches of
 their own (one trunk call per head) keep one pass each, as do the sequential
-schedule (one head per pass) and steps under a `tf.distribute` strategy. Where pfor has no vectorisation for an op of the trunk's backward pass (e.g. the
-gradient of a bilinear resize), the step falls back to one pass per head, with a
-one-line warning at trace time.
+schedule (one head per pass) and steps under a `tf.distribute` strategy. Where
+pfor has no vectorisation for an op of the trunk's backward pass (e.g. the gradient
+of a bilinear resize), the step falls back to one pass per head, with a one-line
+warning at trace time.
 
 Speed: on the 2-core CPU this was measured on, the batched pass is *slower* than
 K passes (docs/performance.md gives the figures), so `"auto"` resolves to off.
@@ -149,9 +150,9 @@ def _trunk_vjp(backward: Any, flat: list[tf.Tensor], trunk: list[keras.Variable]
     try:
         grads = iter(tf.vectorized_map(vjp, stacked, fallback_to_while_loop=False))
     except (ValueError, TypeError, NotImplementedError) as error:
-        first = str(error).strip().splitlines()
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         _LOG.warning("batched_backward: pfor cannot vectorise the trunk's backward pass (%s); "
-                     "taking one backward pass per head", first[-1] if first else type(error).__name__)
+                     "taking one backward pass per head", first)
         return None
     return [next(grads) if g is not None else None for g in connected]
 
