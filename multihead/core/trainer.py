@@ -22,6 +22,7 @@ from multihead import _keras_internals as internals
 from multihead._checks import check_choice, check_int
 from multihead.core import distribute
 from multihead.core.addresses import variable_addresses
+from multihead.core.batched_backward import resolve as batched_backward_option
 from multihead.core.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
 from multihead.core.data import DataPosition
 from multihead.core.evaluation import Evaluator
@@ -112,6 +113,11 @@ class Trainer:
         max_nonfinite_steps: `fit` stops with an error naming the head when a head's
             loss or gradient is non-finite this many steps in a row (its updates
             were skipped meanwhile, see `Objective(on_nonfinite=...)`).
+        batched_backward: with the per-head trunk, take the heads' trunk gradients
+            in one vectorised backward pass (`True`), equal to one pass per head to
+            float32 rounding, or one pass per head (`False`); `"auto"`: off, as the
+            batched pass was measured slower on CPU (see
+            `multihead.core.batched_backward`).
     """
 
     def __init__(
@@ -128,12 +134,14 @@ class Trainer:
         strategy: tf.distribute.Strategy | None = None,
         max_nonfinite_steps: int = 10,
         target_networks: Sequence[Any] = (),
+        batched_backward: bool | str = "auto",
     ) -> None:
         if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
         check_choice(schedule, "schedule", SCHEDULES)
         check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
         self._nonfinite_limit = check_int(max_nonfinite_steps, "max_nonfinite_steps", minimum=1)
+        self._batched_backward = batched_backward_option(batched_backward)
         check_objectives(model, objectives)
         for target in target_networks:
             if not callable(getattr(target, "update", None)):
@@ -240,7 +248,7 @@ class Trainer:
             distribute.check_created_in_scope(self.strategy, self.model.weights, "model")
         with distribute.scope(self.strategy):  # optimizer slots become mirrored variables
             heads = self._build_heads()
-        rule: Any = PerHeadTrunk()
+        rule: Any = PerHeadTrunk(self._batched_backward)
         if self.trunk_update is not None:
             with distribute.scope(self.strategy):
                 self.trunk_update.build(self.model.trunk_variables)

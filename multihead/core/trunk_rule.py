@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, runti
 import keras
 import tensorflow as tf
 
+from multihead.core import batched_backward
 from multihead.core.applier import PlannedUpdate, not_converted
 from multihead.core.objectives import HeadLoss
 from multihead.core.parts import ObjectiveParts
@@ -135,6 +136,11 @@ class Backward:
         self._tape = tape
         self._objectives = objectives
 
+    @property
+    def objectives(self) -> Mapping[str, tf.Tensor]:
+        """Head -> the scalar its gradient is taken of."""
+        return self._objectives
+
     @not_converted
     def head(self, head: HeadSpec, sources: Sequence[Any], trunk_sources: int = 0,
              ) -> list[tf.Tensor | None]:
@@ -234,14 +240,19 @@ class TrunkRule(Protocol):
         Custom Scalars layout, `multihead.monitoring.layout`)."""
 
 
-def head_plans(heads: Sequence[HeadSpec], heads_pass: HeadsPass) -> list[PlannedUpdate]:
+def head_plans(heads: Sequence[HeadSpec], heads_pass: HeadsPass,
+               batched: bool = False) -> list[PlannedUpdate]:
     """Each head's optimizer applies the head's whole gradient to its whole var_list,
     when due and taking part (`HeadsPass.active`); a guarded head's only when its loss
-    and gradient are finite. The gradient is taken only where the update happens."""
+    and gradient are finite. The gradient is taken only where the update happens, or,
+    with `batched`, in one vectorised trunk backward pass for the heads it can batch
+    (`multihead.core.batched_backward`)."""
+    together = (batched_backward.head_gradients(heads, heads_pass)
+                if batched and heads_pass.given is None else {})
     plans = []
     for head in heads:
         grads = (heads_pass.given[head.name] if heads_pass.given is not None
-                 else _deferred(heads_pass.backward, head))
+                 else together.get(head.name) or _deferred(heads_pass.backward, head))
         plans.append(PlannedUpdate(head.optimizer, grads, head.var_list, head.name, head.guarded,
                                    heads_pass.losses[head.name], every=head.every,
                                    when=heads_pass.takes_part(head.name)))
@@ -255,9 +266,17 @@ def _deferred(backward: Backward | None, head: HeadSpec) -> Callable[[], list[tf
 
 
 class PerHeadTrunk:
-    """The per-head rule: each head's optimizer updates trunk + head with its own slots."""
+    """The per-head rule: each head's optimizer updates trunk + head with its own slots.
+
+    Args:
+        batched_backward: take the heads' trunk gradients in one vectorised backward
+            pass instead of one pass per head (see `multihead.core.batched_backward`).
+    """
 
     heads_update_trunk = True
+
+    def __init__(self, batched_backward: bool = False) -> None:
+        self.batched_backward = batched_backward
 
     def scale_losses(self, weighted: Mapping[str, tf.Tensor]) -> LossScaling:
         """No loss weighting: no factors."""
@@ -274,7 +293,7 @@ class PerHeadTrunk:
 
     def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """One update per head, in head order (see `head_plans`)."""
-        return head_plans(heads_pass.heads, heads_pass)
+        return head_plans(heads_pass.heads, heads_pass, self.batched_backward)
 
     def step_heads(self, heads: tuple[str, ...], frozen: Sequence[str]) -> tuple[str, ...]:
         """`heads`: each head's update is dropped in the graph, frozen or not."""

@@ -315,6 +315,7 @@ def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: M
                       log_variable_norms=cfg.log.variable_norms,
                       jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy,
                       max_nonfinite_steps=cfg.train.max_nonfinite_steps,
+                      batched_backward=cfg.train.batched_backward,
                       target_networks=list(target_networks))
     if trainer.monitor is not None and write_config:
         trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -238,6 +238,10 @@ class TrainConfig:
     max_nonfinite_steps: int = _field(10, minimum=1,
                                       doc="stop with an error when a head's loss or gradient is "
                                           "non-finite this many steps in a row")
+    batched_backward: Union[bool, str] = _field(
+        "auto", choices=("auto", True, False),
+        doc="per_head trunk: the heads' trunk gradients in one vectorised backward pass "
+            "(equal to float32 rounding); auto: off, measured slower on CPU")
 
 
 @dataclasses.dataclass
