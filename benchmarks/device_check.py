@@ -160,6 +160,9 @@ def rows(dry_run: bool) -> list[list[str]]:
     out.append(fit_row(k, width, size, steps, repeats))
     out.append(option_row(f"XLA K={k} width={width}", {"jit_compile": True}, k, width, size,
                           repeats, ("XLA on", "XLA off")))
+    for width_ in widths:
+        out.append(option_row(f"trunk backward K={k} width={width_}", {"batched_backward": True},
+                              k, width_, size, repeats, ("batched", "K passes")))
     out.append(mirrored_row(k, width, size, repeats))
     out.append(flops_row(k, widths[-1], size, n, repeats))
     return out
