@@ -213,8 +213,9 @@ def main() -> None:
     tf1_step, tf1_fit = t["TF1 step (sess.run, feed_dict)"], t[f"TF1 feed_dict loop {args.fit_steps} steps"]
     u = {name.rpartition(", ")[2]: s for name, s in t.items() if name.startswith("Adam updates only")}
     print(f"fused vs default: Trainer.step {step_d / step_f:.2f}x, fit {fit_d / fit_f:.2f}x faster")
-    print(f"vs TF1: step fused {tf1_step / step_f:.2f}x (default {tf1_step / step_d:.2f}x); "
-          f"fit fused {tf1_fit / fit_f:.2f}x (default {tf1_fit / fit_d:.2f}x) TF1's time")
+    print(f"speed vs TF1 (TF1's time / ours): step fused {tf1_step / step_f:.2f}x "
+          f"(default {tf1_step / step_d:.2f}x); fit fused {tf1_fit / fit_f:.2f}x "
+          f"(default {tf1_fit / fit_d:.2f}x)")
     print(f"updates only vs Keras: fused kernel {u['Keras'] / u['fused kernel']:.2f}x, "
           f"stacked slots {u['Keras'] / u['stacked slots']:.2f}x faster")
     print(f"weights, fused vs default Trainer: after 1 step max|diff| {first[0]:.1e} "
