@@ -1,22 +1,27 @@
-"""Why multihead keeps Keras' Adam rather than TF1's fused `ApplyAdam` kernel.
+"""Fused optimizer updates (`Trainer(fused_updates=True)`) against Keras' Adam and TF1.
 
 TF1's `AdamOptimizer` updates each variable with one fused kernel
 (`ResourceApplyAdam`); Keras 3's Adam makes several elementwise passes. This
-script measures, side by side in one run (medians of interleaved repeats), the
-setting of `benchmarks/step_throughput.py` (trunk Dense 64->256->256 relu, K
-Dense(1) heads, batch 256):
+script measures, side by side in one process (medians of interleaved repeats,
+the load average printed), the setting of `benchmarks/step_throughput.py`
+(trunk Dense 64->w->w relu, K Dense(1) heads, batch 256), by default at width
+2048, K=4:
 
-* the time of the per-head Adam updates alone (K optimizers on trunk + head,
-  fixed gradients), Keras vs the fused kernel;
-* the time of a whole hand-written TF2 step (a) with each, and of its gradients alone;
-* how far the weights of (a) with the fused kernel drift from (a) with Keras' Adam
-  after 50 steps from identical weights.
+* `Trainer.step` with `fused_updates=True` against the default (Keras' Adam), and
+  the classic TF1 step (`sess.run` of K `AdamOptimizer.minimize` ops);
+* `Trainer.fit` (fused and default) against TF1's `feed_dict` loop, end to end;
+* the per-head Adam updates alone (fixed gradients): Keras, the fused kernel, and
+  one vectorised update over the K heads' stacked slots (the alternative design);
+* how far fused weights are from the default's after 1 and 50 steps from identical
+  weights (max |w_fused - w_default|, and the largest ||w_fused - w_default|| /
+  ||w_default|| over the variables).
 
 The kernel computes `1 - beta` in float32 (1 - 0.999f = 0.00099998713), Keras in
 float64 before the cast (0.001f): a 1.3e-5 relative difference in the second
 moment, which Adam's normalisation amplifies wherever a gradient is near zero.
 
-    python benchmarks/fused_adam.py
+    taskset -c 1 python benchmarks/fused_adam.py                 # width 2048, K=4
+    taskset -c 1 python benchmarks/fused_adam.py --width 256 --repeats 5
 """
 
 from __future__ import annotations
@@ -31,24 +36,47 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from multihead import _keras_internals as internals  # noqa: E402
+from multihead.core import adam_sgd_ops  # noqa: E402
+
+import keras  # noqa: E402
+
+import multihead as mh  # noqa: E402
 from _timing import interleaved_medians, table  # noqa: E402
-from step_throughput import HandTF2, constant_batch, initial_weights  # noqa: E402
+from step_throughput import (LR, TF1, HandTF2, batch, calls_for, constant_batch,  # noqa: E402
+                             initial_weights, keras_parts, pipeline)
 
 
 def fused_adam(optimizer, grads, variables) -> None:
-    """`optimizer`'s Adam update through TF1's fused kernel, on `optimizer`'s own slots."""
-    step = tf.cast(optimizer.iterations + 1, tf.float32)
-    constant = lambda value: tf.constant(value, tf.float32)  # noqa: E731
-    for grad, variable in zip(grads, variables):
-        i = optimizer._get_variable_index(variable)  # noqa: SLF001
-        tf.raw_ops.ResourceApplyAdam(
-            var=variable.value.handle, m=optimizer._momentums[i].value.handle,  # noqa: SLF001
-            v=optimizer._velocities[i].value.handle,  # noqa: SLF001
-            beta1_power=tf.pow(constant(optimizer.beta_1), step),
-            beta2_power=tf.pow(constant(optimizer.beta_2), step),
-            lr=tf.cast(optimizer.learning_rate, tf.float32), beta1=constant(optimizer.beta_1),
-            beta2=constant(optimizer.beta_2), epsilon=constant(optimizer.epsilon), grad=grad)
-    optimizer.iterations.assign_add(1)
+    """`optimizer`'s Adam update through TF1's fused kernel, on `optimizer`'s own slots
+    (what `fused_updates=True` runs)."""
+    adam_sgd_ops.apply_gradients(optimizer, grads, variables, fused=True)
+
+
+def stacked_adam(optimizers, grads, var_lists) -> None:
+    """The alternative: the K heads' Adam updates of each shared variable as one vectorised
+    update over their stacked slots (stack, one update, unstack into the slots), the
+    heads' own variables one by one. Same formula as the kernel."""
+    opts = list(optimizers.values())
+    opt = opts[0]
+    step = tf.cast(opt.iterations + 1, tf.float32)
+    alpha = opt.learning_rate * tf.sqrt(1 - opt.beta_2 ** step) / (1 - opt.beta_1 ** step)
+    shared = [v for v in next(iter(var_lists.values())) if all(
+        any(v is w for w in vl) for vl in var_lists.values())]
+    for i, var in enumerate(shared):
+        slots = [internals.adam_slots(o, var) for o in opts]
+        m = tf.stack([s[0].value for s in slots])
+        v = tf.stack([s[1].value for s in slots])
+        g = tf.stack([grads[h][i] for h in optimizers])
+        m = m + (g - m) * (1 - opt.beta_1)
+        v = v + (tf.square(g) - v) * (1 - opt.beta_2)
+        var.assign_sub(tf.reduce_sum(m * alpha / (tf.sqrt(v) + opt.epsilon), axis=0))
+        for k, (mk, vk, _) in enumerate(slots):
+            mk.assign(m[k])
+            vk.assign(v[k])
+    for h, o in optimizers.items():
+        own = [(g, v) for g, v in zip(grads[h], var_lists[h]) if not any(v is w for w in shared)]
+        fused_adam(o, [g for g, _ in own], [v for _, v in own])
 
 
 class Variant(HandTF2):
@@ -76,6 +104,9 @@ class Variant(HandTF2):
         return done or losses
 
     def apply_only(self, grads):
+        if self.update == "stacked":
+            stacked_adam(self.opts, grads, self.var_lists)
+            return
         for h, opt in self.opts.items():
             if self.update == "keras":
                 opt.apply_gradients(zip(grads[h], self.var_lists[h]))
@@ -83,49 +114,114 @@ class Variant(HandTF2):
                 fused_adam(opt, grads[h], self.var_lists[h])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-    k, width = args.heads, args.width
+def trainer(init, width, fused):
+    trunk, heads = keras_parts(init, width)
+    model = mh.MultiHeadModel(trunk, heads)
+    model.build((None, init["trunk"][0].shape[0]))
+    return mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(LR)) for h in heads},
+                      fused_updates=fused)
+
+
+def weights(t):
+    return [v.numpy() for v in t.model.trunk_variables] + [
+        v.numpy() for h in t.model.head_names for v in t.model.head_variables(h)]
+
+
+def distance(k, width, xt, yt, steps):
+    """(max |w_fused - w_default|, max over variables of ||w_fused - w_default|| / ||w_default||)
+    after `steps`."""
     init = initial_weights(k, width)
-    _, _, xt, yt = constant_batch(k, args.batch)
+    default, fused = trainer(init, width, False), trainer(init, width, True)
+    for _ in range(steps):
+        default.step((xt, yt))
+        fused.step((xt, yt))
+    pairs = list(zip(weights(fused), weights(default)))
+    return (max(float(np.max(np.abs(a - b))) for a, b in pairs),
+            max(float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in pairs))
 
-    keras_a, fused_a = Variant(init, width, "keras"), Variant(init, width, "fused")
-    for _ in range(50):
-        keras_a.step(xt, yt)
-        fused_a.step(xt, yt)
-    drift = max(float(np.max(np.abs(p - q))) for p, q in zip(keras_a.variables(), fused_a.variables()))
-    one_keras, one_fused = Variant(init, width, "keras"), Variant(init, width, "fused")
-    one_keras.step(xt, yt)
-    one_fused.step(xt, yt)
-    first = max(float(np.max(np.abs(p - q))) for p, q in zip(one_keras.variables(), one_fused.variables()))
 
+def updates_section(k, width, repeats):
+    init = initial_weights(k, width)
+    keras_u, fused_u, stacked_u = (Variant(init, width, u) for u in ("keras", "fused", "stacked"))
     rng = np.random.default_rng(3)
-    grads = {h: [tf.constant(rng.standard_normal(v.shape).astype("float32")) for v in keras_a.var_lists[h]]
-             for h in keras_a.heads}
-    apply_keras, apply_fused = tf.function(keras_a.apply_only), tf.function(fused_a.apply_only)
-    gradients_only = Variant(init, width, "none")
+    grads = {h: [tf.constant(rng.standard_normal(v.shape).astype("float32")) for v in keras_u.var_lists[h]]
+             for h in keras_u.heads}
+    variants = {f"Adam updates only, {u}": (lambda f: lambda: f(grads))(tf.function(v.apply_only))
+                for u, v in (("Keras", keras_u), ("fused kernel", fused_u), ("stacked slots", stacked_u))}
+    for fn in variants.values():
+        fn()
+    return interleaved_medians(variants, calls_for(next(iter(variants.values()))), repeats)
+
+
+def trainer_section(k, width, size, repeats, fit_steps):
+    init = initial_weights(k, width)
+    x, ys, xt, yt = constant_batch(k, size)
+    default, fused, tf1 = trainer(init, width, False), trainer(init, width, True), TF1(init, width)
+    fit_default, fit_fused = trainer(init, width, False), trainer(init, width, True)
+    ds = pipeline(k, size)
+    x_all, ys_all = batch(k, size * 64, seed=2)
+    rng = np.random.default_rng(0)
+
+    def tf1_loop():  # the classic input path: a permutation per epoch, fancy-indexed batches
+        order = rng.permutation(len(x_all))
+        for i in range(fit_steps):
+            idx = order[(i * size) % len(x_all):][:size]
+            out = tf1.step(x_all[idx], {h: y[idx] for h, y in ys_all.items()})
+        return out
+
     variants = {
-        "Adam updates only, Keras": lambda: apply_keras(grads),
-        "Adam updates only, fused kernel": lambda: apply_fused(grads),
-        "step (a), Keras Adam": lambda: keras_a.step(xt, yt),
-        "step (a), fused kernel": lambda: fused_a.step(xt, yt),
-        "step (a), gradients only": lambda: gradients_only.step(xt, yt),
+        "Trainer.step, default (Keras Adam)": lambda: default.step((xt, yt)),
+        "Trainer.step, fused_updates=True": lambda: fused.step((xt, yt)),
+        "TF1 step (sess.run, feed_dict)": lambda: tf1.step(x, ys),
     }
     for fn in variants.values():
         fn()
-    t = interleaved_medians(variants, 100, args.repeats)
-    print(f"K={k}, trunk 64->{width}->{width}, batch {args.batch}; medians of {args.repeats}")
-    rows = [["variant", "us per call"]] + [[name, f"{s * 1e6:.0f}"] for name, s in t.items()]
+    t = interleaved_medians(variants, calls_for(variants["TF1 step (sess.run, feed_dict)"]), repeats)
+    loops = {
+        f"Trainer.fit {fit_steps} steps, default": lambda: fit_default.fit(ds, steps=fit_steps, verbose=False),
+        f"Trainer.fit {fit_steps} steps, fused": lambda: fit_fused.fit(ds, steps=fit_steps, verbose=False),
+        f"TF1 feed_dict loop {fit_steps} steps": tf1_loop,
+    }
+    for fn in loops.values():
+        fn()
+    t.update(interleaved_medians(loops, 1, repeats))
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--fit-steps", type=int, default=20)
+    args = parser.parse_args()
+    k, width = args.heads, args.width
+    _, _, xt, yt = constant_batch(k, args.batch)
+    load = os.getloadavg()
+    print(f"K={k}, trunk 64->{width}->{width}, batch {args.batch}; medians of {args.repeats} "
+          f"interleaved repeats; load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+          f"{os.cpu_count()} cores, allowed {sorted(os.sched_getaffinity(0))}", flush=True)
+    first, fifty = distance(k, width, xt, yt, 1), distance(k, width, xt, yt, 50)
+    t = trainer_section(k, width, args.batch, args.repeats, args.fit_steps)
+    t.update(updates_section(k, width, args.repeats))
+    rows = [["variant", "ms per call"]] + [[name, f"{s * 1e3:.2f}"] for name, s in t.items()]
     print(table(rows))
-    print(f"fused kernel vs Keras: updates {t['Adam updates only, Keras'] / t['Adam updates only, fused kernel']:.2f}x, "
-          f"whole step {t['step (a), Keras Adam'] / t['step (a), fused kernel']:.2f}x faster")
-    print(f"max |w_fused - w_keras|: after 1 step {first:.1e}, after 50 steps {drift:.1e} "
-          "(requirement for the framework's step: within 1e-5 of (a))")
+    step_d, step_f = t["Trainer.step, default (Keras Adam)"], t["Trainer.step, fused_updates=True"]
+    fit_d = t[f"Trainer.fit {args.fit_steps} steps, default"]
+    fit_f = t[f"Trainer.fit {args.fit_steps} steps, fused"]
+    tf1_step, tf1_fit = t["TF1 step (sess.run, feed_dict)"], t[f"TF1 feed_dict loop {args.fit_steps} steps"]
+    u = {name.rpartition(", ")[2]: s for name, s in t.items() if name.startswith("Adam updates only")}
+    print(f"fused vs default: Trainer.step {step_d / step_f:.2f}x, fit {fit_d / fit_f:.2f}x faster")
+    print(f"speed vs TF1 (TF1's time / ours): step fused {tf1_step / step_f:.2f}x "
+          f"(default {tf1_step / step_d:.2f}x); fit fused {tf1_fit / fit_f:.2f}x "
+          f"(default {tf1_fit / fit_d:.2f}x)")
+    print(f"updates only vs Keras: fused kernel {u['Keras'] / u['fused kernel']:.2f}x, "
+          f"stacked slots {u['Keras'] / u['stacked slots']:.2f}x faster")
+    print(f"weights, fused vs default Trainer: after 1 step max|diff| {first[0]:.1e} "
+          f"(relative, L2 per variable: {first[1]:.1e}); after 50 steps {fifty[0]:.1e} ({fifty[1]:.1e})")
+    load = os.getloadavg()
+    print(f"load average after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,18 @@ through Keras' own `apply_gradients`, as does an optimizer whose Keras internals
 arithmetic mirrors Keras' `update_step` as of Keras 3.15; tests/core/test_adam_sgd_ops.py
 checks it against the installed Keras, so a Keras release that changes it fails
 the tests instead of drifting silently.
+
+With `fused=True` (`Trainer(fused_updates=True)`), the same plain cases run TF1's
+fused kernels instead, one op per variable on the optimizer's own slots:
+`ResourceApplyAdam` (`ResourceApplyAdamWithAmsgrad`), `ResourceApplyKerasMomentum`,
+`ResourceApplyGradientDescent`. Their formulas are Keras' (Adam's epsilon sits where
+Keras puts it, after the bias-corrected step size), but the kernel rounds
+differently: it computes `1 - beta` in the variable's dtype (`1 - 0.999f =
+0.00099998713`, Keras 0.001f) and evaluates the update in one Eigen expression. So
+fused Adam is TF1's `AdamOptimizer` (to float rounding of the beta powers, which
+TF1 keeps as running products and this computes as powers of the step) and not
+bitwise Keras' Adam; docs/performance.md gives the measured distance. The fused
+SGD kernels compute Keras' SGD arithmetic.
 """
 
 from __future__ import annotations
@@ -33,15 +45,18 @@ from multihead import _keras_internals as internals
 
 def apply_gradients(optimizer: keras.optimizers.Optimizer,
                     grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
-                    variables: Sequence[keras.Variable]) -> None:
+                    variables: Sequence[keras.Variable], fused: bool = False) -> None:
     """Applies `grads` to `variables` with `optimizer`, as its `apply_gradients` would.
 
     Args:
         optimizer: a Keras optimizer already built on (a superset of) `variables`.
         grads: one gradient per variable.
         variables: the variables to update.
+        fused: a plain Adam or SGD updates through TF1's fused kernels (TF1's
+            numerics, see the module docstring); anything else still goes through
+            Keras' `apply_gradients`.
     """
-    direct = _DIRECT.get(type(optimizer))
+    direct = (_FUSED if fused else _DIRECT).get(type(optimizer))
     if direct is None or not _plain(optimizer, grads, variables):
         optimizer.apply_gradients(zip(grads, variables))
         return
@@ -130,4 +145,53 @@ def _sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
 _DIRECT: dict[type, Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]] = {
     keras.optimizers.Adam: _adam,
     keras.optimizers.SGD: _sgd,
+}
+
+
+def _fused_adam(optimizer: keras.optimizers.Adam, grads: list[tf.Tensor],
+                variables: list[keras.Variable]) -> None:
+    # TF1's ApplyAdam kernel on Keras' slots. As TF1 (and Keras for the betas), the
+    # hyperparameters reach a float64 variable through float32 (tf.cast of a Python float).
+    scalars: dict[tf.DType, dict[str, tf.Tensor]] = {}
+    for grad, variable in zip(grads, variables):
+        var = _tf_variable(variable)
+        dtype = var.dtype
+        if dtype not in scalars:
+            beta_1, beta_2 = (tf.cast(b, dtype) for b in (optimizer.beta_1, optimizer.beta_2))
+            local_step = tf.cast(optimizer.iterations + 1, dtype)
+            scalars[dtype] = dict(
+                beta1_power=tf.pow(beta_1, local_step), beta2_power=tf.pow(beta_2, local_step),
+                lr=tf.cast(optimizer.learning_rate, dtype), beta1=beta_1, beta2=beta_2,
+                epsilon=tf.cast(optimizer.epsilon, dtype))
+        m, v, v_hat = internals.adam_slots(optimizer, variable)
+        handles = dict(var=var.handle, m=_tf_variable(m).handle, v=_tf_variable(v).handle)
+        if v_hat is None:
+            tf.raw_ops.ResourceApplyAdam(**handles, **scalars[dtype], grad=tf.cast(grad, dtype))
+        else:
+            tf.raw_ops.ResourceApplyAdamWithAmsgrad(**handles, vhat=_tf_variable(v_hat).handle,
+                                                    **scalars[dtype], grad=tf.cast(grad, dtype))
+
+
+def _fused_sgd(optimizer: keras.optimizers.SGD, grads: list[tf.Tensor],
+               variables: list[keras.Variable]) -> None:
+    # Keras' SGD arithmetic, one kernel per variable.
+    learning_rates: dict[tf.DType, tf.Tensor] = {}
+    for grad, variable in zip(grads, variables):
+        var = _tf_variable(variable)
+        dtype = var.dtype
+        if dtype not in learning_rates:
+            learning_rates[dtype] = tf.cast(optimizer.learning_rate, dtype)
+        lr, grad = learning_rates[dtype], tf.cast(grad, dtype)
+        if optimizer.momentum == 0:
+            tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
+            continue
+        accum = _tf_variable(internals.sgd_momentum(optimizer, variable))
+        tf.raw_ops.ResourceApplyKerasMomentum(
+            var=var.handle, accum=accum.handle, lr=lr, grad=grad,
+            momentum=tf.cast(optimizer.momentum, dtype), use_nesterov=optimizer.nesterov)
+
+
+_FUSED: dict[type, Callable[[Any, list[tf.Tensor], list[keras.Variable]], None]] = {
+    keras.optimizers.Adam: _fused_adam,
+    keras.optimizers.SGD: _fused_sgd,
 }

@@ -98,11 +98,15 @@ class Applier:
         monitor: the TensorBoard monitor (its `head_update` logs each head's update),
             or None.
         distributed: the step runs under a `tf.distribute` strategy.
+        fused: plain Adam and SGD optimizers update through TF1's fused kernels
+            (`Trainer(fused_updates=True)`; see `multihead.core.adam_sgd_ops`).
     """
 
-    def __init__(self, monitor: Monitor | None = None, distributed: bool = False) -> None:
+    def __init__(self, monitor: Monitor | None = None, distributed: bool = False,
+                 fused: bool = False) -> None:
         self._monitor = monitor
         self._distributed = distributed
+        self._fused = fused
 
     def apply_all(self, plans: Sequence[PlannedUpdate], step: tf.Tensor,
                   due_decided: bool = False) -> HeadsDone:
@@ -141,7 +145,7 @@ class Applier:
 
     @not_converted
     def _write(self, plan: PlannedUpdate, grads: Gradients) -> None:
-        adam_sgd_ops.apply_gradients(plan.optimizer, grads, plan.variables)
+        adam_sgd_ops.apply_gradients(plan.optimizer, grads, plan.variables, fused=self._fused)
         if self._monitor is not None and plan.head is not None:
             self._monitor.head_update(plan.head, plan.loss, grads, plan.variables, plan.optimizer)
 

@@ -112,6 +112,8 @@ class TrainStep:
             it: see `multihead.core.freezing`) and, when the trunk rule needs it, on the
             host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
             None: no head is ever frozen.
+        fused_updates: plain Adam / SGD updates through TF1's fused kernels (see
+            `multihead.core.adam_sgd_ops`).
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class TrainStep:
         target_networks: Sequence[Any] = (),
         addresses: Mapping[int, str] | None = None,
         frozen: FrozenHeads | None = None,
+        fused_updates: bool = False,
     ) -> None:
         self._model = model
         self._frozen = frozen
@@ -143,7 +146,7 @@ class TrainStep:
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads}, addresses=addresses,
                          other_tags=rule.summary_tags())
-        self._applier = Applier(monitor, distributed=strategy is not None)
+        self._applier = Applier(monitor, distributed=strategy is not None, fused=fused_updates)
         self.trace_count = 0
         #: Per head, in head order: steps whose update was dropped as non-finite.
         self.nonfinite_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64), trainable=False,

@@ -118,6 +118,12 @@ class Trainer:
             float32 rounding, or one pass per head (`False`); `"auto"`: off, as the
             batched pass was measured slower on CPU (see
             `multihead.core.batched_backward`).
+        fused_updates: plain Adam and SGD optimizers (the heads' and the trunk
+            optimizer's) update each variable with one fused TF1 kernel
+            (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`) on their own slots:
+            faster, TF1's numerics rather than bitwise Keras' (see
+            docs/training.md); other optimizers, and steps under a strategy,
+            keep Keras' update.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class Trainer:
         max_nonfinite_steps: int = 10,
         target_networks: Sequence[Any] = (),
         batched_backward: bool | str = "auto",
+        fused_updates: bool = False,
     ) -> None:
         if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
@@ -142,6 +149,7 @@ class Trainer:
         check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
         self._nonfinite_limit = check_int(max_nonfinite_steps, "max_nonfinite_steps", minimum=1)
         self._batched_backward = batched_backward_option(batched_backward)
+        self._fused_updates = check_choice(fused_updates, "fused_updates", (False, True))
         check_objectives(model, objectives)
         for target in target_networks:
             if not callable(getattr(target, "update", None)):
@@ -257,7 +265,7 @@ class Trainer:
         self._train_step = TrainStep(
             self.model, heads, self.schedule, self.step_variable, rule, self.monitor,
             self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
-            addresses=addresses, frozen=self._frozen,
+            addresses=addresses, frozen=self._frozen, fused_updates=self._fused_updates,
         )
 
     def _build_heads(self) -> list[HeadSpec]:

@@ -314,6 +314,7 @@ def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: M
                       histograms_every=cfg.log.histograms_every,
                       log_variable_norms=cfg.log.variable_norms,
                       jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy,
+                      fused_updates=cfg.train.fused_updates,
                       max_nonfinite_steps=cfg.train.max_nonfinite_steps,
                       batched_backward=cfg.train.batched_backward,
                       target_networks=list(target_networks))

@@ -230,6 +230,8 @@ class TrainConfig:
     schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
     jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
+    fused_updates: bool = _field(False, doc="plain Adam/SGD through TF1's fused kernels: faster, "
+                                            "TF1's numerics (not bitwise Keras')")
     steps_per_execution: Union[int, str] = _field(
         "auto", minimum=1, choices=("auto",),
         doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
