@@ -160,6 +160,8 @@ def rows(dry_run: bool) -> list[list[str]]:
     out.append(fit_row(k, width, size, steps, repeats))
     out.append(option_row(f"XLA K={k} width={width}", {"jit_compile": True}, k, width, size,
                           repeats, ("XLA on", "XLA off")))
+    out.append(option_row(f"updates K={k} width={widths[-1]}", {"fused_updates": True}, k,
+                          widths[-1], size, repeats, ("fused", "Keras")))
     for width_ in widths:
         out.append(option_row(f"trunk backward K={k} width={width_}", {"batched_backward": True},
                               k, width_, size, repeats, ("batched", "K passes")))
