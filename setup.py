@@ -27,8 +27,9 @@ setup(
     extras_require={
         # scipy: reference QP solves in tests; scikit-learn: MultiDigits; tensorflow-datasets: data.kind tfds
         # (its etils.epath imports importlib_resources without declaring it in current releases)
-        # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe; hypothesis: fuzz suite
-        "test": ["pytest", "hypothesis", "gymnasium", "matplotlib>=3.7", "scipy", "scikit-learn",
+        # optuna, ray, pandas: sweep search and backend, Comparison.to_dataframe; hypothesis: fuzz suite;
+        # pytest-xdist: README's test command runs the suite on two worker processes
+        "test": ["pytest", "pytest-xdist", "hypothesis", "gymnasium", "matplotlib>=3.7", "scipy", "scikit-learn",
                  "tensorflow-datasets", "importlib_resources", "optuna", "ray", "pandas"],
         "data": ["scikit-learn"],  # MultiDigits (data.kind: multidigits): sklearn's handwritten digits
         "tfds": ["tensorflow-datasets", "importlib_resources"],  # data.kind: tfds, datasets prepared locally

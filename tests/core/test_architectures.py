@@ -222,6 +222,24 @@ def test_partition_and_keras_round_trip(make, shape, tmp_path):
         np.testing.assert_array_equal(loaded(x)[h].numpy(), model(x)[h].numpy())
 
 
+@pytest.mark.parametrize("make,shape", ALL,
+                         ids=[m().__class__.__name__ + str(i) for i, (m, _) in enumerate(ALL)])
+def test_each_architecture_trains_a_step_with_finite_losses(make, shape):
+    """Every architecture trains in a Trainer step (the fact each shipped config's CLI run, under
+    -m slow in tests/experiments/test_architecture_configs.py, shows end to end)."""
+    model = _model(make(), shape)
+    x = RNG.normal(size=(6,) + shape[1:]).astype("float32")
+    y = {h: RNG.normal(size=(6, 1)).astype("float32") for h in HEADS}
+    before = {h: [v.numpy() for v in model.heads[h].trainable_variables] for h in HEADS}
+    trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.SGD(0.1)) for h in HEADS})
+    result = trainer.step((x, y))
+    for h in HEADS:
+        assert np.isfinite(float(result.losses[h])), h
+        assert all(np.all(np.isfinite(v.numpy())) for v in model.var_list(h)), h
+        assert any(not np.array_equal(v.numpy(), b)
+                   for v, b in zip(model.heads[h].trainable_variables, before[h])), h
+
+
 def test_trunk_must_route_the_models_heads():
     with pytest.raises(ValueError, match=r"routes heads \['a', 'b'\].*build the trunk with heads=\['a', 'c'\]"):
         mh.MultiHeadModel(mh.MMoE(HEADS, 2, [3]), {"a": keras.layers.Dense(1), "c": keras.layers.Dense(1)})

@@ -22,9 +22,25 @@ SMALL_DATA = {"mmoe": ["--set", "data.train_size=64", "--set", "data.eval_size=3
 #: checks the logged values); the others train without TensorBoard, whose second compiled
 #: step variant doubles a run's time.
 MONITORED = ("mmoe",)
+NAMES = sorted(f[:-5] for f in os.listdir(CONFIGS))
 
 
-@pytest.mark.parametrize("name", sorted(f[:-5] for f in os.listdir(CONFIGS)))
+@pytest.mark.parametrize("name", NAMES)
+def test_each_architecture_config_validates_and_builds_its_model(name, capsys):
+    """`multihead validate` loads every shipped config and builds its model (no training)."""
+    if name == "mtan":
+        pytest.importorskip("sklearn")
+    config = os.path.join(CONFIGS, f"{name}.yaml")
+    kind = yaml.safe_load(open(config))["data"]["kind"]
+    assert main(["validate", config] + SMALL_DATA[kind]) == 0
+    assert f"{config}: ok" in capsys.readouterr().out
+
+
+#: A CLI training run per config costs ~5-10 s of CPU each: MMoE (with its gate monitoring) trains
+#: in the default suite, the other configs with -m slow (each one's model is built by the
+#: validate test above, and each architecture trains in tests/core/test_architectures.py).
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in MONITORED else pytest.mark.slow)
+                                  for n in NAMES])
 def test_each_architecture_config_trains_through_the_cli(name, tmp_path):
     if name == "mtan":
         pytest.importorskip("sklearn")
