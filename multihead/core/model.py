@@ -221,6 +221,12 @@ class MultiHeadModel(KerasTraining, keras.Model):
         names = _taps.block_names(self.trunk) if self._taps else []
         return {head: names[i] for head, i in self._taps.items()}
 
+    @property
+    def tap_indices(self) -> dict[str, int]:
+        """Head -> the index of the trunk block it reads, for the heads with a trunk tap
+        (what a copy of the trunk, such as a target network's, reads by)."""
+        return dict(self._taps)
+
     def tap_output(self, features: Any, tap: str) -> Any:
         """The output of trunk tap `tap` (`"trunk/<block>"`, a block name or index) in
         `features`, as `features(inputs, taps=[tap])` computed them (`"trunk"`: the
@@ -242,6 +248,17 @@ class MultiHeadModel(KerasTraining, keras.Model):
             return self.trunk_variables
         index = _taps.resolve_block(self.trunk, tap, f"tap {tap!r}")
         return _taps.tap_variables(self.trunk, index, self.trunk_variables)
+
+    def blocks_table(self, trains_trunk: Mapping[str, bool] | None = None) -> str | None:
+        """A plain-text table of the trunk blocks each head's var_list trains, or None when
+        every head trains the whole trunk or none of it (see `multihead.core.taps.blocks_table`).
+
+        Args:
+            trains_trunk: head -> whether its optimizer trains the trunk (default: all do).
+        """
+        trains_trunk = trains_trunk or {}
+        return _taps.blocks_table(self.trunk, {
+            h: self.var_list(h, trains_trunk.get(h, True)) for h in self._head_names})
 
     def blocks_trained(self, variables: Iterable[keras.Variable]) -> list[str]:
         """The names of the trunk blocks that own one of `variables` (a var_list), by
@@ -277,10 +294,14 @@ class MultiHeadModel(KerasTraining, keras.Model):
     def summary(self, line_length: int | None = None, positions: Any = None,
                 print_fn: Any = None, **kwargs: Any) -> None:
         """Keras' summary, then the parameters of the trunk and of each head by head name
-        (`parameter_counts().table()`), once the model is built."""
+        (`parameter_counts().table()`), once the model is built; with trunk taps, the
+        trunk blocks each head trains (`blocks_table()`)."""
         super().summary(line_length=line_length, positions=positions, print_fn=print_fn, **kwargs)
         if self.built and self.trunk.built:
             (print_fn or print)(self.parameter_counts().table())
+            blocks = self.blocks_table()
+            if blocks is not None:
+                (print_fn or print)(blocks)
 
     def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
         feats = self.features(inputs, training=training)

@@ -181,3 +181,27 @@ def blocks_trained(trunk: keras.layers.Layer, variables: Iterable[keras.Variable
     ids = {id(v) for v in variables}
     return [layer.name for layer in blocks(trunk)
             if any(id(v) in ids for v in layer.trainable_variables)]
+
+
+def blocks_table(trunk: keras.layers.Layer,
+                 var_lists: Mapping[str, Iterable[keras.Variable]]) -> str | None:
+    """A plain-text table of the trunk blocks each var_list trains (`blocks_trained`), one
+    row per name; None unless the trunk is built from blocks and some var_list trains
+    some of its blocks but not all (every head trains the whole trunk, or none of it).
+
+    Example:
+        >>> print(blocks_table(model.trunk, {h: model.var_list(h) for h in model.head_names}))  # doctest: +SKIP
+        head  trunk blocks trained
+        main  conv1, conv2, conv3
+        aux   conv1
+    """
+    if not built_from_blocks(trunk):
+        return None
+    with_variables = [layer.name for layer in blocks(trunk) if layer.trainable_variables]
+    trained = {name: blocks_trained(trunk, variables) for name, variables in var_lists.items()}
+    if all(len(b) in (0, len(with_variables)) for b in trained.values()):
+        return None
+    rows = [("head", "trunk blocks trained")]
+    rows += [(name, ", ".join(b) or "-") for name, b in trained.items()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {b}" for name, b in rows)

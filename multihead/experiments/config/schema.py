@@ -205,6 +205,9 @@ class ModelConfig:
 
     trunk: Any = _field(doc="Keras layer dict, list of them, or {mlp: {...}}")
     heads: dict[str, HeadConfig] = _field(doc="head name -> head config", each="<head>")
+    taps: dict[str, Any] = _field({}, doc="head -> the trunk block it reads instead of the trunk's "
+                                          "output (trunk taps): a layer name or index of a list "
+                                          "trunk; it trains only the blocks up to it")
 
 
 @dataclasses.dataclass
