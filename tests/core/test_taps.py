@@ -6,24 +6,10 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from conftest import make_batch, weights
+from conftest import make_batch, make_tapped, weights
 
-HEADS = ("main", "aux")
+HEADS = ("main", "aux")  # `aux` reads a trunk tap (see conftest.make_tapped)
 BLOCKS = ("conv1", "drop", "conv2", "conv3")
-
-
-def make_tapped(tap="conv1", seed=0, input_dim=5):
-    """Trunk conv1 -> drop (no variables) -> conv2 -> conv3; `main` reads the trunk's output,
-    `aux` block `tap`."""
-    keras.utils.set_random_seed(seed)
-    trunk = keras.Sequential([keras.layers.Dense(8, activation="tanh", name="conv1"),
-                              keras.layers.Dropout(0.0, name="drop"),
-                              keras.layers.Dense(8, activation="tanh", name="conv2"),
-                              keras.layers.Dense(6, activation="tanh", name="conv3")])
-    model = mh.MultiHeadModel(trunk, {h: keras.layers.Dense(1) for h in HEADS},
-                              taps={"aux": tap})
-    model.build((None, input_dim))
-    return model
 
 
 def block(model, name):
@@ -175,3 +161,67 @@ def test_blocks_trained_lists_the_blocks_of_a_var_list():
     assert model.blocks_trained(model.var_list("aux")) == ["conv1", "conv2"]
     assert model.blocks_trained(model.var_list("main")) == ["conv1", "conv2", "conv3"]
     assert model.blocks_trained(model.var_list("aux", trains_trunk=False)) == []
+
+
+def test_aggregated_trunk_with_a_tap_equals_hand_written_sum():
+    # trunk: one SGD on the sum of the heads' trunk gradients, aux's being zero on the
+    # blocks above its tap; each head: its own SGD on its own variables
+    ours, ref = make_tapped("conv2"), make_tapped("conv2")
+    trainer = mh.Trainer(ours, {h: mh.Objective("mse", keras.optimizers.SGD(0.1)) for h in HEADS},
+                         trunk=mh.TrunkPolicy(optimizer=keras.optimizers.SGD(0.05), aggregator="sum"))
+    trunk_opt = keras.optimizers.SGD(0.05)
+    head_opts = {h: keras.optimizers.SGD(0.1) for h in HEADS}
+    conv3 = weights(block(ours, "conv3").trainable_variables)
+    for seed in range(2):
+        x, y = batch = make_batch(HEADS, seed=seed)
+        trainer.step(batch)
+        with tf.GradientTape(persistent=True) as tape:
+            out = ref(x, training=True)
+            losses = {h: tf.reduce_mean(tf.square(y[h] - out[h])) for h in HEADS}
+        trunk = ref.trunk_variables
+        total = [tf.zeros_like(v) for v in trunk]
+        for h in HEADS:
+            grads = tape.gradient(losses[h], trunk)
+            total = [t if g is None else t + g for t, g in zip(total, grads)]
+            own = ref.heads[h].trainable_variables
+            head_opts[h].apply_gradients(zip(tape.gradient(losses[h], own), own))
+        trunk_opt.apply_gradients(zip(total, trunk))
+        del tape
+    for a, b in zip(ours.trainable_variables, ref.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
+    # conv3 moved by main's gradient alone
+    assert all(not np.array_equal(a, b) for a, b in
+               zip(weights(block(ours, "conv3").trainable_variables), conv3))
+
+
+def test_rep_grad_is_refused_with_taps():
+    with pytest.raises(mh.SettingError, match=r"trunk.rep_grad: trunk.rep_grad=True combines the "
+                                              r"heads' gradients at one shared trunk output, but "
+                                              r"heads \['aux'\] read trunk taps"):
+        mh.Trainer(make_tapped(), {h: mh.Objective("mse") for h in HEADS},
+                   trunk=mh.TrunkPolicy(aggregator="mgda", rep_grad=True))
+
+
+def test_target_network_and_export_read_the_tapped_block(tmp_path):
+    model = make_tapped("conv2")
+    x = make_batch(HEADS, seed=4)[0]
+    expected = {h: v.numpy() for h, v in model(x).items()}
+    target = mh.TargetNetwork(model, tau=1.0)
+    for head, value in target(x).items():
+        np.testing.assert_array_equal(value.numpy(), expected[head])
+    mh.export_saved_model(model, str(tmp_path / "export"))
+    served = tf.saved_model.load(str(tmp_path / "export"))(tf.constant(x))
+    for head, value in served.items():
+        np.testing.assert_allclose(value.numpy(), expected[head], rtol=0, atol=1e-6)
+
+
+def test_blocks_table_names_the_blocks_each_head_trains():
+    model = make_tapped("conv2")
+    assert model.blocks_table() == ("head  trunk blocks trained\n"
+                                    "main  conv1, conv2, conv3\n"
+                                    "aux   conv1, conv2")
+    assert model.blocks_table({"aux": False}) is None  # main trains every block, aux none
+    untapped = mh.MultiHeadModel(keras.Sequential([keras.layers.Dense(3)]),
+                                 {h: keras.layers.Dense(1) for h in HEADS})
+    untapped.build((None, 2))
+    assert untapped.blocks_table() is None  # every head trains the whole trunk
