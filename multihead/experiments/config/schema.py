@@ -28,6 +28,7 @@ from multihead.core.rules import (
     SettingError,
     check_jit_logging,
     check_rep_grad_data,
+    check_rep_grad_trunk,
     check_strategy_limits,
     check_trunk_aggregation,
 )
@@ -431,6 +432,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         try:
             check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
                                 bool(config.data.per_head), _CONFIG)
+            check_rep_grad_trunk(isinstance(trunk, TrunkConfig) and trunk.rep_grad, "", False,
+                                 _CONFIG, tapped=list(config.model.taps))
             check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
