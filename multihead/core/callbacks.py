@@ -41,6 +41,8 @@ class TrainerView(Protocol):
 
     model: Any
     objectives: Mapping[str, Any]
+    #: The objectives' names, in order (the heads' own first).
+    names: tuple[str, ...]
     optimizers: Mapping[str, Any]
     stop_training: bool
     stop_reason: str | None

@@ -18,7 +18,7 @@ the host reads one vector at the end.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
@@ -148,6 +148,9 @@ class Evaluator:
             a metric object is copied, never shared).
         loss_specs: head -> the loss spec the loss was resolved from, which decides
             what `"accuracy"` and `"crossentropy"` mean (see `resolve_metric`).
+        predictions: objective name -> `(outputs, inputs) -> what its loss and metrics
+            compare with its labels` (`multihead.core.parts.Prediction`), for the
+            objectives that are not a head's own output; their names may be any.
 
     Raises:
         ValueError: a head that is not the model's, an unknown metric.
@@ -159,20 +162,23 @@ class Evaluator:
         losses: Mapping[str, HeadLoss],
         metrics: Mapping[str, Sequence[MetricSpec]] | None = None,
         loss_specs: Mapping[str, LossSpec] | None = None,
+        predictions: Mapping[str, Callable[[Mapping[str, Any], Any], Any]] | None = None,
     ) -> None:
         if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
         metrics = dict(metrics or {})
         loss_specs = dict(loss_specs or {})
-        model.check_heads(losses, "losses")
+        self._predictions = dict(predictions or {})
+        model.check_heads([n for n in losses if n not in self._predictions], "losses")
         for what, keys in [("metrics", metrics), ("loss_specs", loss_specs)]:
-            model.check_heads(keys, what)
+            model.check_heads([k for k in keys if k not in self._predictions], what)
             without_loss = [h for h in keys if h not in losses]
             if without_loss:
                 raise ValueError(f"{what} names head {without_loss[0]!r}, which has no loss in "
                                  f"losses (heads evaluated: {list(losses)})")
         self._model = model
-        self._heads = tuple(h for h in model.head_names if h in losses)
+        self._heads = tuple([h for h in model.head_names if h in losses]
+                            + [n for n in losses if n not in model.head_names])
         self._losses = {h: losses[h] for h in self._heads}
         self._loss_training = {h: accepts_training(losses[h]) for h in self._heads}
         self.metrics: dict[str, list[keras.metrics.Metric]] = {}
@@ -206,8 +212,13 @@ class Evaluator:
             ValueError: naming the head of a metric that cannot be computed.
         """
         inputs, targets = _split(batch)
-        outputs = self._model(inputs, training=False)
+        outputs = self._predicted(self._model(inputs, training=False), inputs)
         check_metrics(outputs, targets, self.metrics)
+
+    def _predicted(self, outputs: Mapping[str, Any], inputs: Any) -> dict[str, Any]:
+        """Evaluated name -> what its loss and metrics compare with the labels."""
+        return {h: outputs[h] if h not in self._predictions else self._predictions[h](outputs, inputs)
+                for h in self._heads}
 
     def check_dataset(self, dataset: tf.data.Dataset) -> None:
         """`check` on the first batch of `dataset`, once per dataset element spec: later
@@ -288,7 +299,7 @@ class Evaluator:
     def _batch_losses(self, inputs: Any, targets: Any, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """One batch of `n` examples: each head's loss and its number of present labels
         (float64, in head order); updates the metrics."""
-        outputs = self._model(inputs, training=False)
+        outputs = self._predicted(self._model(inputs, training=False), inputs)
         losses, counts = [], []
         for head in self._heads:
             output = outputs[head]

@@ -104,9 +104,12 @@ class HeadEarlyStopping(Callback):
         return {h: w for h, w in self.watches.items() if w.stopped_step is not None}
 
     def on_train_begin(self) -> None:
-        heads = self.trainer.model.head_names
+        heads = self.trainer.names
         if self.heads is not None:
-            self.trainer.model.check_heads(self.heads, "HeadEarlyStopping.heads")
+            unknown = [h for h in self.heads if h not in self.trainer.names]
+            if unknown:
+                raise ValueError(f"HeadEarlyStopping.heads names head {unknown[0]!r}, but the "
+                                 f"model's heads are {list(self.trainer.names)}")
         self.watches = {h: HeadWatch(self._quantity(h)) for h in (self.heads or heads)}
         step = int(self.trainer.global_step)
         seen = self._read_record() if self.record is not None else self._seen
@@ -143,7 +146,7 @@ class HeadEarlyStopping(Callback):
             self.announce(self.watches[head].reason)
         self._write_record()
         frozen = set(self.trainer.frozen)
-        if all(h in frozen for h in self.trainer.model.head_names):
+        if all(h in frozen for h in self.trainer.names):
             self.request_stop(f"HeadEarlyStopping: every head is frozen; stopped at step {step}")
 
     def _observe(self, step: int, values: dict[str, float]) -> list[str]:

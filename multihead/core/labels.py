@@ -70,14 +70,19 @@ class LabelCheck:
 
     Args:
         model: the model whose heads' outputs the labels must fit.
-        objectives: head -> its objective (the loss says which labels fit).
-        loss_fns: head -> the resolved loss (says whether it reads `targets[head]`).
+        objectives: name -> its objective (the loss says which labels fit).
+        loss_fns: name -> the resolved loss (says whether it reads `targets[name]`).
+        predictions: name -> what its loss compares with the labels, from the model's
+            outputs (`multihead.core.parts.Prediction`); None: the output of the head
+            of that name.
     """
 
     def __init__(self, model: HeadsModel, objectives: Mapping[str, Objective],
-                 loss_fns: Mapping[str, Any]) -> None:
+                 loss_fns: Mapping[str, Any], predictions: Mapping[str, Any] | None = None,
+                 ) -> None:
         self._model = model
         self._objectives = objectives
+        self._predictions = predictions
         self._needs_targets = {h: needs_own_targets(loss) for h, loss in loss_fns.items()}
         self._checked: tuple[Any, ...] | None = None
 
@@ -120,8 +125,16 @@ class LabelCheck:
         self._checked = key
 
     def _output_shapes(self, inputs: Any) -> dict[str, tf.TensorShape]:
-        """Each head's output shape (batch dimension unknown), from one example."""
+        """Each objective's prediction shape (batch dimension unknown), from one example;
+        checks that each combination depends on every output it reads."""
         one = tf.nest.map_structure(lambda x: tf.zeros([1] + list(np.shape(x))[1:], x.dtype)
                                     if hasattr(x, "dtype") else x, inputs)
         outputs = self._model(one, training=False)
-        return {h: tf.TensorShape([None] + list(outputs[h].shape[1:])) for h in self._objectives}
+        if self._predictions is None:
+            return {h: tf.TensorShape([None] + list(outputs[h].shape[1:])) for h in self._objectives}
+        shapes = {}
+        for name in self._objectives:
+            prediction = self._predictions[name]
+            prediction.check(outputs, one)
+            shapes[name] = tf.TensorShape([None] + list(prediction(outputs, one).shape[1:]))
+        return shapes

@@ -37,6 +37,21 @@ def check_weight(weight: Any, name: str = "weight") -> float:
                        hint="a weight may also be a LearningRateSchedule or a callable of the step")
 
 
+#: The element-wise combinations `Objective.combine` takes by name, of the outputs read.
+COMBINERS: dict[str, Callable[[Sequence[Any]], Any]] = {
+    "product": lambda outputs: _fold(tf.multiply, outputs),
+    "sum": lambda outputs: _fold(tf.add, outputs),
+    "mean": lambda outputs: _fold(tf.add, outputs) / float(len(outputs)),
+}
+
+
+def _fold(op: Callable[[Any, Any], Any], values: Sequence[Any]) -> Any:
+    result = values[0]
+    for value in values[1:]:
+        result = op(result, value)
+    return result
+
+
 #: A resolved head loss: `(inputs, targets, head_output, training=False) -> scalar`, where
 #: `targets` is the batch's whole targets structure.
 HeadLoss = Callable[[Any, Any, Any], tf.Tensor]
@@ -90,8 +105,29 @@ class Objective:
     metrics: Sequence[MetricSpec] = ()
     on_nonfinite: str = "skip"
     missing_label: float | None = None
+    reads: Sequence[str] | None = None
+    combine: Union[str, Callable[..., Any], None] = None
+    trains: Sequence[str] | None = None
+    trunk_scale: WeightSpec = 1.0
 
     def __post_init__(self) -> None:
+        for field in ("reads", "trains"):
+            value = getattr(self, field)
+            if value is None:
+                continue
+            value = (value,) if isinstance(value, str) else tuple(value)
+            if not value or not all(isinstance(v, str) and v for v in value):
+                raise ValueError(f"Objective.{field}: expected a non-empty list of names, "
+                                 f"got {getattr(self, field)!r}")
+            object.__setattr__(self, field, value)
+        if self.combine is not None and not callable(self.combine):
+            check_choice(self.combine, "Objective.combine", tuple(COMBINERS))
+        if isinstance(self.trunk_scale, Mapping):
+            self.trunk_scale = keras.optimizers.schedules.deserialize(dict(self.trunk_scale))
+        if not callable(self.trunk_scale):
+            self.trunk_scale = check_float(
+                self.trunk_scale, "Objective.trunk_scale",
+                hint="a trunk_scale may also be a LearningRateSchedule or a callable of the step")
         if self.missing_label is not None:
             if isinstance(self.missing_label, bool) or not isinstance(self.missing_label,
                                                                       (int, float)):
@@ -487,22 +523,6 @@ def resolve_metric(spec: MetricSpec, head: str, loss_spec: LossSpec | None = Non
 
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-
-
-def check_objectives(model: Any, objectives: Mapping[str, Objective]) -> None:
-    """Every head of `model` has an `Objective`, and every key of `objectives` is a head."""
-    model.check_heads(objectives, "objectives")
-    missing = [h for h in model.head_names if h not in objectives]
-    if missing:
-        raise ValueError(
-            f"head {missing[0]!r} has no objective: give every head an Objective "
-            f"(objectives cover {sorted(objectives)})"
-        )
-    for head, objective in objectives.items():
-        if not isinstance(objective, Objective):
-            raise TypeError(
-                f"objectives[{head!r}] must be a multihead.Objective, got {type(objective).__name__}"
-            )
 
 
 def check_distinct_optimizers(optimizers: Mapping[str, Any]) -> None:

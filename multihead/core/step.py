@@ -39,7 +39,14 @@ from multihead.core.compiled import StepLoops, StepOutput, StepsOutput, split_at
 from multihead.core.freezing import FrozenHeads
 from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import present_labels, split_weighted
-from multihead.core.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, TrunkRule
+from multihead.core.trunk_rule import (
+    Backward,
+    HeadSpec,
+    HeadsPass,
+    LossScaling,
+    TrunkRule,
+    scale_gradient,
+)
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
 
@@ -302,7 +309,7 @@ class TrainStep:
         loss = tf.convert_to_tensor(head.loss(inputs, targets, output, training=True))
         if loss.shape.rank != 0:
             raise ValueError(
-                f"the loss of head {head.name!r} must be a scalar, got shape {loss.shape}; "
+                f"the loss of {head.label} must be a scalar, got shape {loss.shape}; "
                 "reduce it (e.g. tf.reduce_mean) inside the loss function"
             )
         if self._strategy is not None and getattr(head.loss, "elementwise", False):
@@ -315,27 +322,44 @@ class TrainStep:
                 own_batches: bool = False) -> Forward:
         """One forward pass of `heads` (inside the caller's tape).
 
-        A head with `trains_trunk=False` reads the trunk output through `stop_gradient`
-        (a trunk that routes heads: see `MultiHeadModel.stop_shared`).
-        With `own_batches`, `inputs` and `targets` are dicts head -> that head's own
-        batch: the trunk runs once per head, on the head's batch, and
-        `Forward.features` is the dict head -> trunk output.
+        Each objective's loss sees its prediction from the outputs it reads
+        (`HeadSpec.prediction`). A head read by an objective that does not train the
+        trunk reads the trunk output through `stop_gradient` (a trunk that routes heads:
+        see `MultiHeadModel.stop_shared`); with a `trunk_scale`, through an identity
+        whose gradient is scaled. Each head runs once per way it is read.
+        With `own_batches`, `inputs` and `targets` are dicts objective -> its own
+        batch: the trunk runs once per objective, on its batch, and
+        `Forward.features` is the dict objective -> trunk output.
         """
         model = self._model
         if own_batches:
             features = {h.name: model.features(inputs[h.name], training=True) for h in heads}
-            stopped = {name: model.stop_shared(f) for name, f in features.items()}
         else:
             features = model.features(inputs, training=True)
-            stopped = model.stop_shared(features)
+        cache: dict[tuple[Any, ...], Any] = {}
+
+        def read(head: HeadSpec, name: str, seen: Any, how: Any) -> Any:
+            if name == "trunk":
+                return seen
+            key = (name, how, head.name if own_batches else None)
+            if key not in cache:
+                cache[key] = model.head_output(name, seen, training=True)
+            return cache[key]
+
         losses, weighted, counts = {}, {}, {}
         for head in heads:
-            seen = features if head.trains_trunk else stopped
             x, y = inputs, targets
+            plain = features[head.name] if own_batches else features
             if own_batches:
-                x, y, seen = x[head.name], y[head.name], seen[head.name]
-            output = model.head_output(head.name, seen, training=True)
-            losses[head.name] = self._head_loss(head, x, y, output)
+                x, y = x[head.name], y[head.name]
+            if not head.trains_trunk:
+                seen, how = model.stop_shared(plain), "stopped"
+            elif head.trunk_scale is None:
+                seen, how = plain, "plain"
+            else:
+                seen, how = scale_gradient(plain, head.trunk_scale(step)), head.name
+            outputs = {name: read(head, name, seen, how) for name in head.reads}
+            losses[head.name] = self._head_loss(head, x, y, head.prediction(outputs, x))
             weighted[head.name] = head.weight(step) * losses[head.name]
             if head.missing_label is not None:
                 present, _ = present_labels(split_weighted(y[head.name])[0], head.missing_label)
@@ -349,9 +373,10 @@ class TrainStep:
             objective = weighted[head.name]
             if head.name in scaling.factors:
                 objective = objective * scaling.factors[head.name]
-            objective = objective + regularization(model.heads[head.name])
-            if owned_losses.get(head.name):
-                objective = objective + tf.add_n(owned_losses[head.name])
+            for trained in head.trained_heads:
+                objective = objective + regularization(model.heads[trained])
+                if owned_losses.get(trained):
+                    objective = objective + tf.add_n(owned_losses[trained])
             if head.trains_trunk and self._rule.heads_update_trunk:
                 objective = objective + trunk_reg
             objectives[head.name] = objective

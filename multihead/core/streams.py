@@ -9,7 +9,7 @@ continues where the last `fit` on the same data stopped: `Stream` for one datase
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -182,6 +182,7 @@ class DataFeed:
 
     Args:
         model: the trained model.
+        names: the objectives' names, in order (per-head data is keyed by them).
         labels: the trainer's label check.
         ensure_built: builds the model and train step from a zero batch of inputs
             (if not built yet) and returns the train step.
@@ -191,11 +192,12 @@ class DataFeed:
         rep_grad: whether the trunk combines gradients at its output (needs one batch).
     """
 
-    def __init__(self, model: HeadsModel, labels: LabelCheck,
+    def __init__(self, model: HeadsModel, names: Sequence[str], labels: LabelCheck,
                  ensure_built: Callable[[Any], TrainStep], position: DataPosition,
                  step: tf.Variable, strategy: tf.distribute.Strategy | None,
                  rep_grad: bool) -> None:
         self._model = model
+        self._names = tuple(names)
         self._labels = labels
         self._ensure_built = ensure_built
         self._position = position
@@ -255,7 +257,7 @@ class DataFeed:
                              "dataset of (inputs, {head: labels}), or train on one device")
         check_rep_grad_data(self._rep_grad, per_head_data=True, spell=PYTHON)
         datasets, sizes = {}, {}
-        for i, head in enumerate(self._model.head_names):
+        for i, head in enumerate(self._names):
             head_seed = None if seed is None else seed + i
             datasets[head] = self.head_dataset(head, data[head], batch_size, True, head_seed)
             if is_empty(datasets[head]):
@@ -270,9 +272,12 @@ class DataFeed:
         return streams
 
     def check_head_data(self, data: Mapping[str, Any], what: str) -> None:
-        """Every key of `data` is a head, and every head has data."""
-        self._model.check_heads(data, what)
-        missing = [h for h in self._model.head_names if h not in data]
+        """Every key of `data` is an objective, and every objective has data."""
+        unknown = [k for k in data if k not in self._names]
+        if unknown:
+            raise ValueError(f"{what} names head {unknown[0]!r}, but the model's heads are "
+                             f"{list(self._names)}")
+        missing = [h for h in self._names if h not in data]
         if missing:
             raise ValueError(f"{what}: head {missing[0]!r} has no dataset; with per-head data "
                              f"every head needs its own (given: {sorted(data)})")
@@ -322,7 +327,7 @@ class DataFeed:
         if len(spec) == 3:
             with_sample_weights(as_dict(spec[1]), as_dict(spec[2]))  # checked here, once
             return dataset.map(lambda x, y, w: (x, with_sample_weights(as_dict(y), as_dict(w))))
-        heads = self._model.head_names
+        heads = self._names
         if not isinstance(spec[1], Mapping) and len(heads) == 1:
             head = heads[0]
             return dataset.map(lambda x, y: (x, {head: y}))

@@ -8,6 +8,7 @@ settings) and `training_state` (what a checkpoint holds).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -33,11 +34,17 @@ from multihead.core.objectives import (
     Objective,
     check_created_in_scope,
     check_distinct_optimizers,
-    check_objectives,
     claim_optimizers,
     resolve_loss,
     resolve_optimizer,
     with_sample_weights,
+)
+from multihead.core.parts import (
+    check_objectives,
+    declares_trunk,
+    objective_order,
+    prediction_fn,
+    resolve_parts,
 )
 from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
@@ -46,7 +53,7 @@ from multihead.core.step import SCHEDULES, TrainStep
 from multihead.core.taps import blocks_table
 from multihead.core.streams import DataFeed, batches_per_epoch, zeros_for_spec
 from multihead.core.training_state import TrainingState
-from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk
+from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk, trunk_scale
 from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor
@@ -142,7 +149,10 @@ class Trainer:
         #: Updated inside each compiled train step, after the optimizers.
         self.target_networks = tuple(target_networks)
         self.model = model
-        self.objectives = {h: objectives[h] for h in model.head_names}
+        #: Objective name -> objective: those named for heads in head order, then the others.
+        self.objectives = {n: objectives[n] for n in objective_order(model, objectives)}
+        #: The objectives' names, in the order steps report them.
+        self.names = tuple(self.objectives)
         self.schedule = schedule
         self.loss_fns = {h: resolve_loss(o.loss, h, o.missing_label)
                          for h, o in self.objectives.items()}
@@ -152,7 +162,9 @@ class Trainer:
             self.optimizers = {h: resolve_optimizer(o.optimizer, h) for h, o in self.objectives.items()}
             check_distinct_optimizers(self.optimizers)
             #: The aggregated trunk update (trunk optimizer, loss weighting, RNG), None for per_head.
-            self.trunk_update = TrunkUpdate.create(trunk, self.objectives, schedule, self.optimizers)
+            self.trunk_update = TrunkUpdate.create(
+                trunk, {n: dataclasses.replace(o, trains_trunk=declares_trunk(o))
+                        for n, o in self.objectives.items()}, schedule, self.optimizers)
         policy = self.trunk_update.policy if self.trunk_update is not None else None
         rep_grad = bool(policy and policy.rep_grad)
         if strategy is not None:
@@ -166,15 +178,13 @@ class Trainer:
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
         # Built now so a bad metric name fails at construction.
-        self._evaluator = Evaluator(
-            model, self.loss_fns,
-            metrics={h: o.metrics for h, o in self.objectives.items()},
-            loss_specs={h: o.loss for h, o in self.objectives.items()})
+        self._predictions = {n: prediction_fn(model, n, o) for n, o in self.objectives.items()}
+        self._evaluator = self._evaluator_of(self.names)
         with distribute.scope(strategy):
             self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
-            self.data_position = DataPosition(heads=model.head_names)
-            self._frozen = FrozenHeads(model.head_names)
+            self.data_position = DataPosition(heads=self.names)
+            self._frozen = FrozenHeads(self.names)
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
         # Every worker of a multi-worker run monitors, so all of them trace the same step
@@ -189,10 +199,10 @@ class Trainer:
             if log_dir is not None else None
         )
         self._jit_compile = jit_compile
-        self._labels = LabelCheck(model, self.objectives, self.loss_fns)
+        self._labels = LabelCheck(model, self.objectives, self.loss_fns, self._predictions)
         self._train_step: TrainStep | None = None
         self._weights: dict[str, LossWeight] = {}
-        self._feed = DataFeed(model, self._labels, self._ensure_built, self.data_position,
+        self._feed = DataFeed(model, self.names, self._labels, self._ensure_built, self.data_position,
                               self.step_variable, strategy, rep_grad)
         self._head_evaluators: dict[str, Evaluator] = {}
         #: Set by a callback to end `fit` after the current compiled call.
@@ -251,31 +261,32 @@ class Trainer:
             self.monitor.write_text(tags.TRUNK_BLOCKS, blocks)
 
     def _build_heads(self) -> list[HeadSpec]:
+        parts = resolve_parts(self.model, self.objectives, aggregated=self.trunk_update is not None)
         heads = []
-        for head, objective in self.objectives.items():
-            aggregated = self.trunk_update is not None  # then the trunk has its own optimizer
-            var_list = self.model.var_list(head, trains_trunk=objective.trains_trunk and not aggregated)
-            optimizer = self.optimizers[head]
+        for name, objective in self.objectives.items():
+            var_list = parts[name].var_list
+            optimizer = self.optimizers[name]
             if optimizer.built:
                 built_on = [id(v) for v in internals.built_variables(optimizer)]
                 if built_on != [id(v) for v in var_list]:
                     raise ValueError(
-                        f"the optimizer of head {head!r} was already built on other variables; "
-                        "pass a fresh optimizer"
-                    )
+                        f"the optimizer of objective {name!r} was already built on other "
+                        "variables; pass a fresh optimizer")
             else:
-                optimizer.build(var_list)
-            self._weights[head] = LossWeight(head, objective.weight)
+                optimizer.build(list(var_list))
+            self._weights[name] = LossWeight(name, objective.weight)
             heads.append(HeadSpec(
-                name=head,
-                loss=self.loss_fns[head],
+                name=name,
+                loss=self.loss_fns[name],
                 optimizer=optimizer,
                 var_list=tuple(var_list),
-                weight=self._weights[head],
+                weight=self._weights[name],
                 every=objective.every,
-                trains_trunk=objective.trains_trunk,
+                trains_trunk=parts[name].trains_trunk,
                 guarded=objective.on_nonfinite != "apply",
                 missing_label=objective.missing_label,
+                parts=parts[name],
+                trunk_scale=trunk_scale(objective.trunk_scale),
             ))
         return heads
 
@@ -326,7 +337,7 @@ class Trainer:
         self._labels(targets, heads, inputs)
         sync_weights(self._weights, self.objectives)
         output = train_step(inputs, targets, heads)
-        return step_result(self.model.head_names, int(output.step), output.losses.numpy(),
+        return step_result(self.names, int(output.step), output.losses.numpy(),
                            output.updated.numpy(), output.skipped.numpy())
 
     @property
@@ -349,12 +360,12 @@ class Trainer:
             >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP
             ('b',)
         """
-        self.model.check_heads([head], "head")
+        self._check_head_subset([head])
         self._frozen.set(head, True)
 
     def unfreeze(self, head: str) -> None:
         """Lets a frozen `head` update again from the next step on (see `freeze`)."""
-        self.model.check_heads([head], "head")
+        self._check_head_subset([head])
         self._frozen.set(head, False)
 
     def run_steps(self, iterator: Any, max_steps: int) -> list[StepResult]:
@@ -381,7 +392,7 @@ class Trainer:
         out = train_step.run(iterator, max_steps)
         first, losses, updated, skipped = (int(out.first_step), out.losses.numpy(),
                                            out.updated.numpy(), out.skipped.numpy())
-        return [step_result(self.model.head_names, first + i, losses[i], updated[i], skipped[i])
+        return [step_result(self.names, first + i, losses[i], updated[i], skipped[i])
                 for i in range(int(out.count))]
 
     @property
@@ -392,7 +403,10 @@ class Trainer:
     def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
         if isinstance(heads, str) or not heads:
             raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
-        self.model.check_heads(heads, "heads")
+        unknown = [h for h in heads if h not in self.names]
+        if unknown:
+            raise ValueError(f"heads names head {unknown[0]!r}, but the model's heads are "
+                             f"{list(self.names)}")
         return tuple(heads)
 
     def fit(
@@ -502,7 +516,7 @@ class Trainer:
                 if count == 0:
                     continue  # the end of an epoch
                 for i in range(count):
-                    result = step_result(self.model.head_names, out.first + i, out.losses[i],
+                    result = step_result(self.names, out.first + i, out.losses[i],
                                          out.updated[i], out.skipped[i])
                     for head in result.updated:
                         history.train[head].append((result.step, result.losses[head]))
@@ -563,10 +577,6 @@ class Trainer:
             data = data[0]
         return self.model.predict(data, batch_size=batch_size, heads=heads)
 
-        if isinstance(data, tuple) and len(data) == 2:
-            data = data[0]
-        return self.model.predict(data, batch_size=batch_size, heads=heads)
-
     def _evaluations(self, data: Any, batch_size: int | None,
                      ) -> list[tuple[Evaluator, tf.data.Dataset]]:
         """What evaluating `data` runs: the evaluator of every head on `data`, or, for a
@@ -575,16 +585,20 @@ class Trainer:
             return [(self._evaluator, self._feed.eval_dataset(data, batch_size))]
         self._feed.check_head_data(data, "eval_data")
         runs = []
-        for head in self.model.head_names:
+        for head in self.names:
             evaluator = self._head_evaluators.get(head)
             if evaluator is None:
-                objective = self.objectives[head]
-                evaluator = self._head_evaluators[head] = Evaluator(
-                    self.model, {head: self.loss_fns[head]}, metrics={head: objective.metrics},
-                    loss_specs={head: objective.loss})
+                evaluator = self._head_evaluators[head] = self._evaluator_of((head,))
             runs.append((evaluator, self._feed.head_dataset(head, data[head], batch_size or 1024,
                                                             False, None)))
         return runs
+
+    def _evaluator_of(self, names: Sequence[str]) -> Evaluator:
+        """The evaluator of the objectives `names`."""
+        return Evaluator(self.model, {n: self.loss_fns[n] for n in names},
+                         metrics={n: self.objectives[n].metrics for n in names},
+                         loss_specs={n: self.objectives[n].loss for n in names},
+                         predictions={n: self._predictions[n] for n in names})
 
     def close(self) -> None:
         """Flushes and closes the TensorBoard writers and ends the last `fit`'s data

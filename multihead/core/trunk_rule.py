@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from multihead.core.applier import PlannedUpdate, not_converted
 from multihead.core.objectives import HeadLoss
+from multihead.core.parts import ObjectiveParts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,9 @@ class HeadSpec:
         guarded: whether a non-finite loss or gradient drops the head's update.
         missing_label: the label value marking a row without a label (None: every row
             has one); a batch with no row present gives the head no update.
+        parts: what the objective reads and trains (`multihead.core.parts`); None: its
+            own head's output, trunk + head.
+        trunk_scale: the factor on its gradient into the trunk at a step, or None: 1.
     """
 
     name: str
@@ -51,6 +55,52 @@ class HeadSpec:
     trains_trunk: bool
     guarded: bool = True
     missing_label: float | None = None
+    parts: ObjectiveParts | None = None
+    trunk_scale: Callable[[tf.Tensor], tf.Tensor] | None = None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The outputs its loss reads."""
+        return self.parts.reads if self.parts is not None else (self.name,)
+
+    @property
+    def trained_heads(self) -> tuple[str, ...]:
+        """The heads whose variables it trains."""
+        return self.parts.trained_heads if self.parts is not None else (self.name,)
+
+    @property
+    def label(self) -> str:
+        """How errors name it: `head 'a'` for a head's own objective, else `objective 'x'`."""
+        plain = self.parts is None or self.parts.is_plain
+        return f"{'head' if plain else 'objective'} {self.name!r}"
+
+    def prediction(self, outputs: Mapping[str, Any], inputs: Any) -> Any:
+        """What its loss compares with the labels, from the outputs it reads."""
+        if self.parts is None:
+            return outputs[self.name]
+        return self.parts.prediction(outputs, inputs)
+
+
+def trunk_scale(spec: Any) -> Callable[[tf.Tensor], tf.Tensor] | None:
+    """An objective's `trunk_scale` as the step reads it: None for 1 (the gradient enters
+    the trunk as is), else a function of the step giving the factor (float32)."""
+    if not callable(spec):
+        value = float(spec)
+        return None if value == 1.0 else (lambda step: tf.constant(value, tf.float32))
+    return lambda step: tf.cast(spec(step), tf.float32)
+
+
+def scale_gradient(value: Any, factor: tf.Tensor) -> Any:
+    """`value` in the forward pass (an identity); its gradient times `factor` in the
+    backward pass."""
+    def scaled(v: tf.Tensor) -> tf.Tensor:
+        @tf.custom_gradient
+        def identity(x: tf.Tensor) -> Any:
+            return tf.identity(x), lambda dy: dy * tf.cast(factor, dy.dtype)
+
+        return identity(v)
+
+    return tf.nest.map_structure(scaled, value)
 
 
 class LossScaling(NamedTuple):
@@ -98,11 +148,11 @@ class Backward:
         grads = self._tape.gradient(self._objectives[head.name], list(sources))
         if trunk_sources and all(g is None for g in grads[:trunk_sources]):
             raise ValueError(
-                f"the loss of head {head.name!r} does not depend on the trunk: check that the "
+                f"the loss of {head.label} does not depend on the trunk: check that the "
                 "loss uses the head's output, or set trains_trunk=False for this head")
         if all(g is None for g in grads):
             raise ValueError(
-                f"the loss of head {head.name!r} does not depend on any variable of its "
+                f"the loss of {head.label} does not depend on any variable of its "
                 "var_list: check that the loss uses the head's output")
         return grads
 

@@ -20,7 +20,7 @@ def _objectives(**overrides):
 
 
 def test_objective_for_missing_head_and_head_without_objective():
-    with pytest.raises(ValueError, match="objectives names head 'c'"):
+    with pytest.raises(ValueError, match="objective 'c' is not named for a head"):
         mh.Trainer(make_model(), _objectives(c=mh.Objective("mse")))
     with pytest.raises(ValueError, match="head 'b' has no objective"):
         mh.Trainer(make_model(), {"a": mh.Objective("mse")})

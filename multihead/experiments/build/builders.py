@@ -22,6 +22,8 @@ from multihead.experiments.config.schema import (
     ConfigError,
     ExperimentConfig,
     missing_label_of,
+    objective_configs,
+    objective_path,
     to_dict,
 )
 from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
@@ -158,34 +160,38 @@ def named_inputs_trunk(trunk: keras.layers.Layer, input_shape: Mapping[str, Any]
 
 
 def build_objectives(config: ExperimentConfig) -> dict[str, Objective]:
-    """Head name -> `Objective`, with every loss, optimizer and metric resolved once to
-    catch unknown names here rather than in the middle of a run."""
+    """Objective name -> `Objective` (each head's own, then `objectives:`), with every loss,
+    optimizer and metric resolved once to catch unknown names here rather than in the
+    middle of a run."""
     objectives = {}
-    for name, head in config.model.heads.items():
-        path = f"model.heads.{name}"
+    for name, spec in objective_configs(config).items():
+        path = objective_path(config, name)
         for key, resolve in [("loss", resolve_loss), ("optimizer", resolve_optimizer)]:
             try:
                 if key == "loss":
-                    resolve(head.loss, name, missing_label_of(config.data, name))
+                    resolve(spec.loss, name, missing_label_of(config.data, name))
                 else:
-                    resolve(head.optimizer, name)
+                    resolve(spec.optimizer, name)
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"{path}.{key}: {err}") from None
-        for i, metric in enumerate(head.metrics):
+        for i, metric in enumerate(spec.metrics):
             try:
                 resolve_metric(metric, name)
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"{path}.metrics[{i}]: {err}") from None
-        try:
-            weight = head.weight if not isinstance(head.weight, Mapping) else dict(head.weight)
-            objectives[name] = Objective(
-                loss=head.loss, optimizer=head.optimizer, weight=weight, every=head.every,
-                trains_trunk=head.trains_trunk, metrics=list(head.metrics),
-                on_nonfinite=head.on_nonfinite,
-                missing_label=missing_label_of(config.data, name),
-            )
-        except (ValueError, TypeError) as err:  # checked at load; a direct from_dict caller too
-            raise ConfigError(f"{path}.weight: {str(err).splitlines()[0]}") from None
+        fields = dict(loss=spec.loss, optimizer=spec.optimizer, every=spec.every,
+                      trains_trunk=spec.trains_trunk, metrics=list(spec.metrics),
+                      on_nonfinite=spec.on_nonfinite,
+                      missing_label=missing_label_of(config.data, name),
+                      reads=spec.reads, combine=spec.combine, trains=spec.trains)
+        for key in ("weight", "trunk_scale"):  # a number, or a schedule's serialization dict
+            value = getattr(spec, key)
+            fields[key] = dict(value) if isinstance(value, Mapping) else value
+            try:
+                Objective(**{**fields, key: fields[key]})
+            except (ValueError, TypeError) as err:  # checked at load; a from_dict caller too
+                raise ConfigError(f"{path}.{key}: {str(err).splitlines()[0]}") from None
+        objectives[name] = Objective(**fields)
     return objectives
 
 
@@ -224,7 +230,7 @@ def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallba
     cfg = config.callbacks
     plateau = []
     for i, entry in enumerate(cfg.reduce_lr_on_plateau):
-        spec = config.model.heads[entry.head].optimizer
+        spec = objective_configs(config)[entry.head].optimizer
         try:
             rate = resolve_optimizer(spec, entry.head).learning_rate
         except (ValueError, TypeError):
@@ -257,7 +263,7 @@ def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallba
         if per_head_stop else None,
         head_best={h: BestCheckpoint(os.path.join(best_dir, h), monitor=f"eval/{h}/loss",
                                      mode=best.mode, min_delta=best.min_delta)
-                   for h in config.model.heads} if per_head_best else {},
+                   for h in objective_configs(config)} if per_head_best else {},
     )
 
 

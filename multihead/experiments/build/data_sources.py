@@ -40,6 +40,7 @@ from multihead.experiments.config.schema import (
     ConfigError,
     DataConfig,
     ExperimentConfig,
+    objective_configs,
     data_from_dict,
     missing_label_of,
 )
@@ -83,7 +84,7 @@ def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskD
     """The data of an experiment config, one task per head (a dict head -> data with
     `data.per_head`)."""
     seed = config.seed if config.data.seed is None else config.data.seed
-    return _load(config.data, list(config.model.heads), seed)
+    return _load(config.data, list(objective_configs(config)), seed)
 
 
 def input_spec(data: MultiTaskData | Mapping[str, MultiTaskData]) -> Any:

@@ -9,6 +9,7 @@ value and, for unknown keys, suggest the closest known one.
 from __future__ import annotations
 
 import dataclasses
+import re
 import math
 import os
 from typing import Any, Mapping, Sequence, Union
@@ -182,22 +183,41 @@ class DataConfig:
 
 
 @dataclasses.dataclass
-class HeadConfig:
-    """`model.heads.<name>:` one head, its loss and its optimizer."""
+class ObjectiveConfig:
+    """`objectives.<name>:` an objective that stands on its own (see `multihead.Objective`):
+    its loss reads several heads (or the trunk's output) and trains the parts it names.
+    Its labels are the data's target `<name>`."""
 
-    layers: Any = _field({"class_name": "Dense", "config": {"units": 1}},
-                         doc="Keras layer dict, list of them, or {mlp: {...}}")
     loss: Any = _field("mse", doc="Keras loss name or serialization dict")
     optimizer: Any = _field("adam", doc="Keras optimizer name or serialization dict")
-    weight: Any = _field(1.0, doc="factor on the head's loss: a number >= 0, or a Keras "
+    weight: Any = _field(1.0, doc="factor on the loss: a number >= 0, or a Keras "
                                   "LearningRateSchedule dict {class_name: ..., config: {...}} "
                                   "evaluated at each step")
     every: int = _field(1, minimum=1)
     trains_trunk: bool = _field(True)
     metrics: list[Any] = _field([], doc="Keras metric names or dicts, reported by evaluation")
     on_nonfinite: str = _field("skip", choices=("skip", "raise", "apply"),
-                               doc="a step where this head's loss or gradient is NaN/Inf: skip "
+                               doc="a step where this loss or its gradient is NaN/Inf: skip "
                                    "drops its update, raise stops the run, apply applies it")
+    reads: Union[list[str], None] = _field(None, doc="the outputs the loss reads: head names or "
+                                                    "trunk; default: the head of that name")
+    combine: Union[str, None] = _field(None, choices=("product", "sum", "mean", None),
+                                       doc="how several reads make one prediction, element-wise")
+    trains: Union[list[str], None] = _field(
+        None, doc="parts its optimizer trains: trunk, heads/<name>, trunk/<index>; default: "
+                  "the trunk and the heads it reads")
+    trunk_scale: Any = _field(1.0, doc="factor on its gradient into the trunk (negative: "
+                                       "gradient reversal): a number, or a Keras "
+                                       "LearningRateSchedule dict evaluated at each step")
+
+
+@dataclasses.dataclass
+class HeadConfig(ObjectiveConfig):
+    """`model.heads.<name>:` one head, and its own objective: loss, optimizer, ... (`loss:
+    null`: none; then an objective under `objectives:` trains it)."""
+
+    layers: Any = _field({"class_name": "Dense", "config": {"units": 1}},
+                         doc="Keras layer dict, list of them, or {mlp: {...}}")
 
 
 @dataclasses.dataclass
@@ -400,6 +420,8 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = _field(CheckpointConfig())
     callbacks: CallbacksConfig = _field(CallbacksConfig(), doc="supervised only")
     distribute: DistributeConfig = _field(DistributeConfig())
+    objectives: dict[str, ObjectiveConfig] = _field(
+        {}, doc="objectives not named for a head (docs/objectives.md)", each="<name>")
     sweep: Any = _field(None, doc="multihead sweep only: grid, zip and random axes "
                                   "(docs/sweeps.md); multihead train ignores it")
 
@@ -417,8 +439,11 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         check_rules(config, allow_import, error=ConfigError)
         if not config.model.heads:
             raise ConfigError("model.heads: at least one head is required")
-        for name, head in config.model.heads.items():
-            head.weight = _check_weight(head.weight, f"model.heads.{name}.weight")
+        for name, spec in objective_configs(config).items():
+            path = objective_path(config, name)
+            spec.weight = _check_weight(spec.weight, f"{path}.weight")
+            spec.trunk_scale = _check_weight(spec.trunk_scale, f"{path}.trunk_scale", minimum=None)
+        _check_objectives(config)
         config.train.trunk = _check_trunk(config)
         _check_length(config.train, config.task)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
@@ -427,7 +452,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
             from multihead.experiments.config.sweep_section import sweep_spec
 
             sweep_spec(config.sweep)
-        check_data(config.data, list(config.model.heads))
+        check_data(config.data, list(objective_configs(config)))
         trunk = config.train.trunk
         try:
             check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
@@ -461,11 +486,12 @@ def _check_length(train: TrainConfig, task: str) -> None:
                           "dataset to pass over); give train.steps")
 
 
-def _check_weight(weight: Any, path: str) -> Union[float, dict[str, Any]]:
-    """A head's `weight`: a number >= 0, or a Keras `LearningRateSchedule` serialization dict
-    that deserializes (checked now, kept as the dict)."""
+def _check_weight(weight: Any, path: str, minimum: float | None = 0) -> Union[float, dict[str, Any]]:
+    """A head's `weight` (or `trunk_scale`, with `minimum=None`): a number >= `minimum`, or a
+    Keras `LearningRateSchedule` serialization dict that deserializes (checked now, kept as
+    the dict)."""
     if not isinstance(weight, Mapping):
-        return check_float(weight, path, minimum=0, error=ConfigError,
+        return check_float(weight, path, minimum=minimum, error=ConfigError,
                            hint="or give a schedule {class_name: ExponentialDecay, config: {...}}")
     import keras  # only when a schedule is given
 
@@ -495,7 +521,7 @@ def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
     callbacks = config.callbacks
     raw = callbacks.reduce_lr_on_plateau
     path = "callbacks.reduce_lr_on_plateau"
-    heads = list(config.model.heads)
+    heads = list(objective_configs(config))
     if raw is None:
         raw = []
     if isinstance(raw, Mapping):  # head -> options
@@ -566,7 +592,7 @@ def _check_per_head(section: Any, path: str) -> None:
 def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str) -> str:
     """A callback's `monitor` naming a head and a metric the evaluation reports, with the
     metric as the evaluation names it (`eval/y1/mae` -> `eval/y1/mean_absolute_error`)."""
-    heads = list(config.model.heads)
+    heads = list(objective_configs(config))
     try:
         key = MetricKey.parse(monitor)
     except ValueError as err:
@@ -596,7 +622,7 @@ def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
     under: `loss`, the resolved names and the names as written in `metrics:`."""
     from multihead.core.objectives import resolve_metric  # TF import: only when used
 
-    spec = config.model.heads[head]
+    spec = objective_configs(config)[head]
     names = {"loss": "loss"}
     for metric in spec.metrics:
         try:
@@ -860,11 +886,12 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
         raise ConfigError(f"{_CONFIG.key(err.field, err.head)}: {text}") from None
     try:
         check_trunk_aggregation(config.train.schedule,
-                                {n: (h.trains_trunk, h.every) for n, h in config.model.heads.items()},
+                                {n: (_trains_trunk(h), h.every)
+                                 for n, h in objective_configs(config).items()},
                                 _CONFIG)
     except SettingError as err:
         raise _config_error(err) from None
-    trunk_heads = [n for n, h in config.model.heads.items() if h.trains_trunk]
+    trunk_heads = [n for n, h in objective_configs(config).items() if _trains_trunk(h)]
     try:
         TrunkPolicy(aggregator=trunk.aggregator, options=trunk.options).method.check_heads(
             len(trunk_heads))
@@ -872,6 +899,62 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
         raise ConfigError(f"train.trunk.options: {err} (heads that train the trunk: "
                           f"{trunk_heads})") from None
     return trunk
+
+
+def objective_configs(config: ExperimentConfig) -> dict[str, ObjectiveConfig]:
+    """Objective name -> its config: each head with a loss (`model.heads.<head>`), then each
+    of `objectives:`."""
+    named = {n: h for n, h in config.model.heads.items() if h.loss is not None}
+    return {**named, **config.objectives}
+
+
+def objective_path(config: ExperimentConfig, name: str) -> str:
+    """The key path of objective `name`'s settings."""
+    return f"model.heads.{name}" if name in config.model.heads else f"objectives.{name}"
+
+
+def _trains_trunk(spec: ObjectiveConfig) -> bool:
+    """Whether an objective's config trains the trunk, by its declaration."""
+    if spec.trains is not None:
+        return any(p == "trunk" or p.startswith("trunk/") for p in spec.trains)
+    return spec.trains_trunk and spec.trunk_scale != 0
+
+
+def _check_objectives(config: ExperimentConfig) -> None:
+    """The standalone objectives' names and reads; every head is trained by some objective."""
+    heads = list(config.model.heads)
+    for name, spec in config.objectives.items():
+        path = f"objectives.{name}"
+        if name in heads:
+            raise ConfigError(f"{path}: {name!r} is a head: set its objective under "
+                              f"model.heads.{name}")
+        if spec.loss is None:
+            raise ConfigError(f"{path}.loss: an objective needs a loss")
+        if not spec.reads:
+            raise ConfigError(f"{path}.reads: missing; list the outputs its loss reads "
+                              f"(heads {heads} or trunk)")
+    for name, spec in objective_configs(config).items():
+        path = objective_path(config, name)
+        for i, read in enumerate(spec.reads or ()):
+            if read != "trunk" and read not in heads:
+                raise ConfigError(f"{path}.reads[{i}]: the model has no head {read!r}"
+                                  f"{suggest(read, heads)}; its heads are {heads}")
+        if spec.reads and len(spec.reads) > 1 and spec.combine is None:
+            raise ConfigError(f"{path}.combine: missing; {list(spec.reads)} make one prediction "
+                              "through combine: product, sum or mean")
+        for i, part in enumerate(spec.trains or ()):
+            if not (part == "trunk" or re.fullmatch(r"trunk(/\d+)+", part)
+                    or part.removeprefix("heads/") in heads):
+                raise ConfigError(f"{path}.trains[{i}]: unknown part {part!r}; the parts are "
+                                  f"trunk, trunk/<index>, {', '.join('heads/' + h for h in heads)}")
+    trained = {h for n, s in objective_configs(config).items()
+               for h in ([p.removeprefix("heads/") for p in s.trains if p.startswith("heads/")]
+                         if s.trains is not None else
+                         [r for r in (s.reads or [n]) if r != "trunk"])}
+    for head in heads:
+        if head not in trained:
+            raise ConfigError(f"model.heads.{head}.loss: null, and no objective trains the head; "
+                              f"give it a loss, or add heads/{head} to an objective's trains")
 
 
 def to_dict(config: ExperimentConfig) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead.core.objectives import resolve_loss, resolve_metric
+from multihead.core.parts import prediction_fn, resolve_parts
 from multihead.experiments.config.schema import ConfigError
 
 #: Examples in the tiny batch.
@@ -54,6 +55,11 @@ def _check_label_kind(loss: Any, labels: np.ndarray, head: str) -> None:
                           "give class indices (data.dtypes: int32)")
 
 
+def _path(model: Any, name: str) -> str:
+    """The config key of objective `name`'s settings."""
+    return f"model.heads.{name}" if name in model.head_names else f"objectives.{name}"
+
+
 def dry_run(runner: Any) -> None:
     """Checks a prepared supervised runner (`data`, `model`, `objectives`) on `BATCH` examples.
 
@@ -74,9 +80,10 @@ def dry_run(runner: Any) -> None:
     try:
         with tf.GradientTape(persistent=True) as tape:
             outputs = model(x, training=False)
+            outputs = {n: prediction_fn(model, n, o)(outputs, x) for n, o in objectives.items()}
             losses = {}
             for head, objective in objectives.items():
-                path = f"model.heads.{head}"
+                path = _path(model, head)
                 try:
                     loss = resolve_loss(objective.loss, head, objective.missing_label)(
                         x, y, outputs[head])
@@ -90,9 +97,14 @@ def dry_run(runner: Any) -> None:
     except Exception as err:  # noqa: BLE001 - the forward pass of the built model
         raise ConfigError(f"model: the model cannot run on a batch of the data: {_line(err)}") from None
     try:
+        parts = resolve_parts(model, objectives)
+    except ValueError as err:
+        name = str(err).split("'")[1]
+        raise ConfigError(f"{_path(model, name)}: {err}") from None
+    try:
         for head, objective in objectives.items():
-            path = f"model.heads.{head}"
-            variables = model.var_list(head) if objective.trains_trunk else model.head_variables(head)
+            path = _path(model, head)
+            variables = parts[head].var_list
             grads = tape.gradient(losses[head], variables)
             missing = [v.path for v, g in zip(variables, grads) if g is None]
             if missing and len(missing) == len(variables):

@@ -35,7 +35,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import yaml
 
-from multihead.experiments.config.schema import ExperimentConfig, parse_yaml
+from multihead.experiments.config.schema import (
+    ExperimentConfig,
+    objective_configs,
+    objective_path,
+    parse_yaml,
+)
 
 if TYPE_CHECKING:  # annotation only
     from multihead.experiments.run.runner import Runner
@@ -102,12 +107,13 @@ def run_hparams(config: ExperimentConfig, overrides: Sequence[str] = ()) -> dict
         values["train.trunk.optimizer"] = name
         if rate is not None:
             values["train.trunk.optimizer.config.learning_rate"] = rate
-    for head, spec in config.model.heads.items():
+    for head, spec in objective_configs(config).items():
+        path = objective_path(config, head)
         name, rate = _optimizer(spec.optimizer)
-        values[f"model.heads.{head}.optimizer"] = name
+        values[f"{path}.optimizer"] = name
         if rate is not None:
-            values[f"model.heads.{head}.optimizer.config.learning_rate"] = rate
-        values[f"model.heads.{head}.weight"] = _scalar(spec.weight)
+            values[f"{path}.optimizer.config.learning_rate"] = rate
+        values[f"{path}.weight"] = _scalar(spec.weight)
     for assignment in overrides:
         key, _, text = assignment.partition("=")
         values[key.strip()] = _scalar(parse_yaml(text, source=f"--set {assignment!r}"))

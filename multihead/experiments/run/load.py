@@ -25,7 +25,13 @@ from multihead._boundary import BoundaryError, inside, read_json, read_text
 from multihead.core.model import MultiHeadModel
 from multihead.core.trainer import Trainer
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer, build_trunk
-from multihead.experiments.config.schema import ConfigError, ExperimentConfig, from_dict, parse_yaml
+from multihead.experiments.config.schema import (
+    ConfigError,
+    ExperimentConfig,
+    from_dict,
+    objective_configs,
+    parse_yaml,
+)
 from multihead.experiments.run.supervised import INPUTS_FILE
 from multihead.experiments.config.yaml12 import MAX_BYTES
 
@@ -159,7 +165,7 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
 def best_checkpoint_name(config: ExperimentConfig, head: str) -> str:
     """`best/<head>`, the `run_checkpoint` name of a head's best checkpoint, for a head of
     the run (else one line naming the heads)."""
-    heads = list(config.model.heads)
+    heads = list(objective_configs(config))
     if head not in heads:
         raise ConfigError(f"best: the run has no head {head!r}; its heads are {heads}")
     return f"best/{head}"

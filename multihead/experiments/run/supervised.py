@@ -11,6 +11,8 @@ from typing import Any, ClassVar, Sequence
 import keras
 import tensorflow as tf
 
+from multihead.core.parts import prediction_fn
+
 from multihead.experiments.build.baselines import constant_baseline_metrics
 from multihead.experiments.build.builders import (
     RunCallbacks,
@@ -112,11 +114,11 @@ class SupervisedRunner:
         final_train = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
                                          log=False)
         baselines = {}
-        for head in self.model.head_names:
+        for head, objective in self.objectives.items():
             data = self.data[head] if isinstance(self.data, dict) else self.data
             first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
-            output_shape = tuple(self.model(first)[head].shape[1:])
-            objective = self.objectives[head]
+            output = prediction_fn(self.model, head, objective)(self.model(first), first)
+            output_shape = tuple(output.shape[1:])
             baselines[head] = constant_baseline_metrics(
                 trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape,
                 [resolve_metric(m, head, objective.loss) for m in objective.metrics])
