@@ -132,6 +132,12 @@ class LabelCheck:
         outputs = self._model(one, training=False)
         if self._predictions is None:
             return {h: tf.TensorShape([None] + list(outputs[h].shape[1:])) for h in self._objectives}
+        trunk_reads = sorted({r for p in self._predictions.values() for r in p.reads
+                              if r == "trunk" or r.startswith("trunk/")})
+        if trunk_reads:  # the trunk's output and trunk taps (`trunk/<block>`) are read too
+            feats = self._model.features(one, training=False,
+                                         taps=[r for r in trunk_reads if r != "trunk"])
+            outputs = {**outputs, **{r: self._model.tap_output(feats, r) for r in trunk_reads}}
         shapes = {}
         for name in self._objectives:
             prediction = self._predictions[name]

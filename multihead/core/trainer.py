@@ -256,7 +256,7 @@ class Trainer:
         )
         # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
         blocks = blocks_table(self.model.trunk, {
-            h: self.model.var_list(h, o.trains_trunk) for h, o in self.objectives.items()})
+            n: p.var_list for n, p in resolve_parts(self.model, self.objectives).items()})
         if blocks is not None and self.monitor is not None:
             self.monitor.write_text(tags.TRUNK_BLOCKS, blocks)
 

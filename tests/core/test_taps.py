@@ -225,3 +225,41 @@ def test_blocks_table_names_the_blocks_each_head_trains():
                                  {h: keras.layers.Dense(1) for h in HEADS})
     untapped.build((None, 2))
     assert untapped.blocks_table() is None  # every head trains the whole trunk
+
+
+def test_an_objective_reading_a_trunk_tap_trains_the_blocks_below_it():
+    # a standalone deep-supervision objective on block conv2 (no head reads conv2): its
+    # optimizer is built on conv1 + conv2 and its step equals a hand-written tape
+    ours, ref = make_tapped("conv1"), make_tapped("conv1")
+    probe = lambda o: tf.reduce_mean(o["trunk/conv2"], axis=-1, keepdims=True)  # noqa: E731
+    objectives = {h: mh.Objective("mse", keras.optimizers.SGD(0.1)) for h in HEADS}
+    objectives["deep"] = mh.Objective("mse", keras.optimizers.SGD(0.1), reads=["trunk/conv2"],
+                                      combine=probe)
+    trainer = mh.Trainer(ours, objectives)
+    below = block(ours, "conv1").trainable_variables + block(ours, "conv2").trainable_variables
+    x, y = make_batch(HEADS, seed=5)
+    y = {**y, "deep": y["main"]}
+    conv3 = weights(block(ours, "conv3").trainable_variables)
+    trainer.step((x, y), heads=["deep"])
+    assert ids(internals_built(objectives["deep"].optimizer)) == ids(below)
+    var_list = block(ref, "conv1").trainable_variables + block(ref, "conv2").trainable_variables
+    with tf.GradientTape() as tape:
+        h = x
+        for layer in ref.trunk.layers[:3]:
+            h = layer(h, training=True)
+        loss = tf.reduce_mean(tf.square(y["deep"] - tf.reduce_mean(h, axis=-1, keepdims=True)))
+    keras.optimizers.SGD(0.1).apply_gradients(zip(tape.gradient(loss, var_list), var_list))
+    for a, b in zip(ours.trainable_variables, ref.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
+    for a, b in zip(weights(block(ours, "conv3").trainable_variables), conv3):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"objective 'deep': reads 'trunk/conv9': the trunk has "
+                                         r"no block 'trunk/conv9'"):
+        mh.Trainer(make_tapped(), {**{h: mh.Objective("mse") for h in HEADS}, "deep": mh.Objective(
+            "mse", reads=["trunk/conv9"], combine=probe)})
+
+
+def internals_built(optimizer):
+    from multihead import _keras_internals as internals
+
+    return internals.built_variables(optimizer)
