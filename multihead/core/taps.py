@@ -183,6 +183,18 @@ def blocks_trained(trunk: keras.layers.Layer, variables: Iterable[keras.Variable
             if any(id(v) in ids for v in layer.trainable_variables)]
 
 
+def with_trunk_reads(model: Any, inputs: Any, outputs: Mapping[str, Any],
+                     reads: Iterable[str], training: bool | None = None) -> Mapping[str, Any]:
+    """`outputs` (head -> output) plus the trunk outputs among `reads`: `"trunk"` and trunk
+    taps `"trunk/<block>"`, computed by `model.features` (what an objective reading them
+    sees outside the train step: label checks, evaluation); `outputs` itself without any."""
+    wanted = sorted({r for r in reads if r == TRUNK or r.startswith(_PREFIX)})
+    if not wanted:
+        return outputs
+    feats = model.features(inputs, training=training, taps=[r for r in wanted if r != TRUNK])
+    return {**outputs, **{r: model.tap_output(feats, r) for r in wanted}}
+
+
 def blocks_table(trunk: keras.layers.Layer,
                  var_lists: Mapping[str, Iterable[keras.Variable]]) -> str | None:
     """A plain-text table of the trunk blocks each var_list trains (`blocks_trained`), one

@@ -263,3 +263,17 @@ def internals_built(optimizer):
     from multihead import _keras_internals as internals
 
     return internals.built_variables(optimizer)
+
+
+def test_evaluate_reports_an_objective_reading_a_trunk_tap():
+    model = make_tapped("conv1")
+    probe = lambda o: tf.reduce_mean(o["trunk/conv2"], axis=-1, keepdims=True)  # noqa: E731
+    trainer = mh.Trainer(model, {**{h: mh.Objective("mse") for h in HEADS},
+                                 "deep": mh.Objective("mse", reads=["trunk/conv2"], combine=probe)})
+    x, y = make_batch(HEADS, seed=6)
+    h = x
+    for layer in model.trunk.layers[:3]:
+        h = layer(h)
+    expected = np.mean(np.square(y["main"] - np.mean(h.numpy(), axis=-1, keepdims=True)))
+    results = trainer.evaluate((x, {**y, "deep": y["main"]}))
+    np.testing.assert_allclose(results["deep"]["loss"], expected, rtol=1e-5)
