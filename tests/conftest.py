@@ -30,6 +30,20 @@ def make_model(heads=("a", "b"), seed: int = 0, input_dim: int = 5, width: int =
     return model
 
 
+def make_tapped(tap="conv1", seed: int = 0, input_dim: int = 5) -> mh.MultiHeadModel:
+    """A built model with a trunk tap: trunk conv1 -> drop (no variables) -> conv2 -> conv3;
+    head `main` reads the trunk's output, head `aux` block `tap`."""
+    keras.utils.set_random_seed(seed)
+    trunk = keras.Sequential([keras.layers.Dense(8, activation="tanh", name="conv1"),
+                              keras.layers.Dropout(0.0, name="drop"),
+                              keras.layers.Dense(8, activation="tanh", name="conv2"),
+                              keras.layers.Dense(6, activation="tanh", name="conv3")])
+    model = mh.MultiHeadModel(trunk, {h: keras.layers.Dense(1) for h in ("main", "aux")},
+                              taps={"aux": tap})
+    model.build((None, input_dim))
+    return model
+
+
 def make_batch(heads=("a", "b"), n: int = 16, input_dim: int = 5, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, input_dim)).astype("float32")

@@ -88,6 +88,11 @@ def _print_parameters(runner: Any, stream: Any) -> None:
     counts = getattr(getattr(runner, "model", None), "parameter_counts", None)
     if counts is not None and runner.model.built:
         print(f"parameters:\n{counts().table()}", file=stream)
+        config = getattr(runner, "config", None)
+        heads = config.model.heads if isinstance(config, ExperimentConfig) else {}
+        blocks = runner.model.blocks_table({h: head.trains_trunk for h, head in heads.items()})
+        if blocks is not None:  # trunk taps: which blocks each head trains
+            print(f"trunk blocks:\n{blocks}", file=stream)
 
 
 def _number(value: float | None) -> str:

@@ -34,6 +34,7 @@ from multihead.core.objectives import (
     resolve_metric,
     split_weighted,
 )
+from multihead.core.taps import with_trunk_reads
 
 #: `{head: {"loss": value, <metric name>: value}}`.
 EvalResults = dict[str, dict[str, float]]
@@ -217,6 +218,8 @@ class Evaluator:
 
     def _predicted(self, outputs: Mapping[str, Any], inputs: Any) -> dict[str, Any]:
         """Evaluated name -> what its loss and metrics compare with the labels."""
+        reads = [r for p in self._predictions.values() for r in getattr(p, "reads", ())]
+        outputs = with_trunk_reads(self._model, inputs, outputs, reads, training=False)
         return {h: outputs[h] if h not in self._predictions else self._predictions[h](outputs, inputs)
                 for h in self._heads}
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import Objective, Weighted, needs_own_targets, split_weighted
 from multihead.core.step import check_targets
+from multihead.core.taps import with_trunk_reads
 
 
 def split_batch(batch: Any) -> tuple[Any, Any, Any]:
@@ -132,6 +133,8 @@ class LabelCheck:
         outputs = self._model(one, training=False)
         if self._predictions is None:
             return {h: tf.TensorShape([None] + list(outputs[h].shape[1:])) for h in self._objectives}
+        outputs = with_trunk_reads(self._model, one, outputs, [
+            r for p in self._predictions.values() for r in p.reads], training=False)
         shapes = {}
         for name in self._objectives:
             prediction = self._predictions[name]

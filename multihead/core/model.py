@@ -13,6 +13,7 @@ from multihead import _keras_internals as internals
 from multihead.core.model_size import ParameterCounts, count_parameters
 from multihead.core.keras_fit import KerasTraining
 from multihead.core.partition import Partition, partition_variables
+from multihead.core import taps as _taps
 
 _HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
@@ -24,9 +25,14 @@ def routes_heads(trunk: keras.layers.Layer) -> bool:
     return callable(getattr(trunk, "head_owned_layers", None))
 
 
-def head_input(trunk: keras.layers.Layer, features: Any, head: str) -> Any:
+def head_input(trunk: keras.layers.Layer, features: Any, head: str,
+               taps: Mapping[str, int] | None = None) -> Any:
     """What head `head` reads of the trunk output `features`: its own entry for a trunk
-    that routes heads, the whole output otherwise."""
+    that routes heads; with trunk taps (`features` a `TrunkOutputs`), the output of the
+    block `taps` gives it (the trunk's output for a head without one); the whole output
+    otherwise."""
+    if isinstance(features, _taps.TrunkOutputs):
+        return _taps.tap_output(features, (taps or {}).get(head), f"head {head!r}")
     return features[head] if routes_heads(trunk) else features
 
 
@@ -97,6 +103,11 @@ class MultiHeadModel(KerasTraining, keras.Model):
     column) belong to that head's part: `var_list(name)` is the shared trunk variables
     plus the head layer's plus those.
 
+    Heads may read an intermediate block of a trunk built from named blocks (a
+    `keras.Sequential`): `taps={"aux": "block1"}` makes head `aux` read block `block1`'s
+    output, and its var_list holds only the trunk variables of the blocks up to and
+    including `block1` (see `multihead.core.taps`, `tap_variables`, `tap_output`).
+
     Example:
         >>> import keras, multihead as mh
         >>> model = mh.MultiHeadModel(
@@ -121,6 +132,13 @@ class MultiHeadModel(KerasTraining, keras.Model):
             (`sequential_1`) is renamed to its head name, and such a trunk to `trunk`,
             so `model.summary()` shows the parts by name; names you gave are kept.
         name: Keras name of the model.
+        taps: head -> the trunk block it reads (a block's layer name, its index, or
+            `"trunk/<block>"`); the trunk must be a `keras.Sequential`. Heads not
+            named read the trunk's output.
+
+    Raises:
+        ValueError: one line naming the tap, for a head the model does not have, a trunk
+            not built from blocks, or a block the trunk does not have.
     """
 
     def __init__(
@@ -128,6 +146,7 @@ class MultiHeadModel(KerasTraining, keras.Model):
         trunk: keras.layers.Layer,
         heads: Mapping[str, keras.layers.Layer],
         name: str | None = None,
+        taps: Mapping[str, str | int] | None = None,
     ) -> None:
         super().__init__(name=name)
         if not isinstance(trunk, keras.layers.Layer):
@@ -152,6 +171,8 @@ class MultiHeadModel(KerasTraining, keras.Model):
                 raise ValueError(
                     f"the trunk {type(trunk).__name__} routes heads {routed}, but the model's heads "
                     f"are {list(heads)}; build the trunk with heads={list(heads)}")
+        self._taps = _taps.resolve_taps(trunk, taps, list(heads))
+        self._tap_spec = {h: taps[h] for h in heads if h in self._taps} if taps else {}
         _name_parts(trunk, heads)
         self.trunk = trunk
         self.heads = dict(heads)
@@ -166,18 +187,83 @@ class MultiHeadModel(KerasTraining, keras.Model):
 
     def build(self, input_shape: Any) -> None:
         """Creates all variables by running the trunk and heads once on zeros of `input_shape`."""
-        feats = self.trunk(_zeros_like_shape(input_shape))
+        zeros = _zeros_like_shape(input_shape)
+        feats = self.trunk(zeros)
+        if self._taps:  # the trunk is built; its blocks' outputs feed the tapped heads
+            feats = self.features(zeros)
         for name in self._head_names:
-            self.heads[name](head_input(self.trunk, feats, name))
+            self.heads[name](head_input(self.trunk, feats, name, self._taps))
 
-    def features(self, inputs: Any, training: bool | None = None) -> Any:
-        """The trunk's output for `inputs`."""
-        return self.trunk(inputs, training=training)
+    def features(self, inputs: Any, training: bool | None = None,
+                 taps: Iterable[str] = ()) -> Any:
+        """What the heads read of the trunk for `inputs`: the trunk's output; with trunk
+        taps (the model's, or `taps`), a `multihead.core.taps.TrunkOutputs` holding the
+        trunk's output and the tapped blocks' outputs (the trunk runs block by block).
+
+        Args:
+            inputs: the model's inputs.
+            training: Keras' training flag.
+            taps: more taps to compute, `"trunk/<block>"` (an objective's reads), for
+                `tap_output`.
+        """
+        extra = [_taps.resolve_block(self.trunk, t, "features(taps=...)") for t in taps]
+        return _taps.trunk_features(self.trunk, inputs, self._taps, training, extra)
 
     def head_output(self, head: str, features: Any, training: bool | None = None) -> Any:
         """Head `head`'s output for trunk output `features` (its own entry, for a trunk
-        that routes heads)."""
-        return self.heads[head](head_input(self.trunk, features, head), training=training)
+        that routes heads; its tap's output, for a head with a trunk tap)."""
+        return self.heads[head](head_input(self.trunk, features, head, self._taps),
+                                training=training)
+
+    @property
+    def taps(self) -> dict[str, str]:
+        """Head -> the name of the trunk block it reads, for the heads with a trunk tap."""
+        names = _taps.block_names(self.trunk) if self._taps else []
+        return {head: names[i] for head, i in self._taps.items()}
+
+    @property
+    def tap_indices(self) -> dict[str, int]:
+        """Head -> the index of the trunk block it reads, for the heads with a trunk tap
+        (what a copy of the trunk, such as a target network's, reads by)."""
+        return dict(self._taps)
+
+    def tap_output(self, features: Any, tap: str) -> Any:
+        """The output of trunk tap `tap` (`"trunk/<block>"`, a block name or index) in
+        `features`, as `features(inputs, taps=[tap])` computed them (`"trunk"`: the
+        trunk's output).
+
+        Example:
+            >>> feats = model.features(x, taps=["trunk/block1"])        # doctest: +SKIP
+            >>> model.tap_output(feats, "trunk/block1")                 # doctest: +SKIP
+        """
+        index = None if tap == _taps.TRUNK else _taps.resolve_block(self.trunk, tap, f"tap {tap!r}")
+        return _taps.tap_output(features, index, tap)
+
+    def tap_variables(self, tap: str) -> list[keras.Variable]:
+        """The shared trunk variables the output of trunk tap `tap` (`"trunk/<block>"`,
+        a block name or index) depends on: those of the blocks up to and including it,
+        by object identity, in `trunk_variables` order (`"trunk"`: all of them). What
+        an objective that reads `tap` and trains the trunk is built on, with its heads'."""
+        if tap == _taps.TRUNK:
+            return self.trunk_variables
+        index = _taps.resolve_block(self.trunk, tap, f"tap {tap!r}")
+        return _taps.tap_variables(self.trunk, index, self.trunk_variables)
+
+    def blocks_table(self, trains_trunk: Mapping[str, bool] | None = None) -> str | None:
+        """A plain-text table of the trunk blocks each head's var_list trains, or None when
+        every head trains the whole trunk or none of it (see `multihead.core.taps.blocks_table`).
+
+        Args:
+            trains_trunk: head -> whether its optimizer trains the trunk (default: all do).
+        """
+        trains_trunk = trains_trunk or {}
+        return _taps.blocks_table(self.trunk, {
+            h: self.var_list(h, trains_trunk.get(h, True)) for h in self._head_names})
+
+    def blocks_trained(self, variables: Iterable[keras.Variable]) -> list[str]:
+        """The names of the trunk blocks that own one of `variables` (a var_list), by
+        identity: which blocks an optimizer built on `variables` trains."""
+        return _taps.blocks_trained(self.trunk, variables)
 
     @property
     def routes_heads(self) -> bool:
@@ -208,10 +294,14 @@ class MultiHeadModel(KerasTraining, keras.Model):
     def summary(self, line_length: int | None = None, positions: Any = None,
                 print_fn: Any = None, **kwargs: Any) -> None:
         """Keras' summary, then the parameters of the trunk and of each head by head name
-        (`parameter_counts().table()`), once the model is built."""
+        (`parameter_counts().table()`), once the model is built; with trunk taps, the
+        trunk blocks each head trains (`blocks_table()`)."""
         super().summary(line_length=line_length, positions=positions, print_fn=print_fn, **kwargs)
         if self.built and self.trunk.built:
             (print_fn or print)(self.parameter_counts().table())
+            blocks = self.blocks_table()
+            if blocks is not None:
+                (print_fn or print)(blocks)
 
     def call(self, inputs: Any, training: bool | None = None) -> dict[str, Any]:
         feats = self.features(inputs, training=training)
@@ -264,11 +354,14 @@ class MultiHeadModel(KerasTraining, keras.Model):
 
     def get_config(self) -> dict[str, Any]:
         """Keras serialization: the trunk and heads as Keras configs (weights are saved apart)."""
-        return {
+        config = {
             "name": self.name,
             "trunk": keras.saving.serialize_keras_object(self.trunk),
             "heads": {n: keras.saving.serialize_keras_object(self.heads[n]) for n in self._head_names},
         }
+        if self._tap_spec:
+            config["taps"] = dict(self._tap_spec)
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "MultiHeadModel":
@@ -278,7 +371,7 @@ class MultiHeadModel(KerasTraining, keras.Model):
 
         return cls(trunk=load(config["trunk"]),
                    heads={n: load(spec) for n, spec in config["heads"].items()},
-                   name=config.get("name"))
+                   name=config.get("name"), taps=config.get("taps"))
 
     @property
     def partition(self) -> Partition:
@@ -294,8 +387,15 @@ class MultiHeadModel(KerasTraining, keras.Model):
                 heads={n: self.heads[n].trainable_variables for n in self._head_names},
                 all_trainable=self.trainable_variables,
                 trunk_owned=trunk_owned_variables(self.trunk),
+                tapped=self._tapped_variables(),
             )
         return self._partition
+
+    def _tapped_variables(self) -> dict[str, list[keras.Variable]]:
+        """Head -> the trunk variables below its tap (the trunk's are all shared: a
+        trunk built from blocks owns no layer for one head)."""
+        shared = self.trunk.trainable_variables
+        return {h: _taps.tap_variables(self.trunk, i, shared) for h, i in self._taps.items()}
 
     @property
     def trunk_variables(self) -> list[keras.Variable]:

@@ -8,6 +8,10 @@ A trunk may own variables that belong to one head (a per-head gate in MMoE, a
 per-head attention module in MTAN, a task column in cross-stitch): those belong to
 that head's part, and the trunk's part holds only what every head shares. A head's
 var_list is the shared variables plus everything the head owns.
+
+A head that reads an intermediate block of the trunk (a trunk tap, see
+`multihead.core.taps`) trains only the shared variables that block's output
+depends on: its var_list is those plus the head's.
 """
 
 from __future__ import annotations
@@ -30,16 +34,20 @@ class Partition:
         trunk: the trunk's shared trainable variables, in Keras' tracking order.
         heads: head name -> that head's trainable variables, in tracking order: its
             head layer's, then those the trunk owns for it (gates, attention, column).
+        tapped: head -> the trunk variables its trunk tap depends on, for the heads that
+            read a tap (the others read the trunk's output, which depends on all of them).
     """
 
     trunk: tuple[keras.Variable, ...]
     heads: Mapping[str, tuple[keras.Variable, ...]]
+    tapped: Mapping[str, tuple[keras.Variable, ...]] = dataclasses.field(default_factory=dict)
 
     def var_list(self, head: str, trains_trunk: bool = True) -> list[keras.Variable]:
-        """The variables head `head`'s optimizer is built on: trunk + head (or head only)."""
+        """The variables head `head`'s optimizer is built on: the trunk variables it reads
+        (all, or those below its tap) + head's (or head's only)."""
         if head not in self.heads:
             raise KeyError(f"no head named {head!r}; heads are {sorted(self.heads)}")
-        trunk = list(self.trunk) if trains_trunk else []
+        trunk = list(self.tapped.get(head, self.trunk)) if trains_trunk else []
         return trunk + list(self.heads[head])
 
 
@@ -48,6 +56,7 @@ def partition_variables(
     heads: Mapping[str, Sequence[keras.Variable]],
     all_trainable: Sequence[keras.Variable],
     trunk_owned: Mapping[str, Sequence[keras.Variable]] | None = None,
+    tapped: Mapping[str, Sequence[keras.Variable]] | None = None,
 ) -> Partition:
     """Validates and returns the partition of `all_trainable` into trunk and heads.
 
@@ -59,6 +68,7 @@ def partition_variables(
         all_trainable: every trainable variable of the model.
         trunk_owned: head name -> variables of `trunk` that belong to that head (e.g.
             its gate); they move from the trunk's part to the head's.
+        tapped: head -> the trunk variables its trunk tap depends on (see `Partition`).
 
     Returns:
         The validated partition.
@@ -111,4 +121,11 @@ def partition_variables(
             "to any head (layers created outside `trunk` and `heads`?); "
             "move its layer into the trunk or a head, or make it non-trainable"
         )
-    return Partition(trunk=tuple(trunk), heads={n: tuple(v) for n, v in heads.items()})
+    in_shared = {id(v) for v in trunk}
+    for name, variables in (tapped or {}).items():
+        for var in variables:
+            if id(var) not in in_shared:
+                raise ValueError(f"variable {variable_label(var)!r}, below the trunk tap of head "
+                                 f"{name!r}, is not a shared trainable variable of the trunk")
+    return Partition(trunk=tuple(trunk), heads={n: tuple(v) for n, v in heads.items()},
+                     tapped={n: tuple(v) for n, v in (tapped or {}).items()})

@@ -24,6 +24,7 @@ import tensorflow as tf
 from multihead.core.addresses import variable_addresses
 from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import COMBINERS, Objective
+from multihead.core.taps import resolve_block
 
 #: What an objective may be named (it becomes a TensorBoard tag and a checkpoint key).
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
@@ -108,7 +109,7 @@ def _declared_heads(model: HeadsModel, name: str, objective: Objective) -> list[
     """The heads an objective trains, by its declaration."""
     if objective.trains is not None:
         return [a[len("heads/"):] for a in objective.trains if a.startswith("heads/")]
-    return [r for r in reads_of(model, name, objective) if r != TRUNK]
+    return [r for r in reads_of(model, name, objective) if not _reads_trunk(r)]
 
 
 def resolve_parts(model: HeadsModel, objectives: Mapping[str, Objective],
@@ -152,9 +153,12 @@ def reads_of(model: HeadsModel, name: str, objective: Objective) -> tuple[str, .
     where = f"objective {name!r}"
     reads = tuple(objective.reads) if objective.reads is not None else (name,)
     for read in reads:
+        if read.startswith(TRUNK + "/"):  # a trunk tap: the trunk must have that block
+            resolve_block(model.trunk, read, f"{where}: reads {read!r}")
+            continue
         if read != TRUNK and read not in model.head_names:
             raise ValueError(f"{where}: reads unknown output {read!r}; the outputs are the heads "
-                             f"{list(model.head_names)} and 'trunk'")
+                             f"{list(model.head_names)}, 'trunk' and 'trunk/<block>'")
     if TRUNK in reads and model.routes_heads:
         raise ValueError(f"{where}: reads 'trunk', but the trunk {type(model.trunk).__name__} "
                          "gives each head its own features; read the heads instead")
@@ -224,12 +228,15 @@ def _resolve(model: HeadsModel, name: str, objective: Objective,
     reads = reads_of(model, name, objective)
     trains = tuple(objective.trains) if objective.trains is not None else (
         ((TRUNK,) if declares_trunk(objective) else ())
-        + tuple(f"heads/{r}" for r in reads if r != TRUNK))
+        + tuple(f"heads/{r}" for r in reads if not _reads_trunk(r)))
     if not trains:
         raise ValueError(f"{where}: trains nothing: give trains=[...] (e.g. 'trunk', "
                          "'heads/<name>')")
     chosen: dict[int, keras.Variable] = {}
     for address in trains:
+        if address == TRUNK and objective.trains is None:  # by default: what its reads read
+            chosen.update((id(v), v) for v in _trunk_read(model, reads, parts[TRUNK]))
+            continue
         if address not in parts:
             known = [p for p in parts if p.count("/") <= 1 and not p[len(TRUNK) + 1:].isdigit()]
             raise ValueError(f"{where}: trains unknown part {address!r}; the parts are {known} "
@@ -249,6 +256,24 @@ def _resolve(model: HeadsModel, name: str, objective: Objective,
                           if any(id(v) in chosen for v in model.head_variables(h)))
     return ObjectiveParts(name, Prediction(name, reads, _combiner(objective.combine)), trains,
                           trained_heads, tuple(var_list), trains_trunk)
+
+
+def _trunk_read(model: HeadsModel, reads: tuple[str, ...],
+                trunk: list[keras.Variable]) -> list[keras.Variable]:
+    """The trunk variables the outputs `reads` depend on: all of `trunk`, unless every read
+    is a trunk tap (`trunk/<block>`) or a head on one (`MultiHeadModel(taps=...)`): then
+    those of the blocks up to the deepest tap, by identity (see `multihead.core.taps`)."""
+    taps = {r: f"{TRUNK}/{i}" for r, i in getattr(model, "tap_indices", {}).items()}
+    taps.update((r, r) for r in reads if r.startswith(TRUNK + "/"))  # a tap read directly
+    if not reads or any(r not in taps for r in reads):
+        return trunk
+    below = {id(v) for r in reads for v in model.tap_variables(taps[r])}
+    return [v for v in trunk if id(v) in below]
+
+
+def _reads_trunk(read: str) -> bool:
+    """Whether `read` is the trunk's output or a trunk tap (`trunk/<block>`)."""
+    return read == TRUNK or read.startswith(TRUNK + "/")
 
 
 def _zero(scale: Any) -> bool:

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 
 class SettingError(ValueError):
@@ -174,7 +174,7 @@ def check_rep_grad_data(rep_grad: bool, per_head_data: bool, spell: Spelling) ->
 
 
 def check_rep_grad_trunk(rep_grad: bool, trunk: str, routes_heads: bool,
-                         spell: Spelling) -> None:
+                         spell: Spelling, tapped: Sequence[str] = ()) -> None:
     """Aggregating at the trunk output needs one output shared by every head.
 
     Args:
@@ -182,7 +182,13 @@ def check_rep_grad_trunk(rep_grad: bool, trunk: str, routes_heads: bool,
         trunk: the trunk's class name.
         routes_heads: whether the trunk gives each head features of its own (MMoE, ...).
         spell: the spelling of the calling layer.
+        tapped: the heads that read a trunk tap (an intermediate block's output).
     """
+    if rep_grad and tapped:
+        raise SettingError("trunk.rep_grad", (
+            f"{spell.key('trunk.rep_grad')}: {spell.setting('trunk.rep_grad', True)} combines "
+            f"the heads' gradients at one shared trunk output, but heads {list(tapped)} read "
+            f"trunk taps; set {spell.setting('trunk.rep_grad', False)} (parameter space)"))
     if rep_grad and routes_heads:
         raise SettingError("trunk.rep_grad", (
             f"{spell.key('trunk.rep_grad')}: {spell.setting('trunk.rep_grad', True)} combines "

@@ -335,15 +335,17 @@ class TrainStep:
         `Forward.features` is the dict objective -> trunk output.
         """
         model = self._model
+        taps = {"taps": [r for h in heads for r in h.reads if r.startswith("trunk/")]}
+        taps = taps if taps["taps"] else {}  # trunk taps an objective reads (`trunk/<block>`)
         if own_batches:
-            features = {h.name: model.features(inputs[h.name], training=True) for h in heads}
+            features = {h.name: model.features(inputs[h.name], training=True, **taps) for h in heads}
         else:
-            features = model.features(inputs, training=True)
+            features = model.features(inputs, training=True, **taps)
         cache: dict[tuple[Any, ...], Any] = {}
 
         def read(head: HeadSpec, name: str, seen: Any, how: Any) -> Any:
-            if name == "trunk":
-                return seen
+            if name == "trunk" or name.startswith("trunk/"):  # with taps, `seen` holds several
+                return model.tap_output(seen, name) if hasattr(model, "tap_output") else seen
             key = (name, how, head.name if own_batches else None)
             if key not in cache:
                 cache[key] = model.head_output(name, seen, training=True)

@@ -51,10 +51,12 @@ from multihead.core.results import History, StepResult, step_result
 from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
 from multihead.core.sampling import TaskSampling
 from multihead.core.step import SCHEDULES, TrainStep
+from multihead.core.taps import blocks_table
 from multihead.core.streams import DataFeed, batches_per_epoch, zeros_for_spec
 from multihead.core.training_state import TrainingState
 from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk, trunk_scale
 from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
+from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor
 
 __all__ = ["History", "SavesCheckpoints", "StepResult", "Trainer"]
@@ -187,7 +189,8 @@ class Trainer:
                 where, jit_compile=False, rep_grad=rep_grad, spell=PYTHON,
                 loss_weighting=policy.loss_weighting_label if policy and policy.is_loss_weighting
                 else None)
-        check_rep_grad_trunk(rep_grad, type(model.trunk).__name__, model.routes_heads, PYTHON)
+        check_rep_grad_trunk(rep_grad, type(model.trunk).__name__, model.routes_heads, PYTHON,
+                             tapped=list(getattr(model, "taps", None) or ()))
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
         # Built now so a bad metric name fails at construction.
@@ -267,6 +270,11 @@ class Trainer:
             self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
             addresses=addresses, frozen=self._frozen, fused_updates=self._fused_updates,
         )
+        # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
+        blocks = blocks_table(self.model.trunk, {
+            n: p.var_list for n, p in resolve_parts(self.model, self.objectives).items()})
+        if blocks is not None and self.monitor is not None:
+            self.monitor.write_text(tags.TRUNK_BLOCKS, blocks)
 
     def _build_heads(self) -> list[HeadSpec]:
         parts = resolve_parts(self.model, self.objectives, aggregated=self.trunk_update is not None)

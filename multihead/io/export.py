@@ -23,6 +23,7 @@ import tensorflow as tf
 from multihead import _keras_internals as internals
 from multihead._boundary import temp_dir
 from multihead.core.model import MultiHeadModel, head_input
+from multihead.core.taps import trunk_features
 
 #: Name of the input of every serving signature.
 INPUT_NAME = "inputs"
@@ -54,6 +55,7 @@ class _Serving(tf.Module):
         self.trunk = model.trunk
         self.heads = {h: model.heads[h] for h in heads}
         self.head_names = list(heads)
+        self._taps = {h: i for h, i in model.tap_indices.items() if h in heads}
         self.serve_all = tf.function(self._outputs_of(tuple(heads)), input_signature=[spec])
         self.serve_head = {
             h: tf.function(self._outputs_of((h,)), input_signature=[spec]) for h in heads
@@ -63,8 +65,8 @@ class _Serving(tf.Module):
 
     def _outputs_of(self, heads: tuple[str, ...]):
         def serve(inputs: tf.Tensor | dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            feats = self.trunk(inputs, training=False)
-            return {h: self.heads[h](head_input(self.trunk, feats, h), training=False)
+            feats = trunk_features(self.trunk, inputs, self._taps, training=False)
+            return {h: self.heads[h](head_input(self.trunk, feats, h, self._taps), training=False)
                     for h in heads}
 
         return serve

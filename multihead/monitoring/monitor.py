@@ -27,6 +27,8 @@ section per head, one chart per tag: see `multihead.monitoring.layout`):
   and their histogram (at the histogram cadence); computed at the parameters the
   step starts from (`Monitor.gates`).
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
+* `trunk_blocks` (text, step 0): with trunk taps, the trunk blocks each head trains
+  (`multihead.core.taps.blocks_table`), written by the `Trainer`.
 
 Every tag is built by `multihead.monitoring.tags`, the schema `multihead report` reads.
 
@@ -243,7 +245,8 @@ class Monitor:
         self._addresses: dict[int, str] = {}  # id(variable) -> the name its tags use
         self._lr: dict[str, tf.Variable] = {}
         self._optimizers: dict[str, keras.optimizers.Optimizer] = {}
-        self._trunk_grad: dict[str, list[tf.Variable]] = {}
+        # head -> id(trunk variable) -> its gradient (heads may train different trunk blocks)
+        self._trunk_grad: dict[str, dict[int, tf.Variable]] = {}
         self._trunk_norm: dict[str, tf.Variable] = {}
         self._recorded_at: dict[str, tf.Variable] = {}
         # Set only while `monitored` traces a step body.
@@ -312,9 +315,9 @@ class Monitor:
             # The last head never has a later partner in the same step: it needs no buffer.
             for head in trunk_heads[:-1] if self.grad_cosine else []:
                 trunk = [v for v in var_lists[head] if id(v) in self._trunk_ids]
-                self._trunk_grad[head] = [
-                    tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
-                                name="monitor_trunk_grad") for v in trunk]
+                self._trunk_grad[head] = {
+                    id(v): tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
+                                       name="monitor_trunk_grad") for v in trunk}
                 self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
         written = self._scalar_tags(var_lists, trunk_heads) + list(other_tags)
         self._write_layout(custom_scalars_layout(self._heads, written))
@@ -350,9 +353,13 @@ class Monitor:
 
     def write_config(self, text: str, step: int = 0) -> None:
         """Writes the resolved experiment config (YAML text) as the `config` text summary."""
+        self.write_text(tags.CONFIG, text, step)
+
+    def write_text(self, tag: str, text: str, step: int = 0) -> None:
+        """Writes plain `text` (a config, a table) as a text summary `tag`, shown verbatim."""
         markdown = "\n".join("    " + line for line in text.splitlines())  # a code block
         with self._train_writer.as_default(step=step):
-            tf.summary.text(tags.CONFIG, markdown)
+            tf.summary.text(tag, markdown)
         self._train_writer.flush()
 
     # -- inside the traced step ----------------------------------------------------------
@@ -565,7 +572,7 @@ class Monitor:
             for v, w in zip(variables, before):
                 w.assign(v)  # the next head's update starts from here
             if trunk:
-                self._write_cosines(head, [g for g, _ in trunk], trunk_norm, earlier, step)
+                self._write_cosines(head, trunk, trunk_norm, earlier, step)
             self._recorded_at[head].assign(step)
 
         self._gated(self._scalars_due(step), scalars)
@@ -579,11 +586,16 @@ class Monitor:
     def _address(self, variable: keras.Variable) -> str:
         return self._addresses.get(id(variable)) or variable.path
 
-    def _write_cosines(self, head: str, trunk_grads: list[_Grad], norm: tf.Tensor,
-                       earlier: list[str], step: tf.Tensor) -> None:
+    def _write_cosines(self, head: str, trunk: list[tuple[_Grad, keras.Variable]],
+                       norm: tf.Tensor, earlier: list[str], step: tf.Tensor) -> None:
+        # A head that trains fewer trunk blocks (a trunk tap) has a zero gradient on the
+        # others: the dot product runs over the variables both heads train, by identity.
         def writer(other: str) -> Callable[[], None]:
             def write() -> None:
-                dot = flat_dot(self._trunk_grad[other], trunk_grads)
+                buffers = self._trunk_grad[other]
+                common = [(buffers[id(v)], g) for g, v in trunk if id(v) in buffers]
+                dot = (flat_dot([b for b, _ in common], [g for _, g in common]) if common
+                       else tf.constant(0.0))
                 first, second = sorted((other, head), key=self._heads.index)
                 self._emit_scalar(tags.grad_cosine(first, second),
                                   cosine(dot, self._trunk_norm[other], norm))
@@ -592,8 +604,8 @@ class Monitor:
         for other in earlier:  # heads updated before this one in this step, if they were due
             self._gated(tf.equal(self._recorded_at[other], step), writer(other))
         if head in self._trunk_grad:
-            for buffer, g in zip(self._trunk_grad[head], trunk_grads):
-                buffer.assign(_dense(g))
+            for g, v in trunk:
+                self._trunk_grad[head][id(v)].assign(_dense(g))
             self._trunk_norm[head].assign(norm)
 
     # -- eager ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ Train run (`<log_dir>/train`):
 | `gate_hist/<head>`                    | histogram of the head's gate weights (all experts)     |
 | `episode/return`, `episode/length`    | RL episodes, x axis = environment steps                |
 | `config` (text)                       | the resolved experiment config                         |
+| `trunk_blocks` (text)                 | with trunk taps: the trunk blocks each head trains     |
 
 Eval run (`<log_dir>/eval`): `<metric>/<head>` (`loss/a`, `mae/a`), and the
 episode tags.
@@ -60,6 +61,7 @@ AGG_UPDATE_NORM = "agg_update_norm"
 EPISODE_RETURN = "episode/return"
 EPISODE_LENGTH = "episode/length"
 CONFIG = "config"
+TRUNK_BLOCKS = "trunk_blocks"
 GATE = "gate"
 GATE_HIST = "gate_hist"
 #: The last segment of a gate's entropy tag; an expert's is `expert_<i>`.
@@ -71,7 +73,8 @@ TRUNK, HEAD, VAR, PART = "trunk", "head", "var", "part"
 _PER_HEAD = (LOSS, LR, UPDATE_RATIO, LOSS_WEIGHT, NONFINITE_SKIPS, MISSING_LABEL_SKIPS, AGG_WEIGHT,
              AGG_LOSS_WEIGHT, AGG_TRUNK_GRAD_NORM)
 _PAIRS = (GRAD_COSINE, AGG_COSINE)
-_RUN_WIDE = (AGG_PROJECTIONS, AGG_UPDATE_NORM, CONFIG, EPISODE_RETURN, EPISODE_LENGTH)
+_RUN_WIDE = (AGG_PROJECTIONS, AGG_UPDATE_NORM, CONFIG, TRUNK_BLOCKS, EPISODE_RETURN,
+             EPISODE_LENGTH)
 
 
 # -- building --------------------------------------------------------------------------

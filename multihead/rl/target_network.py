@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from multihead._checks import check_float, check_int, variable_label
 from multihead.core.model import MultiHeadModel, _zeros_like_shape, head_input
+from multihead.core.taps import trunk_features
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
 
@@ -193,6 +194,8 @@ class TargetNetwork(tf.Module):
         self._source = _Untracked([model.trunk] + [model.heads[h] for h in head_names])
         self.trunk = _copy_part(model.trunk, "trunk", clone)
         self.heads = {h: _copy_part(model.heads[h], f"heads/{h}", clone) for h in head_names}
+        # The copied heads read the copy's blocks their source heads read (trunk taps).
+        self._taps = {h: i for h, i in model.tap_indices.items() if h in head_names}
         self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_calls")
         self._update_fn = tf.function(self._update)
         self.sync()
@@ -257,6 +260,7 @@ class TargetNetwork(tf.Module):
 
     def __call__(self, inputs: Any) -> dict[str, tf.Tensor]:
         """The copy's outputs `{head: output}` for `inputs`, under `tf.stop_gradient`."""
-        feats = self.trunk(inputs, training=False)
-        return {h: tf.stop_gradient(self.heads[h](head_input(self.trunk, feats, h), training=False))
+        feats = trunk_features(self.trunk, inputs, self._taps, training=False)
+        return {h: tf.stop_gradient(self.heads[h](head_input(self.trunk, feats, h, self._taps),
+                                                  training=False))
                 for h in self.head_names}

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from conftest import make_batch, make_model
+from conftest import make_batch, make_model, make_tapped
 from multihead.core.addresses import variable_addresses
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import cosine, global_norm, histogram_buckets
@@ -472,3 +472,31 @@ def test_clipped_and_raw_trunk_gradient_norms_are_both_logged(tmp_path, clip):
     assert logged["grad_norm/a/trunk"] == pytest.approx(raw_norm, rel=1e-5)
     assert logged["grad_norm_clipped/a/trunk"] == pytest.approx(applied_norm, rel=1e-4)
     assert applied_norm < raw_norm  # the clip was active
+
+
+def test_grad_cosine_with_a_trunk_tap_pairs_gradients_by_variable(tmp_path):
+    # aux reads block conv1: its trunk gradient is zero on conv2 and conv3, so the cosine
+    # is the dot over conv1's variables over the norms of both whole trunk gradients
+    heads = ("main", "aux")
+    model, ref = make_tapped("conv1"), make_tapped("conv1")
+    trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.SGD(0.1)) for h in heads},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0)
+    x, y = make_batch(heads, seed=3)
+    trainer.step((x, y))
+    trainer.close()
+    with tf.GradientTape(persistent=True) as tape:
+        out = ref(x, training=True)
+        losses = {h: _mse(y[h], out[h]) for h in heads}
+    trunk = ref.trunk_variables
+    grads = {h: [np.zeros(v.shape) if g is None else g.numpy().astype(np.float64)
+                 for g, v in zip(tape.gradient(losses[h], trunk), trunk)] for h in heads}
+    dot = sum(np.sum(a * b) for a, b in zip(grads["main"], grads["aux"]))
+    expected = dot / (_norm(grads["main"]) * _norm(grads["aux"]))
+    logged = read_events(str(tmp_path / "train"))
+    np.testing.assert_allclose(float(logged[tags.grad_cosine("main", "aux")][1]), expected,
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(logged[tags.trunk_grad_norm("aux")][1]),
+                               _norm(grads["aux"][:2]), rtol=1e-5)  # conv1's kernel and bias
+    table = logged[tags.TRUNK_BLOCKS][0].item().decode()
+    assert [line.strip() for line in table.splitlines()] == [
+        "head  trunk blocks trained", "main  conv1, conv2, conv3", "aux   conv1"]

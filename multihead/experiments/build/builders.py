@@ -30,6 +30,7 @@ from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
 from multihead.core.head_early_stopping import HeadEarlyStopping
 from multihead.core.data import MultiTaskData
 from multihead.core.model import MultiHeadModel
+from multihead.core.taps import resolve_taps
 from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
 from multihead.core.trainer import Trainer
 from multihead.io.best_checkpoint import BestCheckpoint
@@ -120,8 +121,12 @@ def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
         name: build_layer(head.layers, f"model.heads.{name}.layers")
         for name, head in config.model.heads.items()
     }
+    try:  # errors name the config key of the tap
+        resolve_taps(trunk, config.model.taps, list(heads), where="model.taps")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     try:
-        model = MultiHeadModel(trunk, heads)
+        model = MultiHeadModel(trunk, heads, taps=config.model.taps)
         model.build(input_shape)
         model.partition  # noqa: B018 - validates the trunk/head partition now
     except (ValueError, TypeError, NotImplementedError) as err:  # NotImplementedError: no call()

@@ -28,6 +28,7 @@ from multihead.core.rules import (
     SettingError,
     check_jit_logging,
     check_rep_grad_data,
+    check_rep_grad_trunk,
     check_strategy_limits,
     check_trunk_aggregation,
 )
@@ -196,6 +197,9 @@ class ModelConfig:
 
     trunk: Any = _field(doc="Keras layer dict, list of them, or {mlp: {...}}")
     heads: dict[str, HeadConfig] = _field(doc="head name -> head config", each="<head>")
+    taps: dict[str, Any] = _field({}, doc="head -> the trunk block it reads instead of the trunk's "
+                                          "output (trunk taps): a layer name or index of a list "
+                                          "trunk; it trains only the blocks up to it")
 
 
 @dataclasses.dataclass
@@ -430,6 +434,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
         try:
             check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
                                 bool(config.data.per_head), _CONFIG)
+            check_rep_grad_trunk(isinstance(trunk, TrunkConfig) and trunk.rep_grad, "", False,
+                                 _CONFIG, tapped=list(config.model.taps))
             check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
