@@ -95,6 +95,27 @@ class Objective:
             present gives the head no update (counted in
             `missing_label_skips/<head>`). Needs a Keras loss or a `(y_true, y_pred)`
             callable.
+        reads: the outputs the loss reads: head names, `"trunk"` (the trunk's output) or
+            a trunk tap `"trunk/<block>"`; None: the objective's own head (its key in
+            `objectives` must then be a head). An objective whose key is not a head
+            stands on its own and must give them; its labels are `targets[<its key>]`.
+        combine: what the loss compares with the labels, from the outputs it reads: a
+            callable `combine(outputs)` or `combine(outputs, inputs)`, `outputs` being
+            the dict read -> output (ESMM: `lambda o: o["ctr"] * o["cvr"]`), or the name
+            of an element-wise combination of all of them: `"product"`, `"sum"`,
+            `"mean"`. None: the single output it reads.
+        trains: the parts its optimizer trains, by address: `"trunk"` (the trunk
+            variables its reads depend on: below a tap, only those), `"heads/<name>"`,
+            or a trunk sublayer `"trunk/<index>"` (see `multihead.core.addresses`).
+            None: the trunk and the heads it reads (the heads only with
+            `trains_trunk=False` or `trunk_scale=0`). Its optimizer is built on exactly
+            these variables; a part it reads but does not train gets no update from it,
+            and its gradient is not computed. See docs/objectives.md.
+        trunk_scale: factor on its gradient into the trunk, where that gradient enters
+            the trunk's output: 1 as is, 0 none (as `trains_trunk=False`), negative
+            reverses it (gradient reversal, as in domain-adversarial training). A
+            number, a `LearningRateSchedule` (or its serialization dict) or a callable
+            of the step, evaluated in the compiled step. The forward pass is unchanged.
     """
 
     loss: LossSpec

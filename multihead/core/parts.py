@@ -234,7 +234,7 @@ def _resolve(model: HeadsModel, name: str, objective: Objective,
                          "'heads/<name>')")
     chosen: dict[int, keras.Variable] = {}
     for address in trains:
-        if address == TRUNK and objective.trains is None:  # by default: what its reads read
+        if address == TRUNK:  # the trunk variables its reads depend on (below a tap)
             chosen.update((id(v), v) for v in _trunk_read(model, reads, parts[TRUNK]))
             continue
         if address not in parts:

@@ -32,8 +32,9 @@ class ObjectiveConfig:
     on_nonfinite: str = _field("skip", choices=("skip", "raise", "apply"),
                                doc="a step where this loss or its gradient is NaN/Inf: skip "
                                    "drops its update, raise stops the run, apply applies it")
-    reads: Union[list[str], None] = _field(None, doc="the outputs the loss reads: head names or "
-                                                    "trunk; default: the head of that name")
+    reads: Union[list[str], None] = _field(None, doc="the outputs the loss reads: head names, "
+                                                    "trunk or trunk/<block> (a tap); default: "
+                                                    "the head of that name")
     combine: Union[str, None] = _field(None, choices=("product", "sum", "mean", None),
                                        doc="how several reads make one prediction, element-wise")
     trains: Union[list[str], None] = _field(
@@ -89,7 +90,7 @@ def check_objectives(config: ExperimentConfig) -> None:
     for name, spec in objective_configs(config).items():
         path = objective_path(config, name)
         for i, read in enumerate(spec.reads or ()):
-            if read != "trunk" and read not in heads:
+            if not (read == "trunk" or read.startswith("trunk/") or read in heads):
                 raise ConfigError(f"{path}.reads[{i}]: the model has no head {read!r}"
                                   f"{suggest(read, heads)}; its heads are {heads}")
         if spec.reads and len(spec.reads) > 1 and spec.combine is None:
@@ -103,7 +104,7 @@ def check_objectives(config: ExperimentConfig) -> None:
     trained = {h for n, s in objective_configs(config).items()
                for h in ([p.removeprefix("heads/") for p in s.trains if p.startswith("heads/")]
                          if s.trains is not None else
-                         [r for r in (s.reads or [n]) if r != "trunk"])}
+                         [r for r in (s.reads or [n]) if r in heads])}
     for head in heads:
         if head not in trained:
             raise ConfigError(f"model.heads.{head}.loss: null, and no objective trains the head; "
