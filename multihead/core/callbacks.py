@@ -186,8 +186,10 @@ class ProgressCallback(Callback):
 class NonFiniteGuard(Callback):
     """Stops `fit` with an error naming the head when a head's loss is non-finite.
 
-    With `Objective(on_nonfinite="raise")` at the first such step; otherwise when it
-    stays non-finite for `limit` consecutive steps of that head (its updates are
+    With `Objective(on_nonfinite="raise")` at the first such step (with float16 loss
+    scales, at the first non-finite loss: an overflowing scaled gradient only halves the
+    head's scale); otherwise when it stays non-finite for `limit` consecutive steps of
+    that head (its updates are
     skipped meanwhile under the default `"skip"`). `Trainer` checks `limit` (its
     `max_nonfinite_steps`) at construction.
     """
@@ -206,7 +208,10 @@ class NonFiniteGuard(Callback):
             self._first.setdefault(head, (result.step, loss))
             self._count[head] = self._count.get(head, 0) + 1
             policy = self.trainer.objectives[head].on_nonfinite
-            if policy == "raise" or self._count[head] >= self.limit:
+            # With a loss scale (float16), an overflowing gradient is routine: only a
+            # non-finite loss raises at once.
+            overflow = math.isfinite(loss) and getattr(self.trainer, "loss_scales", None) is not None
+            if (policy == "raise" and not overflow) or self._count[head] >= self.limit:
                 at, value = self._first[head]
                 what = f"the loss of head {head!r} became {value}" if not math.isfinite(value) \
                     else f"a gradient of head {head!r} became non-finite"

@@ -27,6 +27,7 @@ from multihead._checks import (
 from multihead.core.rules import (
     SettingError,
     check_jit_logging,
+    check_loss_scaling,
     check_rep_grad_data,
     check_strategy_limits,
     check_trunk_aggregation,
@@ -247,6 +248,10 @@ class TrainConfig:
     max_nonfinite_steps: int = _field(10, minimum=1,
                                       doc="stop with an error when a head's loss or gradient is "
                                           "non-finite this many steps in a row")
+    mixed_precision: Union[str, None] = _field(
+        None, choices=("float16", "bfloat16"),
+        doc="compute the trunk and heads in float16 (a dynamic loss scale per head) or bfloat16; "
+            "variables stay float32; default: float32")
 
 
 @dataclasses.dataclass
@@ -429,6 +434,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
             check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
                                 bool(config.data.per_head), _CONFIG)
             check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
+            check_loss_scaling(config.train.mixed_precision == "float16",
+                               isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
         for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
