@@ -4,6 +4,7 @@ mixed dtype policy; float16 gives each head a loss scale; what it cannot do is r
 from __future__ import annotations
 
 import keras
+import numpy as np
 import pytest
 from conftest import assert_train_refuses
 
@@ -30,20 +31,24 @@ def _config(**train):
     return from_dict(raw)
 
 
-def _policies(model):
-    """The policies of the layers that compute (not of the `keras.Sequential` containers)."""
-    return {layer.dtype_policy.name for part in [model.trunk, *model.heads.values()]
-            for layer in internals.all_layers(part)
+def _policies(*parts):
+    """The policies of the layers of `parts` that compute (not of `keras.Sequential`s)."""
+    return {layer.dtype_policy.name for part in parts for layer in internals.all_layers(part)
             if not isinstance(layer, (keras.Model, keras.layers.InputLayer))}
 
 
 @pytest.mark.parametrize("precision,policy,scaled", [
     (None, "float32", False), ("bfloat16", "mixed_bfloat16", False),
     ("float16", "mixed_float16", True)])
-def test_every_layer_the_builders_make_takes_the_policy(precision, policy, scaled):
+def test_every_layer_but_the_heads_outputs_takes_the_policy(precision, policy, scaled):
     config = _config(mixed_precision=precision)
     model = build_model(config, (None, 4))
-    assert _policies(model) == {policy}
+    hidden = [model.heads["y1"].layers[0], model.heads["y2"].layers[0]]
+    assert _policies(model.trunk, *hidden) == {policy}
+    outputs = [model.heads["y1"].layers[-1], model.heads["y2"].layers[-1]]
+    assert _policies(*outputs) == {"float32"}
+    x = np.ones((2, 4), "float32")
+    assert {h: out.dtype.name for h, out in model(x).items()} == {"y1": "float32", "y2": "float32"}
     assert {v.dtype for v in model.weights} == {"float32"}
     trainer = build_trainer(config, model, build_objectives(config), None)
     assert (trainer.loss_scales is not None) == scaled
@@ -53,16 +58,17 @@ def test_an_architecture_trunk_takes_the_policy_too():
     raw = parse_yaml(BASE)
     raw["model"]["trunk"] = {"mmoe": {"experts": 2, "expert": {"mlp": {"units": [4]}}}}
     raw["train"]["mixed_precision"] = "bfloat16"
-    assert _policies(build_model(from_dict(raw), (None, 4))) == {"mixed_bfloat16"}
+    assert _policies(build_model(from_dict(raw), (None, 4)).trunk) == {"mixed_bfloat16"}
 
 
 def test_a_layer_config_that_names_its_dtype_keeps_it():
     raw = parse_yaml(BASE)
-    raw["model"]["heads"]["y1"]["layers"][1]["config"]["dtype"] = "float32"
+    raw["model"]["heads"]["y1"]["layers"][0]["config"]["dtype"] = "float32"
+    raw["model"]["heads"]["y1"]["layers"][1]["config"]["dtype"] = "mixed_float16"
     raw["train"]["mixed_precision"] = "float16"
     model = build_model(from_dict(raw), (None, 4))
-    assert model.heads["y1"].layers[1].dtype_policy.name == "float32"
-    assert model.heads["y1"].layers[0].dtype_policy.name == "mixed_float16"
+    assert [layer.dtype_policy.name for layer in model.heads["y1"].layers] == [
+        "float32", "mixed_float16"]
 
 
 def test_float16_with_trunk_aggregation_is_refused_naming_the_trunk():

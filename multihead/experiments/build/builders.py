@@ -53,7 +53,8 @@ def dtype_policy(config: ExperimentConfig) -> str | None:
     return _POLICIES[precision]
 
 
-def _mlp(spec: Any, path: str, dtype: str | None = None) -> keras.Sequential:
+def _mlp(spec: Any, path: str, dtype: str | None = None, output_dtype: str | None = None,
+         ) -> keras.Sequential:
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{path}: expected a mapping with 'units', got {spec!r}")
     check_keys(spec, _MLP_KEYS, path, error=ConfigError)
@@ -73,7 +74,8 @@ def _mlp(spec: Any, path: str, dtype: str | None = None) -> keras.Sequential:
             last = i == len(units) - 1
             layers.append(keras.layers.Dense(
                 n, activation=output_activation if last else activation,
-                kernel_regularizer=spec.get("kernel_regularizer"), dtype=dtype,
+                kernel_regularizer=spec.get("kernel_regularizer"),
+                dtype=(output_dtype or dtype) if last else dtype,
             ))
             if dropout and not last:
                 layers.append(keras.layers.Dropout(dropout, dtype=dtype))
@@ -82,10 +84,12 @@ def _mlp(spec: Any, path: str, dtype: str | None = None) -> keras.Sequential:
     return keras.Sequential(layers)
 
 
-def build_layer(spec: Any, path: str, dtype: str | None = None) -> keras.layers.Layer:
+def build_layer(spec: Any, path: str, dtype: str | None = None, output_dtype: str | None = None,
+                ) -> keras.layers.Layer:
     """A Keras layer from a config spec: a Keras serialization dict, a list of specs
-    (a `keras.Sequential`), or `{"mlp": {...}}`; `dtype`: the layers' dtype policy (a
-    layer whose config names its own `dtype` keeps it), None for Keras' default.
+    (a `keras.Sequential`), or `{"mlp": {...}}`; `dtype`: the layers' dtype policy,
+    `output_dtype`: the last layer's (None: `dtype`); a layer whose config names its own
+    `dtype` keeps it; None for Keras' default.
 
     Raises:
         ConfigError: naming `path`, for unknown classes, bad arguments or shapes of spec.
@@ -93,9 +97,12 @@ def build_layer(spec: Any, path: str, dtype: str | None = None) -> keras.layers.
     if isinstance(spec, list):
         if not spec:
             raise ConfigError(f"{path}: the list of layers is empty")
-        return keras.Sequential([build_layer(s, f"{path}[{i}]", dtype) for i, s in enumerate(spec)])
+        last = len(spec) - 1
+        return keras.Sequential([build_layer(s, f"{path}[{i}]", dtype,
+                                             output_dtype if i == last else None)
+                                 for i, s in enumerate(spec)])
     if isinstance(spec, Mapping) and set(spec) == {"mlp"}:
-        return _mlp(spec["mlp"], f"{path}.mlp", dtype)
+        return _mlp(spec["mlp"], f"{path}.mlp", dtype, output_dtype)
     if not isinstance(spec, Mapping) or "class_name" not in spec:
         raise ConfigError(
             f"{path}: expected a Keras layer {{class_name: ..., config: {{...}}}}, a list of them, "
@@ -111,6 +118,7 @@ def build_layer(spec: Any, path: str, dtype: str | None = None) -> keras.layers.
             )
         spec["module"] = "keras.layers"
     spec.setdefault("config", {})
+    dtype = output_dtype or dtype
     if dtype is not None and isinstance(spec["config"], Mapping):
         spec["config"] = {"dtype": dtype, **spec["config"]}
     try:
@@ -121,7 +129,12 @@ def build_layer(spec: Any, path: str, dtype: str | None = None) -> keras.layers.
 
 def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
     """The model of `config.model`, built for inputs of `input_shape`: `(None, ...)`, or a dict
-    input name -> shape for named inputs (see `named_inputs_trunk`)."""
+    input name -> shape for named inputs (see `named_inputs_trunk`).
+
+    With `train.mixed_precision`, every layer computes in the mixed policy except each
+    head's output layer, which computes in float32 (Keras' advice for a model's outputs:
+    measured on the quickstart, bfloat16 output layers cost 7-10% of the final eval loss,
+    float32 ones nothing beyond run-to-run noise; docs/performance.md)."""
     dtype = dtype_policy(config)
     if is_architecture(config.model.trunk):
         if isinstance(input_shape, Mapping):
@@ -133,7 +146,8 @@ def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
     if isinstance(input_shape, Mapping):
         trunk = named_inputs_trunk(trunk, input_shape)
     heads = {
-        name: build_layer(head.layers, f"model.heads.{name}.layers", dtype)
+        name: build_layer(head.layers, f"model.heads.{name}.layers", dtype,
+                          "float32" if dtype else None)
         for name, head in config.model.heads.items()
     }
     try:
