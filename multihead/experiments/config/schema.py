@@ -250,8 +250,8 @@ class TrainConfig:
                                           "non-finite this many steps in a row")
     mixed_precision: Union[str, None] = _field(
         None, choices=("float16", "bfloat16"),
-        doc="compute the trunk and heads in float16 (a dynamic loss scale per head) or bfloat16; "
-            "variables stay float32; default: float32")
+        doc="compute in float16 (a dynamic loss scale per head) or bfloat16, each head's output "
+            "layer in float32; variables stay float32; default: float32 (docs/training.md)")
 
 
 @dataclasses.dataclass
