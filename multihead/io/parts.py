@@ -141,7 +141,7 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
                 "trunk": internals.seed_generator_states(model.trunk),
                 "heads": group({h: internals.seed_generator_states(model.heads[h]) for h in model.head_names}),
             })
-        elif part in state:  # optimizers/<head>, trunk_update, step, data, frozen, loss_scales
+        elif part in state:  # optimizers/<head>, trunk_update, step, data, frozen, ...
             objects[part] = state[part]
         elif kind == "targets":
             objects[part] = targets[name]
