@@ -244,3 +244,56 @@ def internal_layers(layer):
     from multihead import _keras_internals as internals
 
     return internals.all_layers(layer)
+
+
+# -- under a MirroredStrategy (2 logical CPUs, in a subprocess) ----------------------------
+
+MIRRORED = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np, multihead as mh
+
+def run(strategy):
+    scope = strategy.scope() if strategy else tf.name_scope("single")
+    with scope:
+        keras.utils.set_random_seed(0)
+        pol = keras.DTypePolicy("mixed_float16")
+        model = mh.MultiHeadModel(keras.layers.Dense(8, activation="tanh", dtype=pol),
+                                  {"a": keras.layers.Dense(1, dtype=pol),
+                                   "b": keras.layers.Dense(1, dtype=pol)})
+        model.build((None, 5))
+        objectives = {"a": mh.Objective("mse", keras.optimizers.SGD(0.1)),
+                      "b": mh.Objective("mse", keras.optimizers.SGD(0.1), weight=1e8)}
+    trainer = mh.Trainer(model, objectives, strategy=strategy,
+                         loss_scale=mh.DynamicLossScale(initial=2.0 ** 8))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 5)).astype("float32")
+    y = {h: rng.standard_normal((16, 1)).astype("float32") for h in "ab"}
+    steps = [trainer.step((x, y)) for _ in range(3)]
+    return {"skipped": [list(r.skipped) for r in steps], "scales": trainer.loss_scales.values(),
+            "weights": [w.tolist() for w in model.get_weights()]}
+
+json.dump({"single": run(None),
+           "mirrored": run(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_float16_loss_scales_under_a_mirrored_strategy_match_one_device():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", MIRRORED], env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    runs = json.loads(out[out.index('{"single"'):])
+    for run in runs.values():
+        assert run["skipped"] == [["b"]] * 3
+        assert run["scales"] == {"a": 2.0 ** 8, "b": 2.0 ** 5}
+    for one, mirrored in zip(runs["single"]["weights"], runs["mirrored"]["weights"]):
+        np.testing.assert_allclose(mirrored, one, rtol=1e-3, atol=1e-4)  # float16 half batches
