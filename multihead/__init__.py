@@ -61,6 +61,7 @@ _EXPORTS = {
     "DSelectK": "multihead.core.architectures",
     "Monitor": "multihead.monitoring.monitor",
     "Objective": "multihead.core.objectives",
+    "DynamicLossScale": "multihead.core.loss_scales",
     "Partition": "multihead.core.partition",
     "RunReport": "multihead.monitoring.report",
     "load_report": "multihead.monitoring.report",
@@ -134,6 +135,7 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.core.architectures import DSelectK
     from multihead.monitoring.monitor import Monitor
     from multihead.core.objectives import Objective
+    from multihead.core.loss_scales import DynamicLossScale
     from multihead.core.partition import Partition
     from multihead.monitoring.report import RunReport
     from multihead.monitoring.report import load_report
@@ -199,6 +201,7 @@ __all__ = [
     "Comparison",
     "CrossStitch",
     "DSelectK",
+    "DynamicLossScale",
     "EarlyStopping",
     "HeadEarlyStopping",
     "ExportResult",

@@ -8,6 +8,9 @@ reports sits here, once:
 * when a head is due (`every=n`: steps where `step % n == 0`, decided in the graph);
 * the non-finite guard: a guarded update whose loss or gradient is not finite is
   dropped, and reported as skipped;
+* a head's dynamic loss scale (float16): its gradient is unscaled before the guard
+  reads it, an overflowing head is dropped as a non-finite one, and its scale is
+  updated (`multihead.core.loss_scales`);
 * a condition of the rule's own (`PlannedUpdate.when`, e.g. the trunk update of an
   aggregate that lost two heads to non-finite gradients);
 * the monitor hook of a head's update (loss, gradient norms, histograms).
@@ -25,6 +28,7 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead.core import adam_sgd_ops
+from multihead.core.loss_scales import LossScales
 from multihead.monitoring.monitor import Monitor
 
 Gradients = Sequence[Union[tf.Tensor, tf.IndexedSlices, None]]
@@ -100,13 +104,16 @@ class Applier:
         distributed: the step runs under a `tf.distribute` strategy.
         fused: plain Adam and SGD optimizers update through TF1's fused kernels
             (`Trainer(fused_updates=True)`; see `multihead.core.adam_sgd_ops`).
+        loss_scales: the heads' loss scales, whose heads' gradients arrive scaled; None:
+            no loss scaling.
     """
 
     def __init__(self, monitor: Monitor | None = None, distributed: bool = False,
-                 fused: bool = False) -> None:
+                 fused: bool = False, loss_scales: LossScales | None = None) -> None:
         self._monitor = monitor
         self._distributed = distributed
         self._fused = fused
+        self._loss_scales = loss_scales
 
     def apply_all(self, plans: Sequence[PlannedUpdate], step: tf.Tensor,
                   due_decided: bool = False) -> HeadsDone:
@@ -127,13 +134,21 @@ class Applier:
     def apply(self, plan: PlannedUpdate, step: tf.Tensor, due_decided: bool = False,
               ) -> tuple[tf.Tensor, tf.Tensor]:
         """Applies one plan -> (updated, skipped), bool scalars."""
+        scales = self._loss_scales
+        scaled = scales is not None and plan.head in scales.scales
+
         def run() -> tuple[tf.Tensor, tf.Tensor]:
             grads = plan.gradients() if callable(plan.gradients) else plan.gradients
-            if not plan.guarded:
+            if scaled:
+                grads = scales.unscale(plan.head, grads)
+            if not plan.guarded and not scaled:
                 self._write(plan, grads)
                 return tf.constant(True), tf.constant(False)
             finite = plan.finite if plan.finite is not None else all_finite(plan.loss, grads)
-            return self._guarded(finite, lambda: self._write(plan, grads))
+            done = self._guarded(finite, lambda: self._write(plan, grads))
+            if scaled:
+                scales.update(plan.head, finite)
+            return done
 
         conditions = [] if plan.when is None else [plan.when]
         if plan.every != 1 and not due_decided:

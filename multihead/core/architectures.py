@@ -20,6 +20,10 @@ Experts are one batched operation: the kernels of all experts of a group are one
 `(in, experts, out)` variable and an expert layer is one matmul (or einsum), never a
 Python loop over experts. Loops run over heads and levels only.
 
+Every sub-layer takes the layer's dtype policy (`dtype=keras.DTypePolicy("mixed_float16")`
+or `"mixed_bfloat16"`): variables stay float32, the computation runs in the policy's
+compute dtype.
+
 Gated layers also expose `gate_weights(inputs)`, `{head: (batch, experts)}`, the
 mixture weights each head's features are made of (read by the monitor: expert
 utilisation per head).
@@ -128,7 +132,7 @@ class Experts(internals.CheckpointedLists, keras.layers.Layer):
         self.n = _check_positive(n, "Experts.n")
         self.units = _check_units(units, "Experts.units")
         self.activation = activation
-        self.stack = [StackedDense(self.n, u, activation) for u in self.units]
+        self.stack = [StackedDense(self.n, u, activation, dtype=self.dtype_policy) for u in self.units]
 
     def call(self, inputs: Any) -> Any:
         out = inputs
@@ -205,12 +209,14 @@ class MMoE(_Gated):
         self.num_experts = _check_positive(experts, f"{type(self).__name__}.experts")
         self.expert_units = _check_units(expert_units, f"{type(self).__name__}.expert_units")
         self.expert_activation = expert_activation
-        self.experts = Experts(self.num_experts, self.expert_units, expert_activation)
+        self.experts = Experts(self.num_experts, self.expert_units, expert_activation,
+                               dtype=self.dtype_policy)
         self.gates = [self._gate() for _ in self._gate_names()]
 
     def _gate(self) -> keras.layers.Layer:
         """A new gate: `(batch, in) -> (batch, experts)` mixture weights."""
-        return keras.layers.Dense(self.num_experts, activation="softmax", use_bias=False)
+        return keras.layers.Dense(self.num_experts, activation="softmax", use_bias=False,
+                                  dtype=self.dtype_policy)
 
     def _gate_names(self) -> tuple[str, ...]:
         return self.head_names
@@ -280,12 +286,14 @@ class PLE(_Gated):
         self.expert_activation = expert_activation
         k, s, m = len(self.head_names), self.shared_experts, self.task_experts
         units, act = self.expert_units, expert_activation
-        self.shared_stacks = [Experts(s, units, act) for _ in range(self.levels)]
+        dtype = self.dtype_policy
+        self.shared_stacks = [Experts(s, units, act, dtype=dtype) for _ in range(self.levels)]
         # Level-major lists (index j * heads + k): Keras tracks flat lists of layers.
-        self.task_stacks = [Experts(m, units, act) for _ in range(self.levels * k)]
-        self.task_gates = [keras.layers.Dense(m + s, activation="softmax", use_bias=False)
+        self.task_stacks = [Experts(m, units, act, dtype=dtype) for _ in range(self.levels * k)]
+        self.task_gates = [keras.layers.Dense(m + s, activation="softmax", use_bias=False, dtype=dtype)
                            for _ in range(self.levels * k)]
-        self.shared_gates = [keras.layers.Dense(k * m + s, activation="softmax", use_bias=False)
+        self.shared_gates = [keras.layers.Dense(k * m + s, activation="softmax", use_bias=False,
+                                                dtype=dtype)
                              for _ in range(self.levels - 1)]
 
     def forward(self, inputs: Any, training: bool | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -377,16 +385,18 @@ class DSelectGate(keras.layers.Layer):
                                dtype="float32")
         # Small logits start every smooth step in its linear part, where it has a gradient.
         small = keras.initializers.RandomUniform(-self.gamma / 100, self.gamma / 100)
-        self.selector_logits = keras.layers.Dense(self.k * bits, kernel_initializer=small)
-        self.selector_weights = keras.layers.Dense(self.k, kernel_initializer="zeros")
+        self.selector_logits = keras.layers.Dense(self.k * bits, kernel_initializer=small,
+                                                  dtype=self.dtype_policy)
+        self.selector_weights = keras.layers.Dense(self.k, kernel_initializer="zeros",
+                                                   dtype=self.dtype_policy)
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         z = tf.reshape(self.selector_logits(inputs), [-1, self.k, 1, self.bits])
         s = smooth_step(z, self.gamma)
-        codes = tf.constant(self._codes)  # (n, m)
+        codes = tf.constant(self._codes, s.dtype)  # (n, m)
         single = tf.reduce_prod(codes * s + (1.0 - codes) * (1.0 - s), axis=-1)  # (b, k, n)
-        if training and self.entropy_reg > 0:
-            self.add_loss(self.entropy_reg * selector_entropy(single))
+        if training and self.entropy_reg > 0:  # a loss: in float32 under a mixed policy
+            self.add_loss(self.entropy_reg * selector_entropy(tf.cast(single, tf.float32)))
         weights = tf.nn.softmax(self.selector_weights(inputs), axis=-1)  # (b, k)
         return tf.einsum("bk,bkn->bn", weights, single)
 
@@ -420,7 +430,8 @@ class DSelectK(MMoE):
         super().__init__(heads, experts, expert_units, expert_activation, **kwargs)
 
     def _gate(self) -> keras.layers.Layer:
-        return DSelectGate(self.num_experts, self.k, self.gamma, entropy_reg=self.entropy_reg)
+        return DSelectGate(self.num_experts, self.k, self.gamma, entropy_reg=self.entropy_reg,
+                           dtype=self.dtype_policy)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "k": self.k, "gamma": self.gamma, "entropy_reg": self.entropy_reg}
@@ -449,7 +460,7 @@ class CrossStitch(_RoutedTrunk):
         self.activation = activation
         self.self_weight = float(self_weight)
         k = len(self.head_names)
-        self.columns = [keras.layers.Dense(u, activation=activation)
+        self.columns = [keras.layers.Dense(u, activation=activation, dtype=self.dtype_policy)
                         for u in self.units for _ in range(k)]
         off = 0.0 if k == 1 else (1.0 - self.self_weight) / (k - 1)
         init = np.full((k, k), off, "float32")
@@ -463,7 +474,7 @@ class CrossStitch(_RoutedTrunk):
         xs = [inputs] * k
         for l, stitch in enumerate(self.stitches):
             h = tf.stack([self.columns[l * k + t](xs[t]) for t in range(k)])  # (k, b, u)
-            mixed = tf.einsum("kt,tbu->kbu", stitch, h)
+            mixed = tf.einsum("kt,tbu->kbu", tf.cast(stitch, h.dtype), h)
             xs = [mixed[t] for t in range(k)]
         return dict(zip(self.head_names, xs))
 
@@ -516,15 +527,16 @@ class MTAN(_RoutedTrunk):
 
         def conv(n: int, size: int, act: str) -> keras.layers.Layer:
             # With batch normalisation the activation comes after it (`_conv_bn`).
-            return keras.layers.Conv2D(n, size, padding="same", activation=None if batch_norm else act)
+            return keras.layers.Conv2D(n, size, padding="same", activation=None if batch_norm else act,
+                                       dtype=self.dtype_policy)
 
         def norms(count: int) -> list[keras.layers.Layer]:
-            return [keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+            return [keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, dtype=self.dtype_policy)
                     for _ in range(count)] if batch_norm else []
 
         self.first = [conv(n, 3, "relu") for n in c]
         self.second = [conv(n, 3, "relu") for n in c]
-        self.pool = keras.layers.MaxPooling2D(2)
+        self.pool = keras.layers.MaxPooling2D(2, dtype=self.dtype_policy)
         nxt = c[1:] + c[-1:]
         # Block-major lists (index j * heads + k).
         self.mask_hidden = [conv(c[j], 1, "relu") for j in range(len(c)) for _ in range(k)]

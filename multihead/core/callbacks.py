@@ -192,6 +192,10 @@ class NonFiniteGuard(Callback):
     stays non-finite for `limit` consecutive steps of that head (its updates are
     skipped meanwhile under the default `"skip"`). `Trainer` checks `limit` (its
     `max_nonfinite_steps`) at construction.
+
+    With float16 loss scales (`Trainer.loss_scales`), a step a head skipped with a finite
+    loss while its scale (read after the compiled call) is above 1 is an overflow the scale
+    handles by halving: it neither counts nor raises.
     """
 
     def __init__(self, limit: int) -> None:
@@ -199,11 +203,17 @@ class NonFiniteGuard(Callback):
         self._first: dict[str, tuple[int, float]] = {}
         self._count: dict[str, int] = {}
 
+    def _scale_overflow(self, head: str, loss: float) -> bool:
+        scales = getattr(self.trainer, "loss_scales", None)
+        return scales is not None and math.isfinite(loss) and scales.values()[head] > 1.0
+
     def on_step_end(self, step: int, result: StepResult) -> None:
         for head, loss in result.losses.items():
             if math.isfinite(loss) and head not in result.skipped:
                 self._count.pop(head, None)
                 self._first.pop(head, None)
+                continue
+            if self._scale_overflow(head, loss):
                 continue
             self._first.setdefault(head, (result.step, loss))
             self._count[head] = self._count.get(head, 0) + 1

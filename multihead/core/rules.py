@@ -90,9 +90,9 @@ PYTHON = PythonSpelling()
 #: give instead (the Python API checks the object, a config its `class_name`).
 REFUSED_OPTIMIZERS = {
     "LossScaleOptimizer": (
-        "mixed-precision loss scaling is not supported per head: the step computes unscaled "
-        "gradients, so its updates would be divided by the loss scale; use the inner "
-        "optimizer and a float32 model (a loss scale per head is planned, issue 28)"),
+        "multihead does loss scaling per head, not with one scale for all heads: give the inner "
+        "optimizer; a model that computes in float16 (mixed_float16) gets a dynamic loss scale "
+        "per head (Trainer(loss_scale=...), train.mixed_precision: float16)"),
 }
 
 
@@ -102,6 +102,22 @@ def check_jit_logging(jit_compile: bool, logging: bool, spell: Spelling) -> None
         raise SettingError("jit_compile", (
             f"{spell.key('jit_compile')}: XLA cannot compile the summary ops that TensorBoard "
             f"logging adds to the step; set {spell.setting('log_dir', None)} to train with XLA"))
+
+
+def check_loss_scaling(loss_scaling: bool, aggregated: bool, spell: Spelling) -> None:
+    """Per-head loss scales (float16) need each head's optimizer to apply its own gradient:
+    trunk aggregation is refused with them.
+
+    Args:
+        loss_scaling: whether each head has a dynamic loss scale (float16).
+        aggregated: whether the trunk aggregates the heads' gradients.
+        spell: the spelling of the calling layer.
+    """
+    if loss_scaling and aggregated:
+        raise SettingError("trunk", (
+            f"{spell.key('trunk')}: trunk aggregation does not support float16 loss scaling (a "
+            f"scale per head) yet; set {spell.setting('trunk', 'per_head')}, or compute in "
+            "bfloat16, which needs no loss scale"))
 
 
 def check_strategy_limits(strategy: str | None, *, jit_compile: bool, rep_grad: bool,

@@ -37,6 +37,7 @@ from multihead.core import distribute
 from multihead.core.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
 from multihead.core.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.core.freezing import FrozenHeads
+from multihead.core.loss_scales import LossScales
 from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import present_labels, split_weighted
 from multihead.core.trunk_rule import (
@@ -114,6 +115,8 @@ class TrainStep:
             None: no head is ever frozen.
         fused_updates: plain Adam / SGD updates through TF1's fused kernels (see
             `multihead.core.adam_sgd_ops`).
+        loss_scales: each head's dynamic loss scale (float16): a head's objective is
+            scaled in `forward`, its gradient unscaled by the applier; None: none.
     """
 
     def __init__(
@@ -130,8 +133,10 @@ class TrainStep:
         addresses: Mapping[int, str] | None = None,
         frozen: FrozenHeads | None = None,
         fused_updates: bool = False,
+        loss_scales: LossScales | None = None,
     ) -> None:
         self._model = model
+        self._loss_scales = loss_scales
         self._frozen = frozen
         self._heads = tuple(heads)
         self._schedule = schedule
@@ -145,8 +150,10 @@ class TrainStep:
         if monitor is not None:  # its buffers must exist before the first trace
             monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
                          {h.name: h.optimizer for h in self._heads}, addresses=addresses,
-                         other_tags=rule.summary_tags())
-        self._applier = Applier(monitor, distributed=strategy is not None, fused=fused_updates)
+                         other_tags=rule.summary_tags() + [
+                             tags.loss_scale(h) for h in (loss_scales.scales if loss_scales else ())])
+        self._applier = Applier(monitor, distributed=strategy is not None, fused=fused_updates,
+                                loss_scales=loss_scales)
         self.trace_count = 0
         #: Per head, in head order: steps whose update was dropped as non-finite.
         self.nonfinite_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64), trainable=False,
@@ -270,6 +277,9 @@ class TrainStep:
                     if head.missing_label is not None:
                         write_scalar(tags.missing_label_skips(head.name),
                                      self.missing_label_skips[i])
+                    if self._loss_scales is not None:
+                        write_scalar(tags.loss_scale(head.name),
+                                     self._loss_scales.scales[head.name])
 
         monitor.when_scalars(log)
 
@@ -384,6 +394,8 @@ class TrainStep:
                     objective = objective + tf.add_n(owned_losses[trained])
             if head.trains_trunk and self._rule.heads_update_trunk:
                 objective = objective + trunk_reg
+            if self._loss_scales is not None:  # float16: the applier unscales the gradient
+                objective = self._loss_scales.scale(head.name, objective)
             objectives[head.name] = objective
         return Forward(features, losses, objectives, trunk_reg, scaling, counts)
 

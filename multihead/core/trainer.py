@@ -29,6 +29,7 @@ from multihead.core.evaluation import Evaluator
 from multihead.core.execution import ExecutionSize
 from multihead.core.freezing import FrozenHeads
 from multihead.core.labels import LabelCheck, split_batch
+from multihead.core.loss_scales import DynamicLossScale, LossScales, computes_in_float16
 from multihead.core.loss_weights import LossWeight, sync_weights
 from multihead.core.model_view import HeadsModel
 from multihead.core.objectives import (
@@ -48,7 +49,13 @@ from multihead.core.parts import (
     resolve_parts,
 )
 from multihead.core.results import History, StepResult, step_result
-from multihead.core.rules import PYTHON, check_jit_logging, check_rep_grad_trunk, check_strategy_limits
+from multihead.core.rules import (
+    PYTHON,
+    check_jit_logging,
+    check_loss_scaling,
+    check_rep_grad_trunk,
+    check_strategy_limits,
+)
 from multihead.core.sampling import TaskSampling
 from multihead.core.step import SCHEDULES, TrainStep
 from multihead.core.taps import blocks_table
@@ -126,6 +133,13 @@ class Trainer:
             faster, TF1's numerics rather than bitwise Keras' (see
             docs/training.md); other optimizers, and steps under a strategy,
             keep Keras' update.
+        loss_scale: each head's dynamic loss scale, for a model that computes in
+            float16 (`dtype=keras.DTypePolicy("mixed_float16")` on its layers): `"auto"`
+            gives every head a `DynamicLossScale()` when some layer computes in float16,
+            none otherwise; a `DynamicLossScale` gives every head one with these options;
+            None: no loss scaling. A head whose scaled gradient overflows skips the step
+            (whatever its `on_nonfinite`) and halves its scale, the other heads and the
+            trunk proceed (see `multihead.core.loss_scales`). Not with trunk aggregation.
     """
 
     def __init__(
@@ -144,6 +158,7 @@ class Trainer:
         target_networks: Sequence[Any] = (),
         batched_backward: bool | str = "auto",
         fused_updates: bool = False,
+        loss_scale: DynamicLossScale | str | None = "auto",
     ) -> None:
         if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
@@ -191,6 +206,8 @@ class Trainer:
                 else None)
         check_rep_grad_trunk(rep_grad, type(model.trunk).__name__, model.routes_heads, PYTHON,
                              tapped=list(getattr(model, "taps", None) or ()))
+        options = _loss_scale_options(loss_scale, model)
+        check_loss_scaling(options is not None, self.trunk_update is not None, PYTHON)
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
         # Built now so a bad metric name fails at construction.
@@ -201,6 +218,8 @@ class Trainer:
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
             self.data_position = DataPosition(heads=self.names)
             self._frozen = FrozenHeads(self.names)
+            #: Each objective's dynamic loss scale (float16), or None.
+            self.loss_scales = None if options is None else LossScales(self.names, options)
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
         # Every worker of a multi-worker run monitors, so all of them trace the same step
@@ -251,7 +270,8 @@ class Trainer:
             step=self.step_variable, data_position=self.data_position, frozen=self._frozen,
             log_dir=monitor.log_dir if monitor is not None and self.is_chief else None,
             is_chief=self.is_chief,
-            flush_logs=monitor.flush if monitor is not None else _nothing)
+            flush_logs=monitor.flush if monitor is not None else _nothing,
+            loss_scales=self.loss_scales)
 
     def _build(self) -> None:
         """Partitions the variables and builds each optimizer eagerly on its var_list."""
@@ -269,6 +289,7 @@ class Trainer:
             self.model, heads, self.schedule, self.step_variable, rule, self.monitor,
             self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
             addresses=addresses, frozen=self._frozen, fused_updates=self._fused_updates,
+            loss_scales=self.loss_scales,
         )
         # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
         blocks = blocks_table(self.model.trunk, {
@@ -299,7 +320,8 @@ class Trainer:
                 weight=self._weights[name],
                 every=objective.every,
                 trains_trunk=parts[name].trains_trunk,
-                guarded=objective.on_nonfinite != "apply",
+                # An overflow of a scaled gradient is skipped: the scale relies on it.
+                guarded=objective.on_nonfinite != "apply" or self.loss_scales is not None,
                 missing_label=objective.missing_label,
                 parts=parts[name],
                 trunk_scale=trunk_scale(objective.trunk_scale),
@@ -626,6 +648,16 @@ class Trainer:
             self.monitor.close()
         if self._scratch_logs is not None:
             shutil.rmtree(self._scratch_logs, ignore_errors=True)
+
+
+def _loss_scale_options(loss_scale: DynamicLossScale | str | None, model: HeadsModel,
+                        ) -> DynamicLossScale | None:
+    """The heads' loss scale options `Trainer(loss_scale=...)` asks for, or None."""
+    if loss_scale == "auto":
+        return DynamicLossScale() if computes_in_float16([model.trunk, *model.heads.values()]) else None
+    if loss_scale is None or isinstance(loss_scale, DynamicLossScale):
+        return loss_scale
+    raise TypeError(f"loss_scale must be 'auto', a DynamicLossScale or None, got {loss_scale!r}")
 
 
 def _nothing() -> None:

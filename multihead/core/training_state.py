@@ -30,6 +30,7 @@ class TrainingState:
             checkpoints to a scratch directory only).
         flush_logs: writes pending TensorBoard events (before a checkpoint is saved,
             so the events up to its step are on disk).
+        loss_scales: the heads' dynamic loss scales (float16), or None.
     """
 
     optimizers: Mapping[str, keras.optimizers.Optimizer]
@@ -40,6 +41,7 @@ class TrainingState:
     log_dir: str | None
     is_chief: bool
     flush_logs: Callable[[], None]
+    loss_scales: Any | None = None
 
     @property
     def global_step(self) -> int:
@@ -48,13 +50,16 @@ class TrainingState:
 
     def parts(self) -> dict[str, Any]:
         """Checkpoint part name -> trackable object: `optimizers/<head>`, `trunk_update`
-        (under trunk aggregation), `step`, `data`, `frozen`; in this order."""
+        (under trunk aggregation), `step`, `data`, `frozen`, `loss_scales` (float16); in
+        this order."""
         parts: dict[str, Any] = {f"optimizers/{h}": opt for h, opt in self.optimizers.items()}
         if self.trunk_update is not None:
             parts["trunk_update"] = self.trunk_update
         parts["step"] = self.step
         parts["data"] = self.data_position
         parts["frozen"] = self.frozen
+        if self.loss_scales is not None:
+            parts["loss_scales"] = self.loss_scales
         return parts
 
     def mark_restored(self) -> None:

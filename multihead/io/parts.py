@@ -13,6 +13,8 @@ The object graph of a multihead checkpoint is
     step                  the trainer's step counter
     data                  the position of `Trainer.fit` in its data stream
     frozen                the trainer's per-head freeze flags (`Trainer.freeze`)
+    loss_scales           each head's dynamic loss scale and growth counter
+                          (float16, `Trainer.loss_scales`)
     targets/<name>        target networks (copies and sync counters)
 
 so a checkpoint restores into a freshly built model in another process (Keras
@@ -37,11 +39,11 @@ if TYPE_CHECKING:
 GROUPS = ("heads", "optimizers", "targets")
 #: The order parts are listed in (the order of the object graph in the module doc; `run`
 #: is the `CheckpointManager`'s own record).
-ORDER = ("trunk", "heads", "rng", "optimizers", "trunk_update", "step", "data", "frozen", "targets",
-         "run")
+ORDER = ("trunk", "heads", "rng", "optimizers", "trunk_update", "step", "data", "frozen",
+         "loss_scales", "targets", "run")
 #: Parts that checkpoints written before they existed lack: restoring such a checkpoint
-#: keeps their current value (no head frozen).
-OPTIONAL = ("frozen",)
+#: keeps their current value (no head frozen, the initial loss scales).
+OPTIONAL = ("frozen", "loss_scales")
 
 
 def target_map(targets: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -112,7 +114,7 @@ def expand_parts(parts: Sequence[str] | None, known: list[str], trainer: Trainer
         if not members:
             hint = ""
             if trainer is None and part.split("/")[0] in ("optimizers", "step", "data", "trunk_update",
-                                                         "frozen"):
+                                                         "frozen", "loss_scales"):
                 hint = " (optimizer, step, data and frozen parts need trainer=...)"
             elif part.startswith("targets"):
                 hint = " (target parts need targets={name: target})"
@@ -139,7 +141,7 @@ def part_objects(model: MultiHeadModel, trainer: Trainer | None, targets: Mappin
                 "trunk": internals.seed_generator_states(model.trunk),
                 "heads": group({h: internals.seed_generator_states(model.heads[h]) for h in model.head_names}),
             })
-        elif part in state:  # optimizers/<head>, trunk_update, step, data, frozen
+        elif part in state:  # optimizers/<head>, trunk_update, step, data, frozen, ...
             objects[part] = state[part]
         elif kind == "targets":
             objects[part] = targets[name]

@@ -6,7 +6,8 @@ tag (matched exactly), and its title says what the line is and names the tag. A 
 is made only for a tag the run writes, so no chart is empty:
 
 * one section per head: its loss, trunk and head gradient norms, clipped trunk norm,
-  learning rate, update ratio, and its trunk-gradient cosine with each other head;
+  learning rate, update ratio, loss scale (float16), and its trunk-gradient cosine
+  with each other head;
 * with an aggregated trunk (`TrunkPolicy`), a section `trunk aggregation`: the norm
   of the aggregated trunk gradient, each head's aggregation weight, loss weight and
   trunk-gradient norm fed to the aggregator, each pair's cosine, PCGrad's projections.
@@ -42,6 +43,7 @@ _HEAD_CHARTS = (
     ((tags.GRAD_NORM_CLIPPED, tags.TRUNK), "trunk gradient norm after clipping"),
     ((tags.LR, None), "learning rate"),
     ((tags.UPDATE_RATIO, None), "update ratio"),
+    ((tags.LOSS_SCALE, None), "loss scale"),
     ((tags.GRAD_COSINE, None), "trunk gradient cosine"),
 )
 _AGGREGATION_CHARTS = (

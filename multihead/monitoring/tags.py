@@ -21,6 +21,7 @@ Train run (`<log_dir>/train`):
 | `loss_weight/<head>`                  | the weight the head's loss was scaled by               |
 | `nonfinite_skips/<head>`              | updates skipped for a non-finite loss or gradient      |
 | `missing_label_skips/<head>`          | due steps skipped: no row of the batch had a label     |
+| `loss_scale/<head>`                   | the head's dynamic loss scale after the step (float16) |
 | `grad_cosine/<a>/<b>`                 | cosine of a's and b's trunk gradients                  |
 | `agg_weight/<head>`                   | the aggregator's weight of the head's trunk gradient   |
 | `agg_loss_weight/<head>`              | a loss weighting's weight of the head's loss           |
@@ -51,6 +52,7 @@ UPDATE_RATIO = "update_ratio"
 LOSS_WEIGHT = "loss_weight"
 NONFINITE_SKIPS = "nonfinite_skips"
 MISSING_LABEL_SKIPS = "missing_label_skips"
+LOSS_SCALE = "loss_scale"
 GRAD_COSINE = "grad_cosine"
 AGG_WEIGHT = "agg_weight"
 AGG_LOSS_WEIGHT = "agg_loss_weight"
@@ -70,8 +72,8 @@ GATE_ENTROPY, GATE_EXPERT = "entropy", "expert_"
 #: The parts a head's gradient norm is split into.
 TRUNK, HEAD, VAR, PART = "trunk", "head", "var", "part"
 
-_PER_HEAD = (LOSS, LR, UPDATE_RATIO, LOSS_WEIGHT, NONFINITE_SKIPS, MISSING_LABEL_SKIPS, AGG_WEIGHT,
-             AGG_LOSS_WEIGHT, AGG_TRUNK_GRAD_NORM)
+_PER_HEAD = (LOSS, LR, UPDATE_RATIO, LOSS_WEIGHT, NONFINITE_SKIPS, MISSING_LABEL_SKIPS, LOSS_SCALE,
+             AGG_WEIGHT, AGG_LOSS_WEIGHT, AGG_TRUNK_GRAD_NORM)
 _PAIRS = (GRAD_COSINE, AGG_COSINE)
 _RUN_WIDE = (AGG_PROJECTIONS, AGG_UPDATE_NORM, CONFIG, TRUNK_BLOCKS, EPISODE_RETURN,
              EPISODE_LENGTH)
@@ -138,6 +140,11 @@ def nonfinite_skips(head: str) -> str:
 def missing_label_skips(head: str) -> str:
     """`missing_label_skips/<head>`."""
     return f"{MISSING_LABEL_SKIPS}/{head}"
+
+
+def loss_scale(head: str) -> str:
+    """`loss_scale/<head>`."""
+    return f"{LOSS_SCALE}/{head}"
 
 
 def grad_cosine(a: str, b: str) -> str:

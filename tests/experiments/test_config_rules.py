@@ -47,6 +47,7 @@ def _validate(tmp_path, capsys, text=BASE, sets=(), extra=()):
     ("model.heads.y1.optimizer={class_name: LossScaleOptimizer, config: {inner_optimizer: adam}}",
      "model.heads.y1.optimizer.class_name", "loss scaling"),
     ("model.heads.y1.metrics=[null]", "model.heads.y1.metrics[0]", "expected a metric name"),
+    ("train.mixed_precision=float32", "train.mixed_precision", "float16"),
     ("model.heads.y1.optimizer={class_name: Adam, config: {learning_rate: .nan}}",
      "model.heads.y1.optimizer.config.learning_rate", "finite"),
     ("model.heads.y1.optimizer={class_name: Adam, config: {learning_rate: -0.1}}",

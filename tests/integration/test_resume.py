@@ -386,3 +386,34 @@ def test_sigkill_then_two_resumes_keep_one_history_equal_to_the_uninterrupted_ru
     ran = sum(s["end_step"] - s["start_step"] for s in segments)
     assert resumed["steps_per_s"] == pytest.approx(ran / resumed["wall_time_s"])
     assert [s["start_step"] for s in uninterrupted["segments"]] == [0]
+
+
+# Head a's loss weight makes its float16 gradient overflow at the first steps: its loss
+# scale halves a few times from 2^15 before the checkpoint, so a resume that lost the scales
+# would start again from 2^15 and diverge from the uninterrupted run.
+FLOAT16_CONFIG = CONFIG.replace(
+    "train: {steps: 1000000, batch_size: 32, eval_every: 25}",
+    "train: {steps: 1000000, batch_size: 32, eval_every: 25, mixed_precision: float16}").replace(
+    "    a: {layers:", "    a: {weight: 1000.0, layers:")
+assert FLOAT16_CONFIG.count("float16") == 1 and "weight: 1000.0" in FLOAT16_CONFIG
+
+
+@pytest.mark.slow
+def test_float16_loss_scales_survive_sigkill_and_resume(tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text(FLOAT16_CONFIG)
+    stopped, full = tmp_path / "stopped", tmp_path / "full"
+    killed_at = _killed_after_a_checkpoint(config, stopped)
+    saved = _tensors(str(stopped / "checkpoints" / f"ckpt-{killed_at}"))
+    scales = {k: v for k, v in saved.items() if k.startswith("loss_scales/")}
+    assert {k.split("/")[2] for k in scales if "/scales/" in k} == {"a", "b"}
+    assert any(v < 2.0 ** 15 for k, v in scales.items() if "/scales/" in k)  # a halved
+    total = killed_at + 25
+
+    _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
+    _cli("train", str(config), "--run-dir", str(full), "--set", f"train.steps={total}", "--quiet")
+    resumed_state = _tensors(str(stopped / "checkpoints" / f"ckpt-{total}"))
+    full_state = _tensors(str(full / "checkpoints" / f"ckpt-{total}"))
+    assert set(resumed_state) == set(full_state)
+    for key, value in full_state.items():  # weights, slots, and each head's scale and count
+        np.testing.assert_array_equal(resumed_state[key], value, err_msg=key)

@@ -81,8 +81,9 @@ def architecture_names() -> list[str]:
 
 
 def build_architecture(spec: Mapping[str, Any], heads: Sequence[str], path: str = "model.trunk",
-                       ) -> keras.layers.Layer:
-    """The routing trunk `spec` (`{mmoe: {...}}`) describes, for `heads`.
+                       dtype: str | None = None) -> keras.layers.Layer:
+    """The routing trunk `spec` (`{mmoe: {...}}`) describes, for `heads`, with the dtype
+    policy `dtype` (None: Keras' default).
 
     Raises:
         ConfigError: naming the key path of an unknown key, a missing one or a bad value.
@@ -118,6 +119,6 @@ def build_architecture(spec: Mapping[str, Any], heads: Sequence[str], path: str 
         else:
             kwargs[key] = value
     try:
-        return ARCHITECTURES[name](heads=list(heads), **kwargs)
+        return ARCHITECTURES[name](heads=list(heads), dtype=dtype, **kwargs)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{where}: {str(err).splitlines()[0]}") from None

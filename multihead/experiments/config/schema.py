@@ -27,6 +27,7 @@ from multihead._checks import (
 from multihead.core.rules import (
     SettingError,
     check_jit_logging,
+    check_loss_scaling,
     check_rep_grad_data,
     check_rep_grad_trunk,
     check_strategy_limits,
@@ -248,6 +249,10 @@ class TrainConfig:
         "auto", choices=("auto", True, False),
         doc="per_head trunk: the heads' trunk gradients in one vectorised backward pass "
             "(equal to float32 rounding); auto: off, measured slower on CPU")
+    mixed_precision: Union[str, None] = _field(
+        None, choices=("float16", "bfloat16"),
+        doc="compute in float16 (a dynamic loss scale per head) or bfloat16, each head's output "
+            "layer in float32; variables stay float32; default: float32 (docs/training.md)")
 
 
 @dataclasses.dataclass
@@ -437,6 +442,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
             check_rep_grad_trunk(isinstance(trunk, TrunkConfig) and trunk.rep_grad, "", False,
                                  _CONFIG, tapped=list(config.model.taps))
             check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
+            check_loss_scaling(config.train.mixed_precision == "float16",
+                               isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
         for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
