@@ -68,7 +68,8 @@ def sample_squashed(params: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def sac_losses(model: MultiHeadModel, target: TargetNetwork, gamma: float, low: Sequence[float],
                high: Sequence[float], actor: str = "actor", critics: Sequence[str] = ("q1", "q2"),
-               temperature: str = "alpha", td_loss: LossSpec = "mse") -> dict[str, HeadLoss]:
+               temperature: str = "alpha", td_loss: LossSpec = "mse",
+               target_entropy: float | None = None) -> dict[str, HeadLoss]:
     """The research losses `{actor, q1, q2, temperature}` of a replay batch
     `({"obs", "action"}, {"reward", "next_obs", "terminated", "noise", "next_noise"})`.
 
@@ -79,9 +80,10 @@ def sac_losses(model: MultiHeadModel, target: TargetNetwork, gamma: float, low: 
         low, high: the action bounds.
         actor, critics, temperature: the heads.
         td_loss: Keras loss between the target and `Q_i(s, a)`.
+        target_entropy: the temperature's target; None: `-action_dim`.
     """
     q1, q2 = critics
-    target_entropy = -float(len(low))
+    target_entropy = -float(len(low)) if target_entropy is None else float(target_entropy)
 
     def alpha() -> tf.Tensor:
         return tf.exp(tf.stop_gradient(tf.convert_to_tensor(model.heads[temperature].log_alpha)))

@@ -169,3 +169,12 @@ def test_committed_config_solves_cartpole_seed_0():
 
     metrics = tasks.prepare(load_config(CONFIG)).run(None, verbose=False)
     assert metrics["solved_at_env_steps"] is not None and metrics["eval_mean_return"] >= 475
+
+
+def test_replay_buffer_stores_continuous_actions():
+    buf = mh.ReplayBuffer(3, (2,), seed=0, action_shape=(2,), action_dtype="float32")
+    for i in range(3):
+        buf.add(np.full(2, i), np.array([i, -i], "float32") / 4, float(i), np.full(2, i + 1), False)
+    batch = buf.sample(50)
+    assert batch.action.shape == (50, 2) and batch.action.dtype == np.float32
+    np.testing.assert_array_equal(batch.action, np.stack([batch.reward, -batch.reward], 1) / 4)
