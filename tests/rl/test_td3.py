@@ -27,10 +27,15 @@ GAMMA, SIGMA, CLIP, TAU = 0.9, 0.4, 0.3, 0.25
 # -- numpy references of the heads (float64) ---------------------------------------------
 
 
+ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
+
+
 def np_head(head, x):
-    """`out(tanh(body(x)))` of a head whose body is one Dense(tanh) layer."""
-    (dense,) = head.body.layers
-    h = np.tanh(x @ dense.kernel.numpy().astype(np.float64) + dense.bias.numpy())
+    """`out(body(x))` of a head whose body is Dense layers with tanh or relu."""
+    h = x
+    for dense in head.body.layers:
+        h = ACTIVATIONS[dense.activation.__name__](
+            h @ dense.kernel.numpy().astype(np.float64) + dense.bias.numpy())
     return h @ head.out.kernel.numpy().astype(np.float64) + head.out.bias.numpy()
 
 
