@@ -154,6 +154,8 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
     ("model.heads.q.layers={class_name: Dense, config: {units: 3}}",
      "model.heads.q.layers: the Q head must output 2 values per example, it outputs shape (3,)"),
     ("env.id=NoSuchEnv-v0", "env.id: 'NoSuchEnv-v0' is not a registered gymnasium environment"),
+    ("env.id=Pendulum-v1", "env.id: 'Pendulum-v1' has action space Box(-2.0, 2.0, (1,), float32); "
+                           "the dqn and actor_critic tasks need a Discrete one"),
     ("model.heads.q.loss=msee", "model.heads.q.loss"),
     ("model.heads.q.metrics=[mae]", "model.heads.q.metrics: not used by task dqn"),
 ])
