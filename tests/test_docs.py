@@ -93,8 +93,13 @@ def _check_aggregation(ns: dict) -> None:
     assert ns["trainer"].trunk_update.policy.aggregator == "pcgrad"
 
 
+def _check_rl(ns: dict) -> None:
+    assert ns["updated"] == [("q1", "q2", "actor"), ("q1", "q2")]  # TD3's actor: every: 2
+
+
 # Facts a page's blocks state in comments, checked on the namespace they leave.
-_CHECKS = {"README.md": _check_readme, "docs/aggregation.md": _check_aggregation}
+_CHECKS = {"README.md": _check_readme, "docs/aggregation.md": _check_aggregation,
+           "docs/rl.md": _check_rl}
 
 
 def test_every_page_has_a_runnable_block_or_says_why_not():

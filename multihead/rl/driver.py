@@ -28,7 +28,7 @@ class Env(Protocol):
 
     def reset(self, *, seed: int | None = None) -> tuple[Any, dict[str, Any]]: ...
 
-    def step(self, action: int) -> tuple[Any, float, bool, bool, dict[str, Any]]: ...
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]: ...
 
     def close(self) -> None: ...
 
@@ -38,6 +38,20 @@ Policy = Callable[[np.ndarray], np.ndarray]
 
 
 # -- acting -------------------------------------------------------------------------------
+
+
+def as_actions(actions: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """A batch of actions as the driver stores them: int64 `(K,)` for discrete actions,
+    float32 `(K, *action_shape)` for continuous (Box) ones."""
+    actions = np.asarray(actions)
+    if np.issubdtype(actions.dtype, np.integer) or actions.dtype == bool:
+        return actions.astype(np.int64)
+    return actions.astype(np.float32)
+
+
+def env_action(action: np.ndarray) -> Any:
+    """One row of `as_actions` as the environment takes it: an int, or a float32 array."""
+    return int(action) if action.dtype == np.int64 else action
 
 
 def head_outputs(model: MultiHeadModel, head: str) -> Callable[[np.ndarray], tf.Tensor]:
@@ -70,7 +84,8 @@ def evaluate(make_env: EnvFactory, act: Policy, episodes: int, seed: int) -> Eva
 
     Args:
         make_env: makes one environment.
-        act: observations `(n, *obs_shape)` -> actions `(n,)`.
+        act: observations `(n, *obs_shape)` -> actions `(n,)` (discrete) or
+            `(n, *action_shape)` (continuous), deterministic for a greedy evaluation.
         episodes: number of episodes.
         seed: episode `i` starts from `reset(seed=seed + i)`, so every evaluation of a
             run sees the same start states.
@@ -81,9 +96,9 @@ def evaluate(make_env: EnvFactory, act: Policy, episodes: int, seed: int) -> Eva
     active = np.ones(episodes, bool)
     while active.any():
         idx = np.flatnonzero(active)
-        actions = act(obs[idx])
+        actions = as_actions(act(obs[idx]))
         for j, i in enumerate(idx):
-            o, r, term, trunc, _ = envs[i].step(int(actions[j]))
+            o, r, term, trunc, _ = envs[i].step(env_action(actions[j]))
             obs[i] = o
             returns[i] += r
             lengths[i] += 1
@@ -208,7 +223,7 @@ class Experience(NamedTuple):
 
     Attributes:
         obs: observations acted on, `(K, *obs_shape)` float32.
-        action: actions taken, `(K,)` int64.
+        action: actions taken, `(K,)` int64 (discrete) or `(K, *action_shape)` float32.
         reward: rewards, `(K,)` float32.
         next_obs: observations after the action, the final one where the episode
             ended (the environment is then already reset), `(K, *obs_shape)` float32.
@@ -256,14 +271,20 @@ class Driver:
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, np.int64)
 
-    def step(self, actions: Sequence[int] | np.ndarray) -> Experience:
-        """Takes `actions[i]` in environment `i`, one environment after another."""
+    def step(self, actions: Sequence[Any] | np.ndarray) -> Experience:
+        """Takes `actions[i]` in environment `i`, one environment after another.
+
+        Args:
+            actions: `K` ints (discrete actions) or a float array `(K, *action_shape)`
+                (continuous actions).
+        """
+        actions = as_actions(actions)
         num_envs = len(self.envs)
         obs = self.obs.copy()
         next_obs = np.zeros_like(obs)
         reward, terminated, ended = (np.zeros(num_envs, np.float32) for _ in range(3))
         for i, env in enumerate(self.envs):
-            o, r, term, trunc, _ = env.step(int(actions[i]))
+            o, r, term, trunc, _ = env.step(env_action(actions[i]))
             next_obs[i], reward[i], terminated[i], ended[i] = o, r, float(term), float(term or trunc)
             self._returns[i] += r
             self._lengths[i] += 1
@@ -274,7 +295,7 @@ class Driver:
                 self._returns[i], self._lengths[i] = 0.0, 0
                 o, _ = env.reset()
             self.obs[i] = o
-        return Experience(obs, np.asarray(actions, np.int64), reward, next_obs, terminated, ended)
+        return Experience(obs, actions, reward, next_obs, terminated, ended)
 
     def close(self) -> None:
         """Closes every environment."""

@@ -14,7 +14,7 @@ class Transitions(NamedTuple):
 
     Attributes:
         obs: observations `s`, shape `(n, *obs_shape)`.
-        action: actions `a`, shape `(n,)`.
+        action: actions `a`, shape `(n, *action_shape)`: `(n,)` discrete, `(n, d)` continuous.
         reward: rewards `r`, shape `(n,)`.
         next_obs: observations `s'` after the action (the final observation if the
             episode ended there), shape `(n, *obs_shape)`.
@@ -37,15 +37,19 @@ class ReplayBuffer:
         obs_shape: shape of one observation.
         seed: seed of the buffer's own random generator (no global RNG is used).
         obs_dtype: dtype of stored observations.
+        action_shape: shape of one action: `()` for a discrete action, `(d,)` for a
+            continuous one.
+        action_dtype: dtype of stored actions (`"int64"` discrete, `"float32"` continuous).
     """
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], seed: int | None = 0,
-                 obs_dtype: str = "float32") -> None:
+                 obs_dtype: str = "float32", action_shape: tuple[int, ...] = (),
+                 action_dtype: str = "int64") -> None:
         capacity = check_int(capacity, "ReplayBuffer.capacity", minimum=1)
         self.capacity = capacity
         self._obs = np.zeros((capacity,) + tuple(obs_shape), obs_dtype)
         self._next_obs = np.zeros_like(self._obs)
-        self._action = np.zeros((capacity,), np.int64)
+        self._action = np.zeros((capacity,) + tuple(action_shape), action_dtype)
         self._reward = np.zeros((capacity,), np.float32)
         self._terminated = np.zeros((capacity,), np.float32)
         self._next = 0
@@ -55,7 +59,7 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray,
+    def add(self, obs: np.ndarray, action: int | np.ndarray, reward: float, next_obs: np.ndarray,
             terminated: bool) -> None:
         """Stores one transition, overwriting the oldest when full."""
         i = self._next

@@ -4,8 +4,9 @@ The copy owns its own variables (checked by object identity when it is made),
 starts as an exact copy of the source, and follows it either by a hard copy
 every `every` calls of `update()` (Mnih et al., "Human-level control through deep
 reinforcement learning", Nature 2015) or by Polyak averaging
-`w <- tau * source + (1 - tau) * w` on every call (Polyak & Juditsky, 1992; as
-used for targets by Lillicrap et al., 2016). Its outputs are read through
+`w <- tau * source + (1 - tau) * w` on every call, or on every `every`-th call
+with both given (Polyak & Juditsky, 1992; as used for targets by Lillicrap et al.,
+2016, and, on the delayed actor updates, by Fujimoto et al., 2018). Its outputs are read through
 `tf.stop_gradient`, and its call counter is a variable, so a checkpoint of the
 target (`tf.train.Checkpoint(target=target)`) knows when the next sync is due.
 
@@ -122,8 +123,9 @@ class _Untracked:
 class TargetNetwork(tf.Module):
     """A frozen copy of `model`'s trunk and chosen heads, following it on a schedule.
 
-    Exactly one of `every` (hard copy on every `every`-th call of `update()`) and
-    `tau` (Polyak step on every call) is given. All state (the copied weights and
+    `every` alone: hard copy on every `every`-th call of `update()`; `tau` alone:
+    Polyak step on every call; both: Polyak step on every `every`-th call (TD3's
+    targets, which follow the delayed actor updates). All state (the copied weights and
     the call counter) is variables tracked by this `tf.Module`, so
     `tf.train.Checkpoint(target=target)` saves and restores all of it. Calling
     it and `update()` both work eagerly and inside a `tf.function` (for example
@@ -142,7 +144,8 @@ class TargetNetwork(tf.Module):
     Args:
         model: a built `MultiHeadModel`, the source.
         heads: the heads to copy (with the trunk); None copies every head.
-        every: hard-copy period, in calls of `update()` (integer >= 1).
+        every: hard-copy period (Polyak period with `tau`), in calls of `update()`
+            (integer >= 1).
         tau: Polyak rate, `0 < tau <= 1` (1 is a hard copy on every call).
         clone: function `layer -> new layer` used to copy each part; default
             `clone_layer` (Keras config / `clone_model`). It may return an
@@ -150,8 +153,8 @@ class TargetNetwork(tf.Module):
         name: name of the module.
 
     Raises:
-        ValueError: unbuilt model, unknown head, both or neither of `every` and
-            `tau`, `tau` outside (0, 1], a copy sharing a variable with the
+        ValueError: unbuilt model, unknown head, neither `every` nor `tau`, `tau`
+            outside (0, 1], a copy sharing a variable with the
             source or differing in shape.
     """
 
@@ -167,10 +170,10 @@ class TargetNetwork(tf.Module):
         super().__init__(name=name)
         if not isinstance(model, MultiHeadModel):
             raise TypeError(f"TargetNetwork: model must be a MultiHeadModel, got {type(model).__name__}")
-        if (every is None) == (tau is None):
+        if every is None and tau is None:
             raise ValueError(
-                f"TargetNetwork: give exactly one of every= (hard copy period) and tau= (Polyak "
-                f"rate), got every={every!r}, tau={tau!r}"
+                "TargetNetwork: give every= (hard copy period) or tau= (Polyak rate), or both "
+                "(a Polyak step every `every` updates), got neither"
             )
         if every is not None:
             every = check_int(every, "TargetNetwork.every", minimum=1,
@@ -220,8 +223,8 @@ class TargetNetwork(tf.Module):
     @property
     def num_syncs(self) -> int:
         """Hard copies done by `update()` so far (`every` mode; not counting the initial copy)."""
-        if self.every is None:
-            raise ValueError("num_syncs is defined for every= targets; a tau= target averages each update")
+        if self.every is None or self.tau is not None:
+            raise ValueError("num_syncs is defined for every= targets; a tau= target averages")
         return int(self.counter.numpy()) // self.every
 
     # -- state changes -----------------------------------------------------------------
@@ -243,24 +246,28 @@ class TargetNetwork(tf.Module):
     def _update(self) -> tf.Tensor:
         count = self.counter.assign_add(1)
         pairs = list(zip(self.source_weights, self.target_weights))
-        if self.tau is not None:
-            tau = tf.constant(self.tau, tf.float32)
+        tau = self.tau
+
+        def follow() -> tf.Tensor:
             for s, t in pairs:
-                t.assign(polyak_average(t, s, tf.cast(tau, t.dtype)))
+                t.assign(s if tau is None else polyak_average(t, s, tf.cast(tau, t.dtype)))
             return tf.constant(True)
 
-        def copy() -> tf.Tensor:
-            for s, t in pairs:
-                t.assign(s)
-            return tf.constant(True)
-
-        return tf.cond(periodic_due(count, self.every), copy, lambda: tf.constant(False))
+        if self.every is None:
+            return follow()
+        return tf.cond(periodic_due(count, self.every), follow, lambda: tf.constant(False))
 
     # -- reading -----------------------------------------------------------------------
 
-    def __call__(self, inputs: Any) -> dict[str, tf.Tensor]:
-        """The copy's outputs `{head: output}` for `inputs`, under `tf.stop_gradient`."""
+    def __call__(self, inputs: Any, heads: Sequence[str] | None = None) -> dict[str, tf.Tensor]:
+        """The copy's outputs `{head: output}` for `inputs`, under `tf.stop_gradient`.
+
+        Args:
+            inputs: the model's inputs.
+            heads: the copied heads to compute (None: all), e.g. only TD3's target
+                actor on the next observations.
+        """
         feats = trunk_features(self.trunk, inputs, self._taps, training=False)
         return {h: tf.stop_gradient(self.heads[h](head_input(self.trunk, feats, h, self._taps),
                                                   training=False))
-                for h in self.head_names}
+                for h in (self.head_names if heads is None else heads)}

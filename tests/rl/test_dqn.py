@@ -154,6 +154,8 @@ def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
     ("model.heads.q.layers={class_name: Dense, config: {units: 3}}",
      "model.heads.q.layers: the Q head must output 2 values per example, it outputs shape (3,)"),
     ("env.id=NoSuchEnv-v0", "env.id: 'NoSuchEnv-v0' is not a registered gymnasium environment"),
+    ("env.id=Pendulum-v1", "env.id: 'Pendulum-v1' has action space Box(-2.0, 2.0, (1,), float32); "
+                           "the dqn and actor_critic tasks need a Discrete one"),
     ("model.heads.q.loss=msee", "model.heads.q.loss"),
     ("model.heads.q.metrics=[mae]", "model.heads.q.metrics: not used by task dqn"),
 ])
@@ -169,3 +171,12 @@ def test_committed_config_solves_cartpole_seed_0():
 
     metrics = tasks.prepare(load_config(CONFIG)).run(None, verbose=False)
     assert metrics["solved_at_env_steps"] is not None and metrics["eval_mean_return"] >= 475
+
+
+def test_replay_buffer_stores_continuous_actions():
+    buf = mh.ReplayBuffer(3, (2,), seed=0, action_shape=(2,), action_dtype="float32")
+    for i in range(3):
+        buf.add(np.full(2, i), np.array([i, -i], "float32") / 4, float(i), np.full(2, i + 1), False)
+    batch = buf.sample(50)
+    assert batch.action.shape == (50, 2) and batch.action.dtype == np.float32
+    np.testing.assert_array_equal(batch.action, np.stack([batch.reward, -batch.reward], 1) / 4)

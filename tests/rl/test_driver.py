@@ -122,3 +122,33 @@ def test_episode_log_counts_and_prints_evaluations_below_the_progress_line():
     assert lines[0].startswith("step  20/100") and "q=0.5" in lines[0]
     assert lines[-1] == ("eval at env step 30: mean return 5.0 over 2 episodes; 3 training episodes, "
                          "recent mean return 4.0")
+
+
+class BoxEnv:
+    """A continuous-action environment: observation = last action, reward = -|action|^2, two steps."""
+
+    def __init__(self):
+        self.t = 0
+
+    def reset(self, *, seed=None):
+        self.t = 0
+        return np.zeros(2, "float32"), {}
+
+    def step(self, action):
+        assert isinstance(action, np.ndarray) and action.dtype == np.float32 and action.shape == (2,)
+        self.t += 1
+        return action.copy(), -float(np.sum(action ** 2)), self.t >= 2, False, {}
+
+    def close(self):
+        pass
+
+
+def test_driver_and_evaluation_take_continuous_actions():
+    driver = Driver(BoxEnv, num_envs=2, seed=0)
+    step = driver.step(np.array([[0.5, -1.0], [2.0, 0.0]]))
+    assert step.action.dtype == np.float32 and step.action.shape == (2, 2)
+    np.testing.assert_array_equal(step.next_obs, [[0.5, -1.0], [2.0, 0.0]])
+    np.testing.assert_allclose(step.reward, [-1.25, -4.0])  # -(0.25 + 1), -(4 + 0)
+    result = evaluate(BoxEnv, lambda obs: np.full((len(obs), 2), 0.5), episodes=3, seed=0)
+    np.testing.assert_allclose(result.returns, [-1.0] * 3)  # 2 steps of -(0.25 + 0.25)
+    np.testing.assert_array_equal(result.lengths, [2, 2, 2])

@@ -240,7 +240,34 @@ def test_error_for_unknown_head_names_the_head_and_lists_the_heads():
         mh.TargetNetwork(make_model(), heads=["value"], every=10)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"every": 5, "tau": 0.1}, {"every": 0}])
+def test_polyak_every_n_updates_averages_on_every_nth_call_only():
+    """TD3's targets: tau and every together = one Polyak step on calls n, 2n, ..."""
+    model = make_model()
+    target = mh.TargetNetwork(model, tau=0.25, every=2)
+    for i, v in enumerate(model.weights):
+        v.assign(v + 0.1 * (i + 1))
+    old, src = weights(target.target_weights), weights(target.source_weights)
+    assert not bool(target.update())  # call 1: not due, nothing moves
+    for o, new in zip(old, weights(target.target_weights)):
+        np.testing.assert_array_equal(new, o)
+    assert bool(target.update())  # call 2: 0.25 * source + 0.75 * old, as in the test above
+    for o, s, new in zip(old, src, weights(target.target_weights)):
+        np.testing.assert_array_equal(new, np.float32(0.25) * s + (np.float32(1.0) - np.float32(0.25)) * o)
+    with pytest.raises(ValueError, match="num_syncs"):
+        target.num_syncs  # noqa: B018 - a Polyak target counts no hard copies
+
+
+def test_call_computes_only_the_heads_asked_for():
+    model = make_model()
+    target = mh.TargetNetwork(model, every=1)
+    x = make_batch()[0]
+    out = target(x, heads=["b"])
+    assert list(out) == ["b"]
+    np.testing.assert_array_equal(out["b"], model(x)["b"])
+
+
+# every + tau together is a Polyak step every n updates (TD3's delayed targets), no longer an error
+@pytest.mark.parametrize("kwargs", [{}, {"every": 0}, {"every": 0, "tau": 0.1}])
 def test_error_for_bad_schedule(kwargs):
     with pytest.raises(ValueError, match=r"every"):
         mh.TargetNetwork(make_model(), **kwargs)

@@ -376,6 +376,52 @@ class ActorCriticConfig:
 
 
 @dataclasses.dataclass
+class TD3Config:
+    """`td3:` TD3 (Fujimoto et al., 2018) on a Box action space: an actor head and twin critic
+    heads reading `{obs, action}` (the trunk holds no variables; `model.heads.<h>.layers` are
+    each head's hidden layers, the task adds the output layer); `train.steps` counts
+    environment steps, `train.batch_size` is the replay minibatch."""
+
+    actor_head: str = _field("actor", doc="deterministic actor, tanh onto the action bounds; "
+                                          "delay its updates with model.heads.<actor>.every: 2")
+    critic_heads: list[str] = _field(["q1", "q2"], doc="the twin critics Q1, Q2")
+    buffer_size: int = _field(1_000_000, minimum=1)
+    start_steps: int = _field(1000, minimum=0, doc="environment steps of uniform random actions")
+    learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
+    train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    tau: float = _field(0.005, doc="Polyak rate of the target networks, in (0, 1]; they follow "
+                                   "after every <actor>.every-th update")
+    exploration_noise: float = _field(0.1, minimum=0, maximum=MAGNITUDE_MAX,
+                                      doc="std of the Gaussian action noise, in half ranges")
+    policy_noise: float = _field(0.2, minimum=0, maximum=MAGNITUDE_MAX,
+                                 doc="target-policy smoothing noise std, in half ranges")
+    noise_clip: float = _field(0.5, minimum=0, maximum=MAGNITUDE_MAX,
+                               doc="the smoothing noise is clipped to +-this, in half ranges")
+
+
+@dataclasses.dataclass
+class SACConfig:
+    """`sac:` soft actor-critic (Haarnoja et al., 2018) with automatic temperature on a Box
+    action space: actor, twin critic and temperature heads reading `{obs, action}` (as for
+    td3: the trunk holds no variables, `layers` are hidden layers); `train.steps` counts
+    environment steps, `train.batch_size` is the replay minibatch."""
+
+    actor_head: str = _field("actor", doc="squashed Gaussian actor (mean, log std)")
+    critic_heads: list[str] = _field(["q1", "q2"], doc="the twin critics Q1, Q2")
+    temperature_head: str = _field("alpha", doc="holds log_alpha, its own objective; its "
+                                                "layers are unused")
+    initial_alpha: float = _field(1.0, maximum=MAGNITUDE_MAX, doc="alpha = exp(log_alpha) at the start, > 0")
+    target_entropy: Union[float, None] = _field(None, doc="default: -(action dimensions)")
+    buffer_size: int = _field(1_000_000, minimum=1)
+    start_steps: int = _field(1000, minimum=0, doc="environment steps of uniform random actions")
+    learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
+    train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    tau: float = _field(0.005, doc="Polyak rate of the target critics, in (0, 1]")
+
+
+@dataclasses.dataclass
 class DistributeConfig:
     """`distribute:` scale-out through tf.distribute (task supervised; see README)."""
 
@@ -392,11 +438,13 @@ class ExperimentConfig:
 
     model: ModelConfig = _field()
     seed: int = _field(0)
-    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic"))
+    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic", "td3", "sac"))
     data: DataConfig = _field(DataConfig(), doc="supervised only")
     env: Union[EnvConfig, None] = _field(None, doc="RL tasks only")
     dqn: Union[DQNConfig, None] = _field(None, doc="task dqn only")
     actor_critic: Union[ActorCriticConfig, None] = _field(None, doc="task actor_critic only")
+    td3: Union[TD3Config, None] = _field(None, doc="task td3 only")
+    sac: Union[SACConfig, None] = _field(None, doc="task sac only")
     train: TrainConfig = _field(TrainConfig())
     log: LogConfig = _field(LogConfig())
     checkpoint: CheckpointConfig = _field(CheckpointConfig())
@@ -446,8 +494,9 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
                                isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
-        for section, tasks in (("env", ("dqn", "actor_critic")), ("dqn", ("dqn",)),
-                               ("actor_critic", ("actor_critic",))):
+        for section, tasks in (("env", ("dqn", "actor_critic", "td3", "sac")), ("dqn", ("dqn",)),
+                               ("actor_critic", ("actor_critic",)), ("td3", ("td3",)),
+                               ("sac", ("sac",))):
             if getattr(config, section) is not None and config.task not in tasks:
                 raise ConfigError(f"{section}: only used with task {' or '.join(tasks)}, "
                                   f"but task is {config.task!r}; remove it or change task")

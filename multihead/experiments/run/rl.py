@@ -1,4 +1,4 @@
-"""What the RL tasks (`dqn`, `actor_critic`) share between their config and their loop.
+"""What the RL tasks (`dqn`, `actor_critic`, `td3`, `sac`) share between their config and their loop.
 
 Config -> objects: environments of `env:`, checks of the task's heads, each
 head's `Objective` from `model.heads` with the task's research loss. The run:
@@ -33,15 +33,29 @@ EVAL_SEED_OFFSET = 10_000
 
 
 class EnvSpec(NamedTuple):
-    """A factory of fresh environments and what the model needs to know of them."""
+    """A factory of fresh environments and what the model needs to know of them.
+
+    Attributes:
+        make: makes one environment.
+        obs_shape: the shape of one observation.
+        num_actions: the number of actions of a Discrete action space (0 for a Box).
+        action_low, action_high: the bounds of a Box action space, one per dimension
+            (empty for a Discrete one).
+    """
 
     make: EnvFactory
     obs_shape: tuple[int, ...]
     num_actions: int
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
 
 
-def env_factory(config: EnvConfig) -> EnvSpec:
-    """The environments of `config`; raises `ConfigError` naming `env.*` keys."""
+#: The action space each RL task needs.
+_ACTION_SPACES = {"dqn": "Discrete", "actor_critic": "Discrete", "td3": "Box", "sac": "Box"}
+
+
+def env_factory(config: EnvConfig, task: str = "dqn") -> EnvSpec:
+    """The environments of `config` for task `task`; raises `ConfigError` naming `env.*` keys."""
     try:
         import gymnasium
     except ImportError:
@@ -66,16 +80,31 @@ def env_factory(config: EnvConfig) -> EnvSpec:
     except TypeError as err:
         raise ConfigError(f"env.kwargs: {str(err).splitlines()[0]}") from None
     try:
-        if not isinstance(env.action_space, gymnasium.spaces.Discrete):
+        space = _ACTION_SPACES[task]
+        box = _finite_box(gymnasium, env.action_space)
+        if (space == "Box") != box or (not box and not isinstance(env.action_space,
+                                                              gymnasium.spaces.Discrete)):
+            tasks = " and ".join(t for t, s in _ACTION_SPACES.items() if s == space)
             raise ConfigError(f"env.id: {config.id!r} has action space {env.action_space}; "
-                              "the dqn and actor_critic tasks need a Discrete one")
+                              f"the {tasks} tasks need a {space} one"
+                              f"{' (one-dimensional, finite bounds)' if space == 'Box' else ''}")
         shape = env.observation_space.shape
         if not isinstance(env.observation_space, gymnasium.spaces.Box) or shape is None:
             raise ConfigError(f"env.id: {config.id!r} has observation space {env.observation_space}; "
                               "a Box (array) observation is needed")
-        return EnvSpec(make, tuple(int(d) for d in shape), int(env.action_space.n))
+        obs_shape = tuple(int(d) for d in shape)
+        if box:
+            return EnvSpec(make, obs_shape, 0, tuple(float(v) for v in env.action_space.low),
+                           tuple(float(v) for v in env.action_space.high))
+        return EnvSpec(make, obs_shape, int(env.action_space.n))
     finally:
         env.close()
+
+
+def _finite_box(gymnasium: Any, space: Any) -> bool:
+    """Whether `space` is a one-dimensional Box with finite bounds."""
+    return (isinstance(space, gymnasium.spaces.Box) and len(space.shape) == 1
+            and bool(np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))))
 
 
 # -- config checks ------------------------------------------------------------------------
@@ -119,19 +148,24 @@ def check_head_outputs(model: MultiHeadModel, head: str, units: int, what: str) 
         )
 
 
-def env_and_model(config: ExperimentConfig,
-                  heads: Mapping[str, str]) -> tuple[EnvConfig, EnvSpec, MultiHeadModel]:
+def env_and_model(config: ExperimentConfig, heads: Mapping[str, str],
+                  build: Callable[[EnvSpec], MultiHeadModel] | None = None,
+                  ) -> tuple[EnvConfig, EnvSpec, MultiHeadModel]:
     """Seeds Keras, checks the task's heads, makes the environments and builds the model.
 
     Args:
         config: the experiment.
         heads: config key -> head the task trains, e.g. `{"dqn.head": "q"}`; the
             model must have exactly these heads.
+        build: builds the model for the environments; None: `model:` as a supervised
+            task builds it, on the observations.
     """
     keras.utils.set_random_seed(config.seed)
     _check_task_heads(config, heads)
     env_cfg = config.env or EnvConfig()
-    spec = env_factory(env_cfg)
+    spec = env_factory(env_cfg, config.task)
+    if build is not None:
+        return env_cfg, spec, build(spec)
     return env_cfg, spec, build_model(config, (None,) + spec.obs_shape)
 
 
@@ -292,7 +326,8 @@ class RLRun:
             "episodes": self.log.count,
             "updates": self.trainer.global_step,
             "target_updates": int(target.counter.numpy()) if target is not None else None,
-            "target_syncs": target.num_syncs if target is not None and target.every else None,
+            "target_syncs": (target.num_syncs if target is not None and target.every and target.tau is None
+                             else None),
             "eval_mean_return": evals.last_mean_return,
             "eval_episodes": evals.episodes,
             "evals": [{"env_steps": s, "mean_return": r} for s, r in evals.history],
