@@ -7,7 +7,8 @@ Each row times two variants round-robin in one process (median of repeats,
   Trainer.fit vs a naive Python loop over the same tf.data pipeline;
   fused per-head updates vs the default (Keras') updates;
   one batched trunk backward vs K backward passes;
-  mixed precision (mixed_float16 on a GPU, mixed_bfloat16 on a CPU) vs float32;
+  mixed precision (mixed_float16 on a GPU, with a loss scale per head; mixed_bfloat16 on a
+  CPU) vs float32;
   XLA on vs off;
   MirroredStrategy over every visible GPU vs one device;
   the step's achieved matmul FLOP/s vs a large matmul's on the same device.
@@ -49,10 +50,11 @@ FULL = ((4, 16), (256, 4096), 256, 5, 200, 4096)
 DRY = ((2,), (16,), 8, 2, 4, 64)
 
 
-def trainer_for(init, width, strategy=None, **options):
-    """The benchmark's K-head model (`step_throughput.keras_parts`) and a Trainer on it."""
+def trainer_for(init, width, strategy=None, dtype=None, **options):
+    """The benchmark's K-head model (`step_throughput.keras_parts`, its trunk in `dtype`) and
+    a Trainer on it."""
     def build():
-        trunk, heads = keras_parts(init, width)
+        trunk, heads = keras_parts(init, width, dtype)
         model = mh.MultiHeadModel(trunk, heads)
         model.build((None, IN_DIM))
         return model, {h: mh.Objective("mse", keras.optimizers.Adam(LR)) for h in heads}
@@ -162,6 +164,9 @@ def rows(dry_run: bool) -> list[list[str]]:
                           repeats, ("XLA on", "XLA off")))
     out.append(option_row(f"updates K={k} width={widths[-1]}", {"fused_updates": True}, k,
                           widths[-1], size, repeats, ("fused", "Keras")))
+    mixed = "mixed_float16" if tf.config.list_logical_devices("GPU") else "mixed_bfloat16"
+    out.append(option_row(f"precision K={k} width={widths[-1]}", {"dtype": mixed}, k, widths[-1],
+                          size, repeats, (mixed, "float32")))
     for width_ in widths:
         out.append(option_row(f"trunk backward K={k} width={width_}", {"batched_backward": True},
                               k, width_, size, repeats, ("batched", "K passes")))

@@ -72,9 +72,11 @@ def constant_batch(k: int, size: int):
     return x, ys, tf.constant(x), {h: tf.constant(v) for h, v in ys.items()}
 
 
-def keras_parts(init: dict[str, list[np.ndarray]], width: int):
-    trunk = keras.Sequential([keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(width, activation="relu")])
+def keras_parts(init: dict[str, list[np.ndarray]], width: int, dtype=None):
+    """The trunk and heads with weights `init`; `dtype`: the trunk's dtype policy (e.g.
+    `"mixed_float16"`; the heads' output layers stay float32)."""
+    trunk = keras.Sequential([keras.layers.Dense(width, activation="relu", dtype=dtype),
+                              keras.layers.Dense(width, activation="relu", dtype=dtype)])
     trunk.build((None, IN_DIM))
     trunk.set_weights(init["trunk"])
     heads = {}

@@ -20,8 +20,8 @@ def test_the_device_check_dry_run_prints_every_check_with_consistent_ratios():
     rows = [line for line in lines[header + 1:] if line.split()[-1:] and
             line.split()[-1].replace(".", "").isdigit() and "ratio =" not in line]
     checks = " ".join(rows)
-    for check in ("Trainer.step", "hand TF2", "TF1", "Trainer.fit", "naive loop", "XLA on", "batched", "fused",
-                  "Mirrored x1", "matmul"):
+    for check in ("Trainer.step", "hand TF2", "TF1", "Trainer.fit", "naive loop", "XLA on",
+                  "batched", "fused", "mixed_bfloat16", "Mirrored x1", "matmul"):
         assert check in checks, check
     for row in rows:
         cells = row.split()
