@@ -80,3 +80,14 @@ def test_bad_objective_configs_get_one_line_naming_the_key(tmp_path, changes, me
     with pytest.raises(ConfigError, match=message) as err:
         from_dict(_config(tmp_path, **changes))
     assert "\n" not in str(err.value)
+
+
+def test_an_aggregation_rule_names_a_standalone_objectives_own_key(tmp_path):
+    # Trunk aggregation needs every objective that trains the trunk updated every step:
+    # the error names objectives.ctcvr.every, not a head's key.
+    _data(tmp_path)
+    config = _config(tmp_path, **{"objectives.ctcvr.every": 2})
+    config["train"]["trunk"] = {"optimizer": "adam", "aggregator": "mgda"}
+    with pytest.raises(ConfigError, match="objectives.ctcvr.every") as err:
+        from_dict(config)
+    assert "\n" not in str(err.value)

@@ -59,10 +59,16 @@ class _ConfigSpelling:
              "trunk.loss_weighting": "train.trunk.loss_weighting",
              "trunk.loss_weighting_options": "train.trunk.loss_weighting_options"}
 
+    def __init__(self, standalone: Sequence[str] = ()) -> None:
+        self._standalone = frozenset(standalone)
+
     def key(self, field: str, head: str | None = None) -> str:
-        if field.startswith("objectives."):  # a head's setting: model.heads.<head>.<name>
+        if field.startswith("objectives."):  # an objective's setting
             name = field.partition(".")[2]
-            return f"model.heads.{head}.{name}" if head is not None else name
+            if head is None:
+                return name
+            section = "objectives" if head in self._standalone else "model.heads"
+            return f"{section}.{head}.{name}"
         return self._KEYS[field]
 
     def value(self, value: Any) -> str:
@@ -921,7 +927,7 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
         check_trunk_aggregation(config.train.schedule,
                                 {n: (_trains_trunk(h), h.every)
                                  for n, h in objective_configs(config).items()},
-                                _CONFIG)
+                                _ConfigSpelling(config.objectives))
     except SettingError as err:
         raise _config_error(err) from None
     trunk_heads = [n for n, h in objective_configs(config).items() if _trains_trunk(h)]
