@@ -13,7 +13,8 @@ from multihead.experiments.config.schema import ExperimentConfig
 from multihead.experiments.run.rl import RLRunner
 from multihead.experiments.run.runner import TASKS, Runner
 
-RUNNER_CLASSES = {"supervised": "SupervisedRunner", "dqn": "DQNRunner", "actor_critic": "ActorCriticRunner"}
+RUNNER_CLASSES = {"supervised": "SupervisedRunner", "dqn": "DQNRunner", "actor_critic": "ActorCriticRunner",
+                  "td3": "ContinuousRunner", "sac": "ContinuousRunner"}
 
 
 def test_every_task_of_the_config_schema_has_a_runner_module():

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from multihead._checks import suggest
 from multihead.experiments.config.errors import ConfigError
 from multihead.experiments.config.fields import field as _field
 
-if TYPE_CHECKING:  # annotation only: the schema imports this module
-    from multihead.experiments.config.schema import ExperimentConfig
+#: The schema's `ExperimentConfig` (not imported: the schema imports this module).
+ExperimentConfig = Any
 
 
 @dataclasses.dataclass

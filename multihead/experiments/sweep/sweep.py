@@ -53,8 +53,8 @@ from typing import Any, Mapping, Sequence, TextIO
 import yaml
 
 from multihead._boundary import BoundaryError, inside, read_json, write_atomic
-from multihead._checks import suggest
-from multihead.experiments.sweep.index import INDEX, TRIALS
+from multihead._checks import describe, suggest
+from multihead.experiments.sweep.index import INDEX, TRIALS, check_index, check_trial_dirs, read_index
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
 from multihead.experiments.config.sweep_section import (
@@ -257,6 +257,8 @@ def last_error(log_text: str) -> str:
     for line in reversed(lines):
         if line.startswith("multihead: error: "):
             return line.removeprefix("multihead: error: ")
+    import re
+
     noise = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages|WARNING:absl)")
     useful = [line for line in lines if not noise.match(line)]
     return useful[-1] if useful else "the trial failed without output"
