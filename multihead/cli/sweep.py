@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.run.directory import default_run_dir
+from multihead.experiments.sweep.index import INDEX, read_index
 from multihead.experiments.sweep.sweep import (
     LocalBackend,
     Sweep,
-    INDEX,
     as_sets,
     check_new_dir,
     check_objective,
@@ -24,7 +24,6 @@ from multihead.experiments.sweep.sweep import (
     load_base,
     parse_grid_arg,
     parse_sample_arg,
-    read_index,
     threads_per_trial,
     trial_overrides,
 )

@@ -18,10 +18,10 @@ import yaml
 from multihead import _keras_internals as internals
 from multihead._checks import check_float, check_int, check_keys, suggest
 from multihead.experiments.build.architectures import build_architecture, is_architecture
+from multihead.experiments.config.data_section import missing_label_of
 from multihead.experiments.config.schema import (
     ConfigError,
     ExperimentConfig,
-    missing_label_of,
     objective_configs,
     objective_path,
     to_dict,

@@ -36,14 +36,8 @@ from multihead._checks import suggest
 from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
 from multihead.experiments.config.rules import check_data_function
 from multihead.experiments.config.sizes import memory_bytes
-from multihead.experiments.config.schema import (
-    ConfigError,
-    DataConfig,
-    ExperimentConfig,
-    objective_configs,
-    data_from_dict,
-    missing_label_of,
-)
+from multihead.experiments.config.data_section import DataConfig, data_from_dict, missing_label_of
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig, objective_configs
 
 #: The default `data.features` of file sources.
 DEFAULT_FEATURES = "x"

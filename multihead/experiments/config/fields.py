@@ -12,6 +12,10 @@ from typing import Any, Mapping, Sequence, Union
 from multihead._checks import check_bounds, check_choice, check_float, check_int, check_keys, describe
 from multihead.experiments.config.errors import ConfigError
 
+#: Bound on a scale-like number (data.scale, noise_std, aggregator options): beyond it float32
+#: losses and gradients overflow.
+MAGNITUDE_MAX = 1e6
+
 
 def field(default: Any = dataclasses.MISSING, *, choices: Sequence[Any] | None = None,
           minimum: float | None = None, maximum: float | None = None, doc: str = "",

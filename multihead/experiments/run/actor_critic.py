@@ -18,7 +18,8 @@ import numpy as np
 
 from multihead.core.objectives import HeadLoss
 from multihead.experiments.build.builders import build_trunk
-from multihead.experiments.config.schema import ActorCriticConfig, ConfigError, ExperimentConfig
+from multihead.experiments.config.rl_section import ActorCriticConfig
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.run.rl import (
     RLRun,
     RLRunner,

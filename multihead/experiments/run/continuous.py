@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 
 from multihead.experiments.build.builders import build_layer
-from multihead.experiments.config.schema import ConfigError, ExperimentConfig, SACConfig, TD3Config
+from multihead.experiments.config.rl_section import SACConfig, TD3Config
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.run.rl import EnvSpec, RLRun, RLRunner, RLTask, env_and_model, research_objectives
 from multihead.rl.continuous import actor_outputs, agent_inputs, agent_model
 from multihead.rl.replay import ReplayBuffer

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from multihead.experiments.build.builders import build_trunk
-from multihead.experiments.config.schema import ConfigError, DQNConfig, ExperimentConfig
+from multihead.experiments.config.rl_section import DQNConfig
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.run.rl import (
     RLRun,
     RLRunner,

@@ -21,7 +21,8 @@ from multihead.core.model import MultiHeadModel
 from multihead.core.objectives import HeadLoss, Objective
 from multihead.core.trainer import StepResult
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
-from multihead.experiments.config.schema import ConfigError, EnvConfig, ExperimentConfig
+from multihead.experiments.config.rl_section import EnvConfig
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.io.checkpoints import save_checkpoint
 from multihead.monitoring.progress import Progress
 from multihead.rl.driver import Driver, EnvFactory, EpisodeLog, Evaluations, Policy

@@ -41,7 +41,6 @@ import itertools
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -53,8 +52,8 @@ from typing import Any, Mapping, Sequence, TextIO
 import yaml
 
 from multihead._boundary import BoundaryError, inside, read_json, write_atomic
-from multihead._checks import describe, suggest
-from multihead.experiments.sweep.index import INDEX, TRIALS, check_index, check_trial_dirs, read_index
+from multihead._checks import suggest
+from multihead.experiments.sweep.index import INDEX, TRIALS
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
 from multihead.experiments.config.sweep_section import (
