@@ -150,7 +150,7 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.core.rules import SettingError
     from multihead.core.training_state import TrainingState
     from multihead.core.trainer import Trainer
-    from multihead.core.trunk_update import TrunkPolicy
+    from multihead.core.trunk_policy import TrunkPolicy
     from multihead.core.trunk_rule import TrunkRule
     from multihead.core.trunk_rule import HeadsPass
     from multihead.core.applier import PlannedUpdate

@@ -62,7 +62,8 @@ from multihead.core.taps import blocks_table
 from multihead.core.streams import DataFeed, batches_per_epoch, zeros_for_spec
 from multihead.core.training_state import TrainingState
 from multihead.core.trunk_rule import HeadSpec, PerHeadTrunk, trunk_scale
-from multihead.core.trunk_update import TrunkPolicy, TrunkUpdate
+from multihead.core.trunk_policy import TrunkPolicy
+from multihead.core.trunk_update import TrunkUpdate
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor
 

@@ -301,7 +301,7 @@ def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallba
 
 def build_trunk(config: ExperimentConfig) -> Any:
     """`Trainer(trunk=...)` for `config.train.trunk`: `"per_head"` or a `TrunkPolicy`."""
-    from multihead.core.trunk_update import TrunkPolicy
+    from multihead.core.trunk_policy import TrunkPolicy
 
     trunk = config.train.trunk
     if trunk == "per_head":

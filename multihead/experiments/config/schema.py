@@ -543,7 +543,7 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
             f"got {describe(raw)}"
         )
     trunk = _build(TrunkConfig, raw, "train.trunk")
-    from multihead.core.trunk_update import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
+    from multihead.core.trunk_policy import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
 
     for key in ("aggregator", "loss_weighting"):
         value = getattr(trunk, key)
