@@ -56,6 +56,23 @@ def interleaved_wall_and_cpu(variants: Mapping[str, Callable[[], object]], calls
             {name: statistics.median(v) for name, v in cpu.items()})
 
 
+def train_quietly(config: str, run_dir: str, sets: list[str]) -> None:
+    """`multihead train config --run-dir run_dir --quiet --set ...`, its summary table
+    swallowed; exits naming the command if the run fails."""
+    import contextlib
+    import io
+
+    from multihead.cli.main import main
+
+    args = ["train", config, "--run-dir", run_dir, "--quiet"]
+    for assignment in sets:
+        args += ["--set", assignment]
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(args)
+    if code != 0:
+        raise SystemExit(f"run failed: {' '.join(args)}")
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)

@@ -28,8 +28,6 @@ the naive model's on the same data.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
@@ -41,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-from _timing import table  # noqa: E402
+from _timing import table, train_quietly  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("naive_cvr", "shared_bottom", "esmm")
@@ -85,19 +83,12 @@ def scores(p: np.ndarray, q: np.ndarray) -> dict[str, float]:
 def run(model: str, seed: int, steps: int | None, workdir: str, overrides=()) -> dict:
     """Trains one config and scores its pCVR on all eval impressions; also the oracle's."""
     import multihead as mh
-    from multihead.cli.main import main
-
     run_dir = os.path.join(workdir, f"{model}-{seed}")
-    args = ["train", os.path.join(ROOT, "experiments", "esmm", f"{model}.yaml"), "--run-dir",
-            run_dir, "--quiet", "--set", f"seed={seed}", "--set", "log.tensorboard=false"]
+    sets = [f"seed={seed}", "log.tensorboard=false"]
     if steps is not None:
-        args += ["--set", f"train.steps={steps}"]
-    for override in overrides:
-        args += ["--set", override]
-    with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
-        code = main(args)
-    if code != 0:
-        raise SystemExit(f"run failed: {' '.join(args)}")
+        sets.append(f"train.steps={steps}")
+    train_quietly(os.path.join(ROOT, "experiments", "esmm", f"{model}.yaml"), run_dir,
+                  sets + list(overrides))
     loaded = mh.load_run(run_dir)
     data = loaded.config.data
     impressions = mh.impressions(**{"seed": loaded.config.seed if data.seed is None else data.seed,

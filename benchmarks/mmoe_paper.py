@@ -25,8 +25,6 @@ them is largest at low correlation. docs/architectures.md compares them with a r
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
@@ -36,7 +34,7 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _timing import table  # noqa: E402
+from _timing import table, train_quietly  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("shared_bottom", "omoe", "mmoe")
@@ -48,20 +46,12 @@ def run(model: str, correlation: float, seed: int, steps: int | None, workdir: s
         overrides: list[str] = ()) -> dict:
     """One run's final MSE on the training and eval sets and the constant predictor's, each
     the mean over the two tasks."""
-    from multihead.cli.main import main
-
     run_dir = os.path.join(workdir, f"{model}-{correlation}-{seed}")
-    args = ["train", os.path.join(ROOT, "experiments", "mmoe_paper", f"{model}.yaml"),
-            "--run-dir", run_dir, "--quiet", "--set", f"data.correlation={correlation}",
-            "--set", f"seed={seed}", "--set", "log.tensorboard=false"]
+    sets = [f"data.correlation={correlation}", f"seed={seed}", "log.tensorboard=false"]
     if steps is not None:
-        args += ["--set", f"train.steps={steps}", "--set", f"train.eval_every={steps}"]
-    for override in overrides:
-        args += ["--set", override]
-    with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
-        code = main(args)
-    if code != 0:
-        raise SystemExit(f"run failed: {' '.join(args)}")
+        sets += [f"train.steps={steps}", f"train.eval_every={steps}"]
+    train_quietly(os.path.join(ROOT, "experiments", "mmoe_paper", f"{model}.yaml"), run_dir,
+                  sets + list(overrides))
     with open(os.path.join(run_dir, "metrics.json")) as f:
         metrics = json.load(f)
     return {split: statistics.fmean(metrics[split][h]["loss"] for h in HEADS)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -75,3 +78,45 @@ def assert_train_refuses(config, override: str, message: str, tmp_path, capsys) 
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not run_dir.exists()
+
+
+#: The start of a script that runs under a `MirroredStrategy` over two logical CPU devices in
+#: a fresh Python (logical devices must be set before TensorFlow runs anything, so not in the
+#: test's process). It defines `tf`, `keras`, `np`, `mh`, `scope`, `make_model`, `make_batch`,
+#: `strategy`, `OUT` (a directory of the test's) and `done(result)`, which hands `result`
+#: (JSON) back to `run_mirrored`.
+MIRRORED_SCRIPT = r'''
+import json, os, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np
+sys.path.insert(0, sys.argv[1])
+import multihead as mh
+from multihead.core.distribute import make_strategy, scope
+from conftest import make_model, make_batch
+OUT = sys.argv[2]
+strategy = make_strategy("mirrored")
+
+def done(result):
+    with open(os.path.join(OUT, "result.json"), "w") as f:
+        json.dump(result, f)
+'''
+
+
+def run_mirrored(body: str, out_dir, timeout: float = 600):
+    """Runs `MIRRORED_SCRIPT + body` in a fresh Python (at most `timeout` seconds, killed
+    after) with `OUT = out_dir`, and returns what it passed to `done`."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(out_dir, "mirrored.py")
+    with open(script, "w") as f:
+        f.write(MIRRORED_SCRIPT + body)
+    try:
+        proc = subprocess.run([sys.executable, script, tests, str(out_dir)], capture_output=True,
+                              text=True, timeout=timeout, cwd=os.path.dirname(tests),
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the mirrored script did not finish in {timeout} s")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(os.path.join(out_dir, "result.json")) as f:
+        return json.load(f)

@@ -38,8 +38,21 @@ def scale_actions(squashed: Any, low: Sequence[float], high: Sequence[float]) ->
     return middle + half * squashed
 
 
+class _BodyHead(keras.layers.Layer):
+    """A head around hidden layers `body`, serialized with them (Keras' own format)."""
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "body": keras.layers.serialize(self.body)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        config = dict(config)
+        config["body"] = keras.layers.deserialize(config["body"])
+        return cls(**config)
+
+
 @keras.saving.register_keras_serializable(package="multihead")
-class PolicyHead(keras.layers.Layer):
+class PolicyHead(_BodyHead):
     """`obs -> body -> Dense(units)`, optionally `tanh`-squashed onto the box `[low, high]`.
 
     Args:
@@ -63,18 +76,11 @@ class PolicyHead(keras.layers.Layer):
         return y if self.low is None else scale_actions(tf.tanh(y), self.low, self.high)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "body": keras.layers.serialize(self.body),
-                "units": self.units, "low": self.low, "high": self.high}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "PolicyHead":
-        config = dict(config)
-        config["body"] = keras.layers.deserialize(config["body"])
-        return cls(**config)
+        return {**super().get_config(), "units": self.units, "low": self.low, "high": self.high}
 
 
 @keras.saving.register_keras_serializable(package="multihead")
-class CriticHead(keras.layers.Layer):
+class CriticHead(_BodyHead):
     """`Q(s, a)`: `concat(obs, action) -> body -> Dense(1)`.
 
     Args:
@@ -89,15 +95,6 @@ class CriticHead(keras.layers.Layer):
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         joined = tf.concat([inputs[OBS], tf.cast(inputs[ACTION], inputs[OBS].dtype)], axis=-1)
         return self.out(self.body(joined, training=training))
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "body": keras.layers.serialize(self.body)}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "CriticHead":
-        config = dict(config)
-        config["body"] = keras.layers.deserialize(config["body"])
-        return cls(**config)
 
 
 @keras.saving.register_keras_serializable(package="multihead")

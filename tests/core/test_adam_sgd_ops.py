@@ -161,15 +161,22 @@ def test_fused_updates_equal_tf1_optimizers_on_the_same_gradients_step_by_step(n
             assert _relative(a, b) <= 1e-7, f"{name}, step {step + 1}: {_relative(a, b):.1e}"
 
 
+def _fused_and_keras(name):
+    """Two copies of the variables, and an optimizer `name` built on each: the first to be
+    updated by the fused kernels, the second by Keras."""
+    fused, keras_ = _variables(), _variables()
+    fused_opt, keras_opt = PLAIN[name](), PLAIN[name]()
+    fused_opt.build(fused)
+    keras_opt.build(keras_)
+    return fused, fused_opt, keras_, keras_opt
+
+
 @pytest.mark.parametrize("name", ["adam", "adam_amsgrad", "adam_schedule"])
 def test_fused_adam_is_keras_adam_up_to_the_kernels_rounding(name):
     """Same formula (epsilon after the bias-corrected step size in both), other rounding:
     the kernel's `1 - beta_2` is 1 - 0.999f = 0.00099998713 against Keras' 0.001f, so the
     second moment differs by 1.3e-5 relative from the first step on."""
-    fused, keras_ = _variables(), _variables()
-    fused_opt, keras_opt = PLAIN[name](), PLAIN[name]()
-    fused_opt.build(fused)
-    keras_opt.build(keras_)
+    fused, fused_opt, keras_, keras_opt = _fused_and_keras(name)
     for step in range(50):
         grads = _gradients(step)
         adam_sgd_ops.apply_gradients(fused_opt, grads, fused, fused=True)
@@ -181,10 +188,7 @@ def test_fused_adam_is_keras_adam_up_to_the_kernels_rounding(name):
 
 @pytest.mark.parametrize("name", ["sgd", "sgd_momentum", "sgd_nesterov"])
 def test_fused_sgd_is_bitwise_keras_sgd(name):
-    fused, keras_ = _variables(), _variables()
-    fused_opt, keras_opt = PLAIN[name](), PLAIN[name]()
-    fused_opt.build(fused)
-    keras_opt.build(keras_)
+    fused, fused_opt, keras_, keras_opt = _fused_and_keras(name)
     for step in range(8):
         grads = _gradients(step)
         adam_sgd_ops.apply_gradients(fused_opt, grads, fused, fused=True)

@@ -19,6 +19,7 @@ import pytest
 import multihead as mh
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.core.distribute import is_chief, local_workers, make_strategy
+from conftest import run_mirrored
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
@@ -27,21 +28,12 @@ ROOT = os.path.dirname(TESTS)
 # each case share the initial weights (seeded make_model) and the global batches (same data,
 # batch size and shuffle seed), so the weights must agree up to float rounding.
 _MIRRORED = r'''
-import glob, json, os, sys
-import tensorflow as tf
+import glob
 from tensorflow.core.util import event_pb2
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras, numpy as np
-sys.path.insert(0, sys.argv[1])
-import multihead as mh
-from multihead.core.distribute import make_strategy, scope
-from conftest import make_model, make_batch
-out = sys.argv[2]
+out = OUT
 rng = np.random.default_rng(0)
 X = rng.standard_normal((96, 5)).astype("float32")
 Y = {h: rng.standard_normal((96, 1)).astype("float32") for h in "ab"}
-strategy = make_strategy("mirrored")
 result = {"replicas": strategy.num_replicas_in_sync}
 
 def trainer(distributed, schedule="simultaneous", trunk="per_head", every_b=1, log_dir=None):
@@ -163,7 +155,7 @@ result["restore_to_mirrored"] = max(diff(fresh.weights, back.weights),
 # every replica's copy holds the restored value
 result["replica_copies_equal"] = all(
     np.array_equal(v.value.values[0].numpy(), v.value.values[1].numpy()) for v in back.weights)
-json.dump(result, open(os.path.join(out, "result.json"), "w"))
+done(result)
 '''
 
 
@@ -181,12 +173,7 @@ def _run(args, env=None, timeout=480):
 
 @pytest.fixture(scope="module")
 def mirrored(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mirrored")
-    script = out / "check.py"
-    script.write_text(_MIRRORED)
-    code, output = _run([sys.executable, str(script), TESTS, str(out)])
-    assert code == 0, output[-4000:]
-    return json.loads((out / "result.json").read_text())
+    return run_mirrored(_MIRRORED, tmp_path_factory.mktemp("mirrored"), timeout=480)
 
 
 def test_mirrored_training_equals_single_device_for_every_schedule_and_trunk_policy(mirrored):

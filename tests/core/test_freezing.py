@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from conftest import make_batch, make_model, weights
+from conftest import make_batch, make_model, run_mirrored, weights
 
 HEADS = ("a", "b", "c")
 CASES = [("simultaneous", "per_head"), ("sequential", "per_head"),
@@ -107,16 +107,6 @@ def test_the_freeze_flags_survive_a_checkpoint_and_an_older_checkpoint_freezes_n
 
 
 _MIRRORED = r'''
-import json, sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras, numpy as np
-sys.path.insert(0, sys.argv[1])
-import multihead as mh
-from multihead.core.distribute import make_strategy, scope
-from conftest import make_model, make_batch
-strategy = make_strategy("mirrored")
 result = {}
 for name, trunk in (("per_head", "per_head"), ("mgda", {"optimizer": "adam", "aggregator": "mgda"})):
     runs = []
@@ -136,23 +126,12 @@ for name, trunk in (("per_head", "per_head"), ("mgda", {"optimizer": "adam", "ag
     (m1, k1, _), (m2, k2, traces) = runs
     gap = max(float(np.abs(x.numpy() - y.numpy()).max()) for x, y in zip(m1.weights, m2.weights))
     result[name] = [gap, k1, k2, traces]
-json.dump(result, open(sys.argv[2], "w"))
+done(result)
 '''
 
 
 def test_freezing_works_under_a_mirrored_strategy(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script, out = tmp_path / "check.py", tmp_path / "result.json"
-    script.write_text(_MIRRORED)
-    proc = subprocess.run([sys.executable, str(script), tests, str(out)], capture_output=True,
-                          text=True, timeout=600, cwd=os.path.dirname(tests))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for case, (gap, kept_single, kept_mirrored, traces) in json.loads(out.read_text()).items():
+    for case, (gap, kept_single, kept_mirrored, traces) in run_mirrored(_MIRRORED, tmp_path).items():
         # float rounding only: the mirrored batch mean is summed from two replica halves
         assert gap < 1e-5, case
         assert kept_single and kept_mirrored and traces == 1, case

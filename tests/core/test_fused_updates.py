@@ -8,23 +8,18 @@ guard and frozen heads hold, a strategy falls back to Keras' update, bad input i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import multihead as mh
-from conftest import make_batch, make_model, weights
+from conftest import make_batch, make_model, run_mirrored, weights
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUM = {"optimizer": "adam", "aggregator": "sum"}
 
 
@@ -163,16 +158,6 @@ def test_fused_updates_is_a_bool_in_python_and_in_configs():
 
 
 _MIRRORED = r'''
-import sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras, numpy as np
-sys.path.insert(0, sys.argv[1])
-import multihead as mh
-from multihead.core.distribute import make_strategy, scope
-from conftest import make_model, make_batch
-strategy = make_strategy("mirrored")
 runs = {}
 for fused in (True, False):
     with scope(strategy):
@@ -183,16 +168,13 @@ for fused in (True, False):
     for seed in range(4):
         trainer.step(make_batch(seed=seed))
     runs[fused] = [np.array(v.numpy()) for v in model.weights]
-assert all(np.array_equal(a, b) for a, b in zip(runs[True], runs[False])), "fused differs"
-print("OK", strategy.num_replicas_in_sync)
+done({"replicas": strategy.num_replicas_in_sync,
+      "bitwise": all(np.array_equal(a, b) for a, b in zip(runs[True], runs[False]))})
 '''
 
 
 @pytest.mark.slow  # a subprocess with 2 logical devices: ~15 s unloaded
-def test_under_a_mirrored_strategy_fused_updates_fall_back_to_keras():
+def test_under_a_mirrored_strategy_fused_updates_fall_back_to_keras(tmp_path):
     # Keras applies a distributed update through the strategy (`extended.update`, one
     # component per replica): there the fused path leaves it to Keras, bitwise.
-    out = subprocess.run([sys.executable, "-c", _MIRRORED, TESTS], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["OK", "2"]
+    assert run_mirrored(_MIRRORED, tmp_path, timeout=300) == {"replicas": 2, "bitwise": True}

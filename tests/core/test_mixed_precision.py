@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import make_batch
+from conftest import make_batch, run_mirrored
 
 import multihead as mh
 from multihead.monitoring.report import load_report
@@ -249,12 +249,6 @@ def internal_layers(layer):
 # -- under a MirroredStrategy (2 logical CPUs, in a subprocess) ----------------------------
 
 MIRRORED = """
-import json, sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras, numpy as np, multihead as mh
-
 def run(strategy):
     scope = strategy.scope() if strategy else tf.name_scope("single")
     with scope:
@@ -275,23 +269,13 @@ def run(strategy):
     return {"skipped": [list(r.skipped) for r in steps], "scales": trainer.loss_scales.values(),
             "weights": [w.tolist() for w in model.get_weights()]}
 
-json.dump({"single": run(None),
-           "mirrored": run(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))}, sys.stdout)
+done({"single": run(None), "mirrored": run(strategy)})
 """
 
 
 @pytest.mark.slow
-def test_float16_loss_scales_under_a_mirrored_strategy_match_one_device():
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", MIRRORED], env=env, capture_output=True, text=True,
-                         timeout=300, check=True).stdout
-    runs = json.loads(out[out.index('{"single"'):])
+def test_float16_loss_scales_under_a_mirrored_strategy_match_one_device(tmp_path):
+    runs = run_mirrored(MIRRORED, tmp_path, timeout=300)
     for run in runs.values():
         assert run["skipped"] == [["b"]] * 3
         assert run["scales"] == {"a": 2.0 ** 8, "b": 2.0 ** 5}

@@ -149,24 +149,23 @@ def test_evaluate_reports_a_standalone_objective_on_its_combined_prediction():
 
 def test_a_checkpoint_holds_each_objectives_optimizer_and_resumes_bitwise(tmp_path):
     x, y = _batch(6)
-    runs = []
-    for restore in (False, True):
-        model = _model(seed=7)
-        trainer = mh.Trainer(model, {
+
+    def esmm_trainer(seed):
+        return mh.Trainer(_model(seed=seed), {
             "ctr": mh.Objective("binary_crossentropy", keras.optimizers.Adam(1e-2)),
             "ctcvr": mh.Objective("binary_crossentropy", keras.optimizers.Adam(1e-2),
                                   reads=("ctr", "cvr"), combine="product",
                                   trains=("trunk", "heads/ctr", "heads/cvr"))})
+
+    runs = []
+    for restore in (False, True):
+        trainer = esmm_trainer(seed=7)
         trainer.step((x, y))
         if restore:
-            save_checkpoint(tmp_path / "ckpt", model, trainer=trainer)
-            model = _model(seed=8)
-            trainer = mh.Trainer(model, {
-                "ctr": mh.Objective("binary_crossentropy", keras.optimizers.Adam(1e-2)),
-                "ctcvr": mh.Objective("binary_crossentropy", keras.optimizers.Adam(1e-2),
-                                      reads=("ctr", "cvr"), combine="product",
-                                      trains=("trunk", "heads/ctr", "heads/cvr"))})
-            restore_checkpoint(tmp_path / "ckpt", model, trainer=trainer)
+            save_checkpoint(tmp_path / "ckpt", trainer.model, trainer=trainer)
+            trainer = esmm_trainer(seed=8)
+            restore_checkpoint(tmp_path / "ckpt", trainer.model, trainer=trainer)
+        model = trainer.model
         trainer.step((x, y))
         runs.append(_values(model.trainable_variables + trainer.optimizers["ctcvr"].variables))
     for a, b in zip(*runs):

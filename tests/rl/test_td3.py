@@ -144,7 +144,9 @@ def test_actor_step_leaves_critics_and_their_slots_bitwise_and_follows_a_hand_wr
 
     result = trainer.step((inputs, targets), heads=["actor"])
     assert result.updated == ("actor",)
-    assert result.losses["actor"] == pytest.approx(float(loss), rel=1e-6)
+    # float32 rounding of a mean whose terms cancel: bounded by the terms' size, not the mean's
+    scale = float(tf.reduce_mean(tf.abs(q1)))
+    assert result.losses["actor"] == pytest.approx(float(loss), rel=1e-6, abs=1e-5 * scale)
     for a, b in zip(critic_state(model, trainer), critics_before):
         np.testing.assert_array_equal(a, b)
     assert [id(v) for v in trainer.optimizers["actor"]._trainable_variables] == [id(v) for v in actor_vars]
