@@ -467,7 +467,18 @@ NEW_METHODS = [
 ]
 
 
-@pytest.mark.parametrize("name,options", NEW_METHODS)
+#: One of each kind of config runs in the default suite (options, dtype, a loss weighting named
+#: as the aggregator, a buffered method); the rest (same config path, ~5 s each) with -m slow.
+#: Each method's maths is checked in the default suite by the reference tests above.
+_FAST_CONFIGS = {("fairgrad", 2.0), ("nash_mtl", "float64"), ("imtl_l", None), ("db_mtl", None)}
+
+
+def _config_case(name, options):
+    key = (name, next(iter(options.values()), None))
+    return pytest.param(name, options, marks=() if key in _FAST_CONFIGS else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("name,options", [_config_case(n, o) for n, o in NEW_METHODS])
 def test_every_new_method_trains_through_multihead_train(tmp_path, name, options):
     # In process (main(...)): ~2-5 s each on an idle machine, TF already imported.
     """`multihead train` with a config (train.trunk.aggregator, options, dtype), 4 steps:

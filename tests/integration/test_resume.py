@@ -195,17 +195,10 @@ def _killed_after_a_checkpoint(config, stopped, launcher=("-m", "multihead")):
     return CheckpointManager.step_of(tf.train.latest_checkpoint(str(stopped / "checkpoints")))
 
 
-@pytest.mark.parametrize("text", [CONFIG, PER_HEAD_CONFIG], ids=["one_dataset", "per_head"])
-def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp_path, text):
-    config = tmp_path / "exp.yaml"
-    config.write_text(text)
-    stopped, full = tmp_path / "stopped", tmp_path / "full"
-    killed_at = _killed_after_a_checkpoint(config, stopped)
-    total = (killed_at // 25 + 3) * 25  # at least 2 more checkpoints and evaluations
-
-    _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
-    _cli("train", str(config), "--run-dir", str(full), "--set", f"train.steps={total}", "--quiet")
-
+def _assert_resumed_equals_uninterrupted(stopped, full, total):
+    """The checkpoints at `total` hold bitwise the same tensors (the dropout seed state
+    included), and the TensorBoard events are the same tags at the same steps with bitwise
+    the same values, no training step logged twice."""
     resumed_state = _tensors(str(stopped / "checkpoints" / f"ckpt-{total}"))
     full_state = _tensors(str(full / "checkpoints" / f"ckpt-{total}"))
     assert set(resumed_state) == set(full_state)
@@ -224,6 +217,20 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(tmp
     # logged at the number of updates done: the first, every 5th and the last
     assert {s for (run, tag, s) in full_events if (run, tag) == ("train", "loss/a")} == {
         1, *range(5, total + 1, 5)}
+
+
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run_per_head_data(tmp_path):
+    """With one dataset per head (of different sizes, so their epochs end at different steps);
+    one dataset for all heads: the SIGKILL-and-two-resumes test below."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(PER_HEAD_CONFIG)
+    stopped, full = tmp_path / "stopped", tmp_path / "full"
+    killed_at = _killed_after_a_checkpoint(config, stopped)
+    total = (killed_at // 25 + 3) * 25  # at least 2 more checkpoints and evaluations
+
+    _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
+    _cli("train", str(config), "--run-dir", str(full), "--set", f"train.steps={total}", "--quiet")
+    _assert_resumed_equals_uninterrupted(stopped, full, total)
 
 
 def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
@@ -348,9 +355,10 @@ def _progress_steps(stderr):
 
 
 def test_sigkill_then_two_resumes_keep_one_history_equal_to_the_uninterrupted_run(tmp_path):
-    """metrics.json after SIGKILL + two resumes: every evaluation from the first step, the
-    same best values and `compare` output as one uninterrupted run of the same seed, and
-    each segment listed with its start step and checkpoint."""
+    """After SIGKILL + two resumes: the checkpoint and TensorBoard events bitwise those of one
+    uninterrupted run of the same seed; in metrics.json every evaluation from the first step,
+    the same best values and `compare` output, and each segment listed with its start step
+    and checkpoint."""
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG)
     stopped, full = tmp_path / "stopped", tmp_path / "full"
@@ -360,6 +368,7 @@ def test_sigkill_then_two_resumes_keep_one_history_equal_to_the_uninterrupted_ru
     first = _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={mid}")
     _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
     _cli("train", str(config), "--run-dir", str(full), "--set", f"train.steps={total}", "--quiet")
+    _assert_resumed_equals_uninterrupted(stopped, full, total)
 
     assert f"resuming from checkpoints/ckpt-{killed_at} (step {killed_at})" in first.stderr
     lines = _progress_steps(first.stderr)
