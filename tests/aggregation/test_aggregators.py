@@ -8,7 +8,7 @@ import scipy.optimize
 
 import multihead as mh
 from multihead import aggregation as agg
-from multihead.aggregation import coordinatewise, solvers
+from multihead.aggregation import solvers
 
 
 def _np(x):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
-import math
 import os
 
 import keras

@@ -1,7 +1,6 @@
 """The Python API is as strict as configs about optimizers: no loss-scale wrapper, and no
 optimizer object shared between two live Trainers (`multihead.core.objectives`)."""
 
-import gc
 
 import keras
 import numpy as np

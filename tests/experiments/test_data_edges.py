@@ -6,7 +6,6 @@ key and the file, never a traceback, a MemoryError or a SIGSEGV."""
 from __future__ import annotations
 
 import io
-import os
 import time
 import zipfile
 
