@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from multihead.core.trunk_policy import TRUNK_AGGREGATORS  # noqa: E402
+from multihead.step.trunk_policy import TRUNK_AGGREGATORS  # noqa: E402
 
 IN_DIM, WIDTH, BATCH = 64, 256, 256
 #: Every method `TrunkPolicy` accepts, in parameter space.

@@ -3,7 +3,7 @@
 For each dataset, trains over seeds 0..S-1:
 - the single-task baselines: `multihead train CONFIG --only-head HEAD`, one per head;
 - `per_head` (no aggregation: each head's optimizer updates trunk + its own head);
-- every method of `multihead.core.trunk_policy.TRUNK_AGGREGATORS` (the gradient aggregators of
+- every method of `multihead.step.trunk_policy.TRUNK_AGGREGATORS` (the gradient aggregators of
   `multihead.AGGREGATORS` and the loss weightings of
   `multihead.LOSS_WEIGHTINGS`, read at run time, so methods added
   to the registries are included), as `--set train.trunk={optimizer: Adam(1e-3), aggregator:
@@ -86,7 +86,7 @@ TRUNK_OPTIMIZER = "{class_name: Adam, config: {learning_rate: 1.0e-3}}"
 
 def all_methods() -> list[str]:
     """`per_head`, then every trunk aggregator and loss weighting the registries hold now."""
-    from multihead.core.trunk_policy import TRUNK_AGGREGATORS
+    from multihead.step.trunk_policy import TRUNK_AGGREGATORS
 
     return ["per_head"] + list(TRUNK_AGGREGATORS)
 

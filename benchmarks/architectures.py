@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from multihead.core.architectures import StackedDense  # noqa: E402
+from multihead.model.architectures import StackedDense  # noqa: E402
 from _timing import interleaved_wall_and_cpu, table  # noqa: E402
 
 IN_DIM, BATCH, WIDTH = 100, 256, 512

@@ -5,7 +5,7 @@ K Dense(1) heads, MSE, Adam per head, batch 256. Side by side in one process
 (medians of interleaved repeats, the load average printed):
 
 * `Trainer.step` with `batched_backward=False` (K backward passes, the default)
-  and `True` (one vectorised pass, `multihead.core.batched_backward`);
+  and `True` (one vectorised pass, `multihead.step.batched_backward`);
 * the heads' gradients alone (no optimizer update), through the per-head rule's
   own `head_plans`, K passes vs batched;
 * the largest difference between the two ways' gradients (float32 rounding);
@@ -31,9 +31,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from multihead.core.objectives import resolve_loss  # noqa: E402
-from multihead.core.step import HeadSpec, TrainStep  # noqa: E402
-from multihead.core.trunk_rule import Backward, HeadsPass, PerHeadTrunk, head_plans  # noqa: E402
+from multihead.objectives.objective import resolve_loss  # noqa: E402
+from multihead.step.train_step import HeadSpec, TrainStep  # noqa: E402
+from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadTrunk, head_plans  # noqa: E402
 from step_throughput import IN_DIM, constant_batch, initial_weights, keras_parts  # noqa: E402
 
 LR = 1e-3

@@ -30,7 +30,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from multihead.core.callbacks import EarlyStopping  # noqa: E402
+from multihead.training.callbacks import EarlyStopping  # noqa: E402
 from multihead.io.best_checkpoint import BestCheckpoint  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")

@@ -35,7 +35,7 @@ if mode.startswith("mirrored"):
     cpu = tf.config.list_physical_devices("CPU")[0]
     n = int(mode.split("-")[1])
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
-from multihead.core.distribute import make_strategy, scope
+from multihead.step.distribute import make_strategy, scope
 strategy = (make_strategy("mirrored") if mode.startswith("mirrored")
             else make_strategy("multi_worker") if mode.startswith("workers") else None)
 import keras, numpy as np
@@ -77,7 +77,7 @@ def _run(mode: str, steps: int, batch: int, per_epoch: int, timeout: float = 600
     if not mode.startswith("workers"):
         out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
-    from multihead.core.distribute import local_workers  # imports TensorFlow: only when needed
+    from multihead.step.distribute import local_workers  # imports TensorFlow: only when needed
 
     workers = local_workers(2)
     procs = []

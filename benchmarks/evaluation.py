@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from multihead.core.evaluation import Evaluator  # noqa: E402
-from multihead.core.objectives import resolve_loss, resolve_metric  # noqa: E402
+from multihead.training.evaluation import Evaluator  # noqa: E402
+from multihead.objectives.objective import resolve_loss, resolve_metric  # noqa: E402
 
 ROWS = 20_000
 HEADS = ("y1", "y2")

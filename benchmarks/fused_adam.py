@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from multihead import _keras_internals as internals  # noqa: E402
-from multihead.core import adam_sgd_ops  # noqa: E402
+from multihead.step import adam_sgd_ops  # noqa: E402
 
 import keras  # noqa: E402
 

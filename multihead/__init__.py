@@ -38,52 +38,52 @@ _EXPORTS = {
     "save_checkpoint": "multihead.io.checkpoints",
     "CheckpointManager": "multihead.io.manager",
     "available_parts": "multihead.io.parts",
-    "Callback": "multihead.core.callbacks",
-    "EarlyStopping": "multihead.core.callbacks",
-    "HeadEarlyStopping": "multihead.core.head_early_stopping",
-    "LambdaCallback": "multihead.core.callbacks",
-    "ReduceLROnPlateau": "multihead.core.callbacks",
-    "TerminateOnNonFinite": "multihead.core.callbacks",
-    "MultiTaskData": "multihead.core.data",
-    "as_dataset": "multihead.core.data",
-    "batches_per_epoch": "multihead.core.streams",
-    "mmoe_synthetic": "multihead.core.data",
-    "make_strategy": "multihead.core.distribute",
+    "Callback": "multihead.training.callbacks",
+    "EarlyStopping": "multihead.training.callbacks",
+    "HeadEarlyStopping": "multihead.training.head_early_stopping",
+    "LambdaCallback": "multihead.training.callbacks",
+    "ReduceLROnPlateau": "multihead.training.callbacks",
+    "TerminateOnNonFinite": "multihead.training.callbacks",
+    "MultiTaskData": "multihead.datasets.multitask",
+    "as_dataset": "multihead.datasets.multitask",
+    "batches_per_epoch": "multihead.training.streams",
+    "mmoe_synthetic": "multihead.datasets.multitask",
+    "make_strategy": "multihead.step.distribute",
     "ExportResult": "multihead.io.export",
     "export_saved_model": "multihead.io.export",
-    "MultiHeadModel": "multihead.core.model",
-    "CGC": "multihead.core.architectures",
-    "MMoE": "multihead.core.architectures",
-    "MTAN": "multihead.core.architectures",
-    "OMoE": "multihead.core.architectures",
-    "PLE": "multihead.core.architectures",
-    "CrossStitch": "multihead.core.architectures",
-    "DSelectK": "multihead.core.architectures",
+    "MultiHeadModel": "multihead.training.keras_model",
+    "CGC": "multihead.model.architectures",
+    "MMoE": "multihead.model.architectures",
+    "MTAN": "multihead.model.architectures",
+    "OMoE": "multihead.model.architectures",
+    "PLE": "multihead.model.architectures",
+    "CrossStitch": "multihead.model.architectures",
+    "DSelectK": "multihead.model.architectures",
     "Monitor": "multihead.monitoring.monitor",
-    "Objective": "multihead.core.objectives",
-    "DynamicLossScale": "multihead.core.loss_scales",
-    "Partition": "multihead.core.partition",
+    "Objective": "multihead.objectives.objective",
+    "DynamicLossScale": "multihead.step.loss_scales",
+    "Partition": "multihead.model.partition",
     "RunReport": "multihead.monitoring.report",
     "load_report": "multihead.monitoring.report",
     "ReplayBuffer": "multihead.rl.replay",
     "TargetNetwork": "multihead.rl.target_network",
-    "variable_addresses": "multihead.core.addresses",
+    "variable_addresses": "multihead.model.addresses",
     "ImportReport": "multihead.io.tf1_import",
     "import_tf1_checkpoint": "multihead.io.tf1_import",
-    "TaskSampling": "multihead.core.sampling",
-    "History": "multihead.core.trainer",
-    "StepResult": "multihead.core.trainer",
-    "Trainer": "multihead.core.trainer",
-    "SettingError": "multihead.core.rules",
-    "TrainingState": "multihead.core.training_state",
-    "TrunkPolicy": "multihead.core.trunk_update",
-    "TrunkRule": "multihead.core.trunk_rule",
-    "HeadsPass": "multihead.core.trunk_rule",
-    "PlannedUpdate": "multihead.core.applier",
+    "TaskSampling": "multihead.training.sampling",
+    "History": "multihead.training.trainer",
+    "StepResult": "multihead.training.trainer",
+    "Trainer": "multihead.training.trainer",
+    "SettingError": "multihead.settings",
+    "TrainingState": "multihead.training.training_state",
+    "TrunkPolicy": "multihead.step.trunk_update",
+    "TrunkRule": "multihead.step.trunk_rule",
+    "HeadsPass": "multihead.step.trunk_rule",
+    "PlannedUpdate": "multihead.step.applier",
     "copy_weights": "multihead.io.transfer",
     "load_data": "multihead.experiments.build.data_sources",
-    "multidigits": "multihead.experiments.build.multidigits",
-    "impressions": "multihead.experiments.build.impressions",
+    "multidigits": "multihead.datasets.multidigits",
+    "impressions": "multihead.datasets.impressions",
     "LoadedRun": "multihead.experiments.run.load",
     "load_run": "multihead.experiments.run.load",
     "Comparison": "multihead.experiments.results.compare",
@@ -112,52 +112,52 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.io.checkpoints import save_checkpoint
     from multihead.io.manager import CheckpointManager
     from multihead.io.parts import available_parts
-    from multihead.core.callbacks import Callback
-    from multihead.core.callbacks import EarlyStopping
-    from multihead.core.head_early_stopping import HeadEarlyStopping
-    from multihead.core.callbacks import LambdaCallback
-    from multihead.core.callbacks import ReduceLROnPlateau
-    from multihead.core.callbacks import TerminateOnNonFinite
-    from multihead.core.data import MultiTaskData
-    from multihead.core.data import as_dataset
-    from multihead.core.streams import batches_per_epoch
-    from multihead.core.data import mmoe_synthetic
-    from multihead.core.distribute import make_strategy
+    from multihead.training.callbacks import Callback
+    from multihead.training.callbacks import EarlyStopping
+    from multihead.training.head_early_stopping import HeadEarlyStopping
+    from multihead.training.callbacks import LambdaCallback
+    from multihead.training.callbacks import ReduceLROnPlateau
+    from multihead.training.callbacks import TerminateOnNonFinite
+    from multihead.datasets.multitask import MultiTaskData
+    from multihead.datasets.multitask import as_dataset
+    from multihead.training.streams import batches_per_epoch
+    from multihead.datasets.multitask import mmoe_synthetic
+    from multihead.step.distribute import make_strategy
     from multihead.io.export import ExportResult
     from multihead.io.export import export_saved_model
-    from multihead.core.model import MultiHeadModel
-    from multihead.core.architectures import CGC
-    from multihead.core.architectures import MMoE
-    from multihead.core.architectures import MTAN
-    from multihead.core.architectures import OMoE
-    from multihead.core.architectures import PLE
-    from multihead.core.architectures import CrossStitch
-    from multihead.core.architectures import DSelectK
+    from multihead.training.keras_model import MultiHeadModel
+    from multihead.model.architectures import CGC
+    from multihead.model.architectures import MMoE
+    from multihead.model.architectures import MTAN
+    from multihead.model.architectures import OMoE
+    from multihead.model.architectures import PLE
+    from multihead.model.architectures import CrossStitch
+    from multihead.model.architectures import DSelectK
     from multihead.monitoring.monitor import Monitor
-    from multihead.core.objectives import Objective
-    from multihead.core.loss_scales import DynamicLossScale
-    from multihead.core.partition import Partition
+    from multihead.objectives.objective import Objective
+    from multihead.step.loss_scales import DynamicLossScale
+    from multihead.model.partition import Partition
     from multihead.monitoring.report import RunReport
     from multihead.monitoring.report import load_report
     from multihead.rl.replay import ReplayBuffer
     from multihead.rl.target_network import TargetNetwork
-    from multihead.core.addresses import variable_addresses
+    from multihead.model.addresses import variable_addresses
     from multihead.io.tf1_import import ImportReport
     from multihead.io.tf1_import import import_tf1_checkpoint
-    from multihead.core.sampling import TaskSampling
-    from multihead.core.trainer import History
-    from multihead.core.trainer import StepResult
-    from multihead.core.rules import SettingError
-    from multihead.core.training_state import TrainingState
-    from multihead.core.trainer import Trainer
-    from multihead.core.trunk_policy import TrunkPolicy
-    from multihead.core.trunk_rule import TrunkRule
-    from multihead.core.trunk_rule import HeadsPass
-    from multihead.core.applier import PlannedUpdate
+    from multihead.training.sampling import TaskSampling
+    from multihead.training.trainer import History
+    from multihead.training.trainer import StepResult
+    from multihead.settings import SettingError
+    from multihead.training.training_state import TrainingState
+    from multihead.training.trainer import Trainer
+    from multihead.step.trunk_policy import TrunkPolicy
+    from multihead.step.trunk_rule import TrunkRule
+    from multihead.step.trunk_rule import HeadsPass
+    from multihead.step.applier import PlannedUpdate
     from multihead.io.transfer import copy_weights
     from multihead.experiments.build.data_sources import load_data
-    from multihead.experiments.build.multidigits import multidigits
-    from multihead.experiments.build.impressions import impressions
+    from multihead.datasets.multidigits import multidigits
+    from multihead.datasets.impressions import impressions
     from multihead.experiments.run.load import LoadedRun
     from multihead.experiments.run.load import load_run
     from multihead.experiments.results.compare import Comparison

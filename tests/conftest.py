@@ -101,7 +101,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras, numpy as np
 sys.path.insert(0, sys.argv[1])
 import multihead as mh
-from multihead.core.distribute import make_strategy, scope
+from multihead.step.distribute import make_strategy, scope
 from conftest import make_model, make_batch
 OUT = sys.argv[2]
 strategy = make_strategy("mirrored")

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from multihead._boundary import BoundaryError, read_json, temp_file, unlink_symlinks_at
 from multihead._checks import check_float
-from multihead.core.callbacks import Callback, Metrics, MonitoredQuantity
+from multihead.training.callbacks import Callback, Metrics, MonitoredQuantity
 from multihead.io.checkpoints import save_checkpoint
 
 _POINTER = "best.json"
@@ -56,7 +56,7 @@ class BestCheckpoint(Callback):
     Args:
         directory: where `best-<step>` and `best.json` are written.
         monitor: `"eval/<head>/<metric>"`, `"eval/mean_loss"` or a callable of the eval
-            metrics (see `multihead.core.callbacks.MonitoredQuantity`).
+            metrics (see `multihead.training.callbacks.MonitoredQuantity`).
         mode: `"min"`, `"max"` or `"auto"` (from the metric name).
         min_delta: the amount an evaluation must beat the best by (>= 0).
         parts: the checkpoint parts to save (see `save_checkpoint`); None saves all.

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from multihead._boundary import unlink_symlinks_at
-from multihead.core.model import MultiHeadModel
+from multihead.training.keras_model import MultiHeadModel
 from multihead.io.checkpoint_file import (
     CheckpointMismatchError,
     CheckpointReadError,
@@ -36,7 +36,7 @@ from multihead.io.parts import (
 )
 
 if TYPE_CHECKING:
-    from multihead.core.trainer import Trainer
+    from multihead.training.trainer import Trainer
 
 __all__ = [
     "CheckpointManager",

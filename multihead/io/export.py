@@ -22,8 +22,9 @@ import tensorflow as tf
 
 from multihead import _keras_internals as internals
 from multihead._boundary import temp_dir
-from multihead.core.model import MultiHeadModel, head_input
-from multihead.core.taps import trunk_features
+from multihead.model.network import head_input
+from multihead.training.keras_model import MultiHeadModel
+from multihead.model.taps import trunk_features
 
 #: Name of the input of every serving signature.
 INPUT_NAME = "inputs"

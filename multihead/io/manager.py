@@ -34,8 +34,8 @@ import tensorflow as tf
 
 from multihead._boundary import temp_file, unlink_symlinks_at
 from multihead._checks import check_int
-from multihead.core.callbacks import Callback
-from multihead.core.model import MultiHeadModel
+from multihead.training.callbacks import Callback
+from multihead.training.keras_model import MultiHeadModel
 from multihead.io.checkpoint_file import CheckpointReadError, restore_objects
 from multihead.io.event_rewind import rewind_events
 from multihead.io.parts import (
@@ -47,7 +47,7 @@ from multihead.io.parts import (
 )
 
 if TYPE_CHECKING:
-    from multihead.core.trainer import Trainer
+    from multihead.training.trainer import Trainer
 
 
 _CHECKPOINT_INDEX = re.compile(r"ckpt-([0-9]{1,18})\.index")

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead.core.model import MultiHeadModel
+from multihead.training.keras_model import MultiHeadModel
 
 if TYPE_CHECKING:
-    from multihead.core.trainer import Trainer
+    from multihead.training.trainer import Trainer
 
 #: Parts that name a group: `"heads"` is every `heads/<name>`, and so on.
 GROUPS = ("heads", "optimizers", "targets")

@@ -34,8 +34,8 @@ from typing import Any, Mapping
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.addresses import variable_addresses
-from multihead.core.model import MultiHeadModel
+from multihead.model.addresses import variable_addresses
+from multihead.training.keras_model import MultiHeadModel
 
 
 @dataclasses.dataclass

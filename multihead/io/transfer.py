@@ -3,7 +3,7 @@
 Parts use the checkpoint names and hold what the checkpoint parts hold: `"trunk"`
 is the trunk layer, `"heads/<name>"` the head layer and, for a trunk that routes
 heads, the layers the trunk owns for that head (its gate, attention module or
-column; `multihead.core.architectures`). A part is copied only if the destination's
+column; `multihead.model.architectures`). A part is copied only if the destination's
 part has the same structure (same number of weights, same shapes, in the same
 order), so two versions of one network can exchange weights without a checkpoint
 file.
@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import keras
 
 from multihead._checks import variable_label
-from multihead.core.model import MultiHeadModel
+from multihead.training.keras_model import MultiHeadModel
 
 
 def _layer(model: MultiHeadModel, part: str, role: str) -> keras.layers.Layer:

@@ -28,7 +28,7 @@ section per head, one chart per tag: see `multihead.monitoring.layout`):
   step starts from (`Monitor.gates`).
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
 * `trunk_blocks` (text, step 0): with trunk taps, the trunk blocks each head trains
-  (`multihead.core.taps.blocks_table`), written by the `Trainer`.
+  (`multihead.model.taps.blocks_table`), written by the `Trainer`.
 
 Every tag is built by `multihead.monitoring.tags`, the schema `multihead report` reads.
 

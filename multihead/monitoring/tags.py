@@ -4,7 +4,7 @@ Tags are `kind/head/...`, so TensorBoard's Scalars page has one section per kind
 with one card per head. A pair of heads is always `<a>/<b>`, `a` before `b` in
 head order (head names hold no `/`, so the pair splits unambiguously). Variables
 are named by their stable address (`trunk/0/kernel`, `heads/a/bias`, see
-`multihead.core.addresses`), so two builds of one architecture write the same tags.
+`multihead.model.addresses`), so two builds of one architecture write the same tags.
 
 Train run (`<log_dir>/train`):
 

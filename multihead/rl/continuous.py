@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.model import MultiHeadModel
+from multihead.training.keras_model import MultiHeadModel
 
 OBS, ACTION = "obs", "action"
 

@@ -12,8 +12,8 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import HeadLoss, LossSpec, resolve_loss
+from multihead.training.keras_model import MultiHeadModel
+from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.target_network import TargetNetwork
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead._checks import check_int
-from multihead.core.model import MultiHeadModel
+from multihead.training.keras_model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
 from multihead.monitoring.progress import Progress
 

@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import HeadLoss, LossSpec, resolve_loss
+from multihead.training.keras_model import MultiHeadModel
+from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.continuous import OBS, agent_inputs, critic_value, scale_actions
 from multihead.rl.target_network import TargetNetwork
 

@@ -22,8 +22,9 @@ import keras
 import tensorflow as tf
 
 from multihead._checks import check_float, check_int, variable_label
-from multihead.core.model import MultiHeadModel, _zeros_like_shape, head_input
-from multihead.core.taps import trunk_features
+from multihead.model.network import _zeros_like_shape, head_input
+from multihead.training.keras_model import MultiHeadModel
+from multihead.model.taps import trunk_features
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
 

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import HeadLoss, LossSpec, resolve_loss
+from multihead.training.keras_model import MultiHeadModel
+from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.continuous import OBS, action_bounds, agent_inputs, critic_value
 from multihead.rl.target_network import TargetNetwork
 

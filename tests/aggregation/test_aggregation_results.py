@@ -79,7 +79,7 @@ def test_table_delta_m_equals_numpy_on_the_runs_metrics(results_script, tmp_path
 
 def test_every_registered_method_makes_a_valid_config(results_script):
     """A method added to the registries that needs an option fails here, not an hour into a run."""
-    from multihead.core.trunk_policy import TRUNK_AGGREGATORS
+    from multihead.step.trunk_policy import TRUNK_AGGREGATORS
     from multihead.experiments.config.schema import load_config
 
     methods = results_script.all_methods()

@@ -38,7 +38,7 @@ def test_each_architecture_config_validates_and_builds_its_model(name, capsys):
 
 #: A CLI training run per config costs ~5-10 s of CPU each: MMoE (with its gate monitoring) trains
 #: in the default suite, the other configs with -m slow (each one's model is built by the
-#: validate test above, and each architecture trains in tests/core/test_architectures.py).
+#: validate test above, and each architecture trains in tests/model/test_architectures.py).
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in MONITORED else pytest.mark.slow)
                                   for n in NAMES])
 def test_each_architecture_config_trains_through_the_cli(name, tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import multihead as mh
-from multihead.experiments.build.impressions import TASKS, impressions
+from multihead.datasets.impressions import TASKS, impressions
 from multihead.experiments.build.data_sources import load_data
 from multihead.experiments.config.schema import ConfigError
 

@@ -12,7 +12,7 @@ pytest.importorskip("sklearn")
 from sklearn.datasets import load_digits  # noqa: E402
 
 from multihead.cli.main import main  # noqa: E402
-from multihead.experiments.build.multidigits import multidigits, source_split  # noqa: E402
+from multihead.datasets.multidigits import multidigits, source_split  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "multidigits.yaml")

@@ -92,7 +92,7 @@ def _resume(tmp_path, run, steps=40, *extra):
 def _signal_at_first_evaluation(monkeypatch, signum):
     """Sends `signum` to this process from inside the first evaluation (step 10, in the main
     thread, so the handler runs there): a real signal at a known step."""
-    from multihead.core.trainer import Trainer
+    from multihead.training.trainer import Trainer
 
     evaluate, sent = Trainer.evaluate, []
 
@@ -218,7 +218,7 @@ def test_a_locked_run_dir_refuses_a_second_writer_with_exit_2(tmp_path, stopped_
 
 
 def test_a_failed_run_keeps_its_directory_logs_and_status(tmp_path, capsys, monkeypatch):
-    from multihead.core.trainer import Trainer
+    from multihead.training.trainer import Trainer
 
     calls = {"n": 0}
     evaluate = Trainer.evaluate

@@ -156,7 +156,7 @@ def test_aggregated_trunk_update_state_is_a_part_and_resumes_exactly(tmp_path, a
 
 
 def test_data_position_fast_forwards_a_fresh_dataset_to_the_same_batches():
-    from multihead.core.data import DataPosition
+    from multihead.datasets.multitask import DataPosition
 
     data = make_batch(HEADS, n=50, seed=3)  # batches of 8: 7 per epoch (the last has 2)
     original = DataPosition()

@@ -8,7 +8,7 @@ import pytest
 from conftest import make_batch, make_model, weights
 
 import multihead as mh
-from multihead.core.callbacks import Callback
+from multihead.training.callbacks import Callback
 from multihead.io.manager import CheckpointCallback, CheckpointManager
 
 HEADS = ("a", "b")

@@ -48,7 +48,7 @@ def test_direction_from_the_metric_name(metric, direction):
 
 def test_callbacks_config_and_sweep_accept_and_refuse_the_same_names():
     pytest.importorskip("keras")
-    from multihead.core.callbacks import MonitoredQuantity
+    from multihead.training.callbacks import MonitoredQuantity
 
     for text in GOOD:
         quantity = MonitoredQuantity(text, "min", owner="EarlyStopping")

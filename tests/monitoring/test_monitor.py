@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import make_batch, make_model, make_tapped
-from multihead.core.addresses import variable_addresses
+from multihead.model.addresses import variable_addresses
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import cosine, global_norm, histogram_buckets
 

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import keras
 
 from multihead._checks import check_float, check_int, check_keys, suggest
-from multihead.core.architectures import ARCHITECTURES
+from multihead.model.architectures import ARCHITECTURES
 from multihead.experiments.config.schema import ConfigError
 
 _EXPERT = ("experts", "expert")

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.objectives import HeadLoss, label_marker, present_labels
+from multihead.objectives.objective import HeadLoss, label_marker, present_labels
 
 
 def constant_baseline(

@@ -26,13 +26,13 @@ from multihead.experiments.config.schema import (
     objective_path,
     to_dict,
 )
-from multihead.core.callbacks import EarlyStopping, ReduceLROnPlateau
-from multihead.core.head_early_stopping import HeadEarlyStopping
-from multihead.core.data import MultiTaskData
-from multihead.core.model import MultiHeadModel
-from multihead.core.taps import resolve_taps
-from multihead.core.objectives import Objective, resolve_loss, resolve_metric, resolve_optimizer
-from multihead.core.trainer import Trainer
+from multihead.training.callbacks import EarlyStopping, ReduceLROnPlateau
+from multihead.training.head_early_stopping import HeadEarlyStopping
+from multihead.datasets.multitask import MultiTaskData
+from multihead.training.keras_model import MultiHeadModel
+from multihead.model.taps import resolve_taps
+from multihead.objectives.objective import Objective, resolve_loss, resolve_metric, resolve_optimizer
+from multihead.training.trainer import Trainer
 from multihead.io.best_checkpoint import BestCheckpoint
 
 _MLP_KEYS = ("units", "activation", "output_activation", "dropout", "kernel_regularizer")
@@ -301,7 +301,7 @@ def build_callbacks(config: ExperimentConfig, best_dir: str | None) -> RunCallba
 
 def build_trunk(config: ExperimentConfig) -> Any:
     """`Trainer(trunk=...)` for `config.train.trunk`: `"per_head"` or a `TrunkPolicy`."""
-    from multihead.core.trunk_policy import TrunkPolicy
+    from multihead.step.trunk_policy import TrunkPolicy
 
     trunk = config.train.trunk
     if trunk == "per_head":
@@ -319,7 +319,7 @@ def build_trunk(config: ExperimentConfig) -> Any:
 
 def build_strategy(config: ExperimentConfig) -> Any:
     """The `tf.distribute` strategy of `config.distribute`, or None (`strategy: none`)."""
-    from multihead.core.distribute import make_strategy
+    from multihead.step.distribute import make_strategy
 
     try:
         return make_strategy(config.distribute.strategy, config.distribute.devices)

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead._checks import suggest
-from multihead.core.data import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
+from multihead.datasets.multitask import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
 from multihead.experiments.config.rules import check_data_function
 from multihead.experiments.build.file_readers import (
     check_file,
@@ -112,7 +112,7 @@ def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict
     if kind in ("mmoe", "mixed"):
         return _synthetic(data, heads, seed)
     if kind == "multidigits":
-        from multihead.experiments.build.multidigits import TASKS, multidigits
+        from multihead.datasets.multidigits import TASKS, multidigits
 
         for head in heads:  # a subset of the tasks trains single-task baselines
             if head not in TASKS:
@@ -180,7 +180,7 @@ def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
 
 def _impressions(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     """`kind: esmm`: the impression -> click -> conversion generator, the labels of `heads`."""
-    from multihead.experiments.build.impressions import TASKS, impressions
+    from multihead.datasets.impressions import TASKS, impressions
 
     for head in heads:
         if head not in TASKS:

@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from multihead.core.rules import REFUSED_OPTIMIZERS
+from multihead.settings import REFUSED_OPTIMIZERS
 from multihead.experiments.config.sizes import check_model_size
 
 #: Seeds go to numpy (at most 2**32 - 1) and TF; bounded as every config integer is (int32).

@@ -22,7 +22,7 @@ from multihead._checks import (
     describe,
     suggest,
 )
-from multihead.core.rules import (
+from multihead.settings import (
     SettingError,
     check_jit_logging,
     check_loss_scaling,
@@ -55,7 +55,7 @@ from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 
 
 class _ConfigSpelling:
-    """The key paths and YAML values of the core's setting fields (`multihead.core.rules`),
+    """The key paths and YAML values of the core's setting fields (`multihead.settings`),
     so a rule written once in the core words its error for a config."""
 
     _KEYS = {"jit_compile": "train.jit_compile", "log_dir": "log.tensorboard",
@@ -472,7 +472,7 @@ def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str)
             raise ConfigError(f"{path}: the evaluation of head {head!r} has no metric {metric!r}"
                               f"{suggest(metric, names)}; available: {', '.join(available)}")
         monitor = str(MetricKey(head, names[metric]))
-    from multihead.core.callbacks import MonitoredQuantity  # TF import: only when used
+    from multihead.training.callbacks import MonitoredQuantity  # TF import: only when used
 
     try:
         MonitoredQuantity(monitor, mode, "callback")
@@ -484,7 +484,7 @@ def _check_monitor(config: ExperimentConfig, monitor: str, mode: str, path: str)
 def _metric_names(config: ExperimentConfig, head: str) -> dict[str, str]:
     """What a monitor may call each metric of `head` -> the name the evaluation reports it
     under: `loss`, the resolved names and the names as written in `metrics:`."""
-    from multihead.core.objectives import resolve_metric  # TF import: only when used
+    from multihead.objectives.objective import resolve_metric  # TF import: only when used
 
     spec = objective_configs(config)[head]
     names = {"loss": "loss"}
@@ -543,7 +543,7 @@ def _check_trunk(config: ExperimentConfig) -> Union[str, TrunkConfig]:
             f"got {describe(raw)}"
         )
     trunk = _build(TrunkConfig, raw, "train.trunk")
-    from multihead.core.trunk_policy import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
+    from multihead.step.trunk_policy import TRUNK_AGGREGATORS, TrunkPolicy  # TF import: only when used
 
     for key in ("aggregator", "loss_weighting"):
         value = getattr(trunk, key)

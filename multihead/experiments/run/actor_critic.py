@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from multihead.core.objectives import HeadLoss
+from multihead.objectives.objective import HeadLoss
 from multihead.experiments.build.builders import build_trunk
 from multihead.experiments.config.rl_section import ActorCriticConfig
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig

@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multihead.core.objectives import resolve_loss, resolve_metric
-from multihead.core.parts import prediction_fn, resolve_parts
+from multihead.objectives.objective import resolve_loss, resolve_metric
+from multihead.objectives.parts import prediction_fn, resolve_parts
 from multihead.experiments.config.schema import ConfigError
 
 #: Examples in the tiny batch.

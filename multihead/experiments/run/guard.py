@@ -31,7 +31,7 @@ import types
 from typing import Any
 
 from multihead._boundary import read_json, temp_file
-from multihead.core.callbacks import Callback
+from multihead.training.callbacks import Callback
 
 LOCK_FILE = ".lock"
 STATUS_FILE = "status.json"

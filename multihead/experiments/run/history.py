@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from multihead._boundary import BoundaryError, read_json, write_atomic
-from multihead.core.callbacks import Callback, Metrics
+from multihead.training.callbacks import Callback, Metrics
 
 #: The run's history file, in the run directory.
 HISTORY_FILE = "history.json"

@@ -191,7 +191,7 @@ def log_run_hparams(run_dir: str, config: ExperimentConfig, runner: Runner, metr
                     overrides: Sequence[str] = ()) -> None:
     """`write_run_hparams` for a finished `multihead train` run, when it writes TensorBoard
     events and this process is the chief (the other workers of a multi-worker run write nothing)."""
-    from multihead.core.distribute import is_chief
+    from multihead.step.distribute import is_chief
 
     if config.log.tensorboard and is_chief(runner.strategy):
         write_run_hparams(run_dir, config, metrics, overrides)

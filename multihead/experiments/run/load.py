@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 
 from multihead._boundary import BoundaryError, inside, read_json, read_text
-from multihead.core.model import MultiHeadModel
-from multihead.core.trainer import Trainer
+from multihead.training.keras_model import MultiHeadModel
+from multihead.training.trainer import Trainer
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer, build_trunk
 from multihead.experiments.config.schema import (
     ConfigError,

@@ -17,9 +17,9 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 import keras
 import numpy as np
 
-from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import HeadLoss, Objective
-from multihead.core.trainer import StepResult
+from multihead.training.keras_model import MultiHeadModel
+from multihead.objectives.objective import HeadLoss, Objective
+from multihead.training.trainer import StepResult
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
 from multihead.experiments.config.rl_section import EnvConfig
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Sequence
 import keras
 import tensorflow as tf
 
-from multihead.core.parts import prediction_fn
+from multihead.objectives.parts import prediction_fn
 
 from multihead.experiments.build.baselines import constant_baseline_metrics
 from multihead.experiments.build.builders import (
@@ -30,14 +30,14 @@ from multihead.experiments.build.data_sources import input_spec
 from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.experiments.run.history import HistoryError, RunHistory
-from multihead.core.callbacks import Callback, EarlyStopping
-from multihead.core.data import MultiTaskData
+from multihead.training.callbacks import Callback, EarlyStopping
+from multihead.datasets.multitask import MultiTaskData
 from multihead._boundary import write_atomic
-from multihead.core.distribute import scope
-from multihead.core.model import MultiHeadModel
-from multihead.core.objectives import Objective, resolve_metric
-from multihead.core.sampling import TaskSampling
-from multihead.core.streams import batches_per_epoch
+from multihead.step.distribute import scope
+from multihead.training.keras_model import MultiHeadModel
+from multihead.objectives.objective import Objective, resolve_metric
+from multihead.training.sampling import TaskSampling
+from multihead.training.streams import batches_per_epoch
 
 
 #: Where a run records its model's input (written before training starts).

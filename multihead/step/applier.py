@@ -1,0 +1,188 @@
+"""The one place a train step writes variables through an optimizer.
+
+A trunk rule (`multihead.step.trunk_rule.TrunkRule`) turns the heads' gradients
+into `PlannedUpdate`s, the heads' and the trunk's; `Applier.apply_all` applies
+them in order. Everything that decides whether an update happens and what it
+reports sits here, once:
+
+* when a head is due (`every=n`: steps where `step % n == 0`, decided in the graph);
+* the non-finite guard: a guarded update whose loss or gradient is not finite is
+  dropped, and reported as skipped;
+* a head's dynamic loss scale (float16): its gradient is unscaled before the guard
+  reads it, an overflowing head is dropped as a non-finite one, and its scale is
+  updated (`multihead.step.loss_scales`);
+* a condition of the rule's own (`PlannedUpdate.when`, e.g. the trunk update of an
+  aggregate that lost two heads to non-finite gradients);
+* the monitor hook of a head's update (loss, gradient norms, histograms).
+
+Like optax's `apply_updates`, the applier computes nothing about *what* the
+update is: the rule decides that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
+
+import keras
+import tensorflow as tf
+
+from multihead import _keras_internals as internals
+from multihead.step import adam_sgd_ops
+from multihead.step.loss_scales import LossScales
+from multihead.monitoring.monitor import Monitor
+
+Gradients = Sequence[Union[tf.Tensor, tf.IndexedSlices, None]]
+
+
+def not_converted(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks step internals that call no user code (gradients, optimizer updates) for
+    autograph to leave alone: inspecting every call they make costs trace time per head.
+    Forward passes stay converted: user losses may use Python control flow on tensors."""
+    return tf.autograph.experimental.do_not_convert(method)
+
+
+def all_finite(loss: tf.Tensor, grads: Gradients) -> tf.Tensor:
+    """Whether `loss` and every gradient are finite.
+
+    One sum per gradient (a single pass, no boolean copy): a NaN or Inf element makes
+    the sum non-finite. Finite elements whose sum leaves float range count as
+    non-finite too: such a gradient would not make a usable update either.
+    """
+    sums = [tf.reduce_sum(tf.cast(g, loss.dtype)) for g in grads if g is not None]
+    return tf.math.is_finite(tf.add_n([loss] + sums) if sums else loss)
+
+
+class PlannedUpdate(NamedTuple):
+    """One optimizer update a trunk rule plans; only `Applier` carries it out.
+
+    Attributes:
+        optimizer: the optimizer that applies it (built on a superset of `variables`).
+        gradients: one gradient per variable (None: no dependence), or a function
+            returning them, called only where the update happens (a head that is
+            not due takes no gradient).
+        variables: the variables written.
+        head: the head whose update this is (reported in `HeadsDone`, monitored);
+            None for an update of no single head (the trunk's own optimizer).
+        guarded: drop the update when `loss` or the gradients are not finite.
+        loss: the head's loss (checked by the guard, logged by the monitor).
+        finite: the guard's verdict when the rule computed it already (e.g. over the
+            head's whole gradient, trunk part included, of which `gradients` is the
+            head's own part); None: the applier checks `loss` and `gradients`.
+        every: the head is due on steps where `step % every == 0`.
+        when: a condition of the rule's own (a bool scalar); None: always.
+    """
+
+    optimizer: keras.optimizers.Optimizer
+    gradients: Gradients | Callable[[], Gradients]
+    variables: Sequence[keras.Variable]
+    head: str | None = None
+    guarded: bool = False
+    loss: tf.Tensor | None = None
+    finite: tf.Tensor | None = None
+    every: int = 1
+    when: tf.Tensor | None = None
+
+
+class HeadsDone(NamedTuple):
+    """Per head (by name), as bool scalars: whether its optimizer applied an update, and
+    whether a non-finite loss or gradient dropped it."""
+
+    updated: dict[str, tf.Tensor]
+    skipped: dict[str, tf.Tensor]
+
+
+def _not_done() -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.constant(False), tf.constant(False)
+
+
+class Applier:
+    """Applies planned updates: due heads, the non-finite guard, the monitor hooks.
+
+    Args:
+        monitor: the TensorBoard monitor (its `head_update` logs each head's update),
+            or None.
+        distributed: the step runs under a `tf.distribute` strategy.
+        fused: plain Adam and SGD optimizers update through TF1's fused kernels
+            (`Trainer(fused_updates=True)`; see `multihead.step.adam_sgd_ops`).
+        loss_scales: the heads' loss scales, whose heads' gradients arrive scaled; None:
+            no loss scaling.
+    """
+
+    def __init__(self, monitor: Monitor | None = None, distributed: bool = False,
+                 fused: bool = False, loss_scales: LossScales | None = None) -> None:
+        self._monitor = monitor
+        self._distributed = distributed
+        self._fused = fused
+        self._loss_scales = loss_scales
+
+    def apply_all(self, plans: Sequence[PlannedUpdate], step: tf.Tensor,
+                  due_decided: bool = False) -> HeadsDone:
+        """Applies `plans` in order; per head, whether it updated and whether it was skipped.
+
+        Args:
+            step: the step counter before the step.
+            due_decided: the caller runs this only on steps where the heads are due
+                (the sequential schedule's per-head branch): `every` is not checked again.
+        """
+        updated, skipped = {}, {}
+        for plan in plans:
+            done = self.apply(plan, step, due_decided)
+            if plan.head is not None:
+                updated[plan.head], skipped[plan.head] = done
+        return HeadsDone(updated, skipped)
+
+    def apply(self, plan: PlannedUpdate, step: tf.Tensor, due_decided: bool = False,
+              ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Applies one plan -> (updated, skipped), bool scalars."""
+        scales = self._loss_scales
+        scaled = scales is not None and plan.head in scales.scales
+
+        def run() -> tuple[tf.Tensor, tf.Tensor]:
+            grads = plan.gradients() if callable(plan.gradients) else plan.gradients
+            if scaled:
+                grads = scales.unscale(plan.head, grads)
+            if not plan.guarded and not scaled:
+                self._write(plan, grads)
+                return tf.constant(True), tf.constant(False)
+            finite = plan.finite if plan.finite is not None else all_finite(plan.loss, grads)
+            done = self._guarded(finite, lambda: self._write(plan, grads))
+            if scaled:
+                scales.update(plan.head, finite)
+            return done
+
+        conditions = [] if plan.when is None else [plan.when]
+        if plan.every != 1 and not due_decided:
+            conditions.append(tf.equal(step % plan.every, 0))
+        if not conditions:
+            return run()
+        return tf.cond(conditions[0] if len(conditions) == 1 else tf.logical_and(*conditions),
+                       run, _not_done)
+
+    @not_converted
+    def _write(self, plan: PlannedUpdate, grads: Gradients) -> None:
+        adam_sgd_ops.apply_gradients(plan.optimizer, grads, plan.variables, fused=self._fused)
+        if self._monitor is not None and plan.head is not None:
+            self._monitor.head_update(plan.head, plan.loss, grads, plan.variables, plan.optimizer)
+
+    def _guarded(self, finite: tf.Tensor, write: Callable[[], None]) -> tuple[tf.Tensor, tf.Tensor]:
+        def applied() -> tf.Tensor:
+            write()
+            return tf.constant(True)
+
+        graph = tf.compat.v1.get_default_graph()
+        start = len(graph.get_operations())
+        updated = tf.cond(finite, applied, lambda: tf.constant(False))
+        if not self._distributed:
+            # A lowered cond puts a Switch on every tensor the update reads; kept as a
+            # function call, the branch runs as one op.
+            for op in graph.get_operations()[start:]:
+                if op.type in ("If", "StatelessIf"):
+                    internals.keep_cond_functional(op)
+        return updated, tf.logical_not(finite)
+
+
+def stack_done(heads: Sequence[str], values: Mapping[str, tf.Tensor], dtype: tf.DType,
+               missing: Any) -> tf.Tensor:
+    """`values` in the order of `heads` as one vector, `missing` for a head not in it."""
+    return tf.stack([tf.cast(values[h], dtype) if h in values else tf.constant(missing, dtype)
+                     for h in heads])

@@ -1,0 +1,526 @@
+"""The train step: per-head gradients, planned by a trunk rule, applied by one applier.
+
+Two schedules:
+
+* `simultaneous`: one forward pass; every due head's gradient is taken at the
+  same parameters (one persistent tape), then each head's optimizer applies its
+  own, in head order. This is the well-defined version of TF1's
+  `sess.run([train_op_1, train_op_2])`.
+* `sequential`: heads update one after another, each with its own forward pass
+  at the parameters the previous head left.
+
+A head with `every=n` is due on steps where `step % n == 0`; the test is made in
+the graph on the step variable, so mixed cadences never retrace the step.
+
+The step's math is here: the forward pass (`forward`), the schedules, the
+distributed pass. What the heads' gradients become is the trunk rule's plan
+(`multihead.step.trunk_rule`); every optimizer write is the applier's
+(`multihead.step.applier`); compiling the step, one step or many per call, is
+`multihead.step.compiled`'s.
+
+With TensorBoard monitoring, the step is compiled in two variants, with and without
+the monitor, and each call picks one in Python from the step counter (see
+`multihead.monitoring.monitor`).
+
+With a `tf.distribute` strategy, gradients are taken and all-reduced in replica
+context and applied in cross-replica context (see `multihead.step.distribute`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
+
+import keras
+import tensorflow as tf
+
+from multihead.step import distribute
+from multihead.step.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
+from multihead.step.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
+from multihead.step.freezing import FrozenHeads
+from multihead.step.loss_scales import LossScales
+from multihead.model.model_view import HeadsModel
+from multihead.objectives.objective import present_labels, split_weighted
+from multihead.step.trunk_rule import (
+    Backward,
+    HeadSpec,
+    HeadsPass,
+    LossScaling,
+    TrunkRule,
+    scale_gradient,
+)
+from multihead.monitoring import tags
+from multihead.monitoring.monitor import Monitor, write_scalar
+
+__all__ = ["SCHEDULES", "Forward", "HeadSpec", "HeadsDone", "PlannedUpdate", "StepOutput",
+           "StepsOutput", "TrainStep", "all_finite"]
+
+SCHEDULES = ("simultaneous", "sequential")
+
+
+def regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
+    """The sum of `layer`'s regularization losses, or 0.0 if it has none."""
+    losses = layer.losses
+    return tf.add_n(losses) if losses else 0.0
+
+
+class Forward(NamedTuple):
+    """One forward pass of some heads, recorded on the caller's tape.
+
+    Attributes:
+        features: the trunk output (with own batches: head -> the trunk output on
+            the head's batch).
+        losses: head -> unweighted loss (float32 scalar).
+        objectives: head -> what the head's gradient is taken of: weight x loss
+            (x the loss weighting's factor, for aggregated heads), plus the head's
+            regularization, plus the trunk's when the head's optimizer updates the trunk.
+        trunk_reg: the trunk's regularization (0.0 when it has none).
+        scaling: what the trunk rule's loss weighting computed in the pass.
+        counts: head -> its rows with a present label (float32), for the heads with a
+            missing-label marker (`HeadSpec.missing_label`).
+    """
+
+    features: Any
+    losses: dict[str, tf.Tensor]
+    objectives: dict[str, tf.Tensor]
+    trunk_reg: tf.Tensor | float
+    scaling: LossScaling
+    counts: dict[str, tf.Tensor]
+
+
+class TrainStep:
+    """One compiled update of the due heads: `step(inputs, targets)` or `step.run(iterator, n)`.
+
+    The step computes every head's objective in one forward pass (`forward`),
+    hands the heads' losses and gradients to its trunk rule, whose planned updates
+    its applier applies: per head (each head's optimizer updates trunk + head) or
+    aggregated (one trunk optimizer applies a combination of the heads' trunk
+    gradients). Target networks given to the step are updated after the
+    optimizers, inside the same compiled step.
+
+    Args:
+        model: the built model.
+        heads: the heads, in order.
+        schedule: `"simultaneous"` or `"sequential"` (checked by `Trainer`; trunk
+            aggregation needs `"simultaneous"`, checked by `TrunkUpdate.create`).
+        step: the step counter variable.
+        rule: the trunk rule.
+        monitor: the TensorBoard monitor, or None.
+        jit_compile: XLA-compile the step.
+        strategy: a `tf.distribute` strategy, or None.
+        target_networks: objects whose `update()` runs after each step's updates.
+        addresses: id of a variable -> its address in the model (for the monitor's tags).
+        frozen: the heads' freeze flags, read in the step (a frozen head takes no part in
+            it: see `multihead.step.freezing`) and, when the trunk rule needs it, on the
+            host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
+            None: no head is ever frozen.
+        fused_updates: plain Adam / SGD updates through TF1's fused kernels (see
+            `multihead.step.adam_sgd_ops`).
+        loss_scales: each head's dynamic loss scale (float16): a head's objective is
+            scaled in `forward`, its gradient unscaled by the applier; None: none.
+    """
+
+    def __init__(
+        self,
+        model: HeadsModel,
+        heads: Sequence[HeadSpec],
+        schedule: str,
+        step: tf.Variable,
+        rule: TrunkRule,
+        monitor: Monitor | None = None,
+        jit_compile: bool = False,
+        strategy: tf.distribute.Strategy | None = None,
+        target_networks: Sequence[Any] = (),
+        addresses: Mapping[int, str] | None = None,
+        frozen: FrozenHeads | None = None,
+        fused_updates: bool = False,
+        loss_scales: LossScales | None = None,
+    ) -> None:
+        self._model = model
+        self._loss_scales = loss_scales
+        self._frozen = frozen
+        self._heads = tuple(heads)
+        self._schedule = schedule
+        self._step = step
+        self._rule = rule
+        self._monitor = monitor
+        self._strategy = strategy
+        self._target_networks = tuple(target_networks)
+        if monitor is not None and strategy is not None:
+            monitor.distributed = True  # see Monitor.distributed
+        if monitor is not None:  # its buffers must exist before the first trace
+            monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
+                         {h.name: h.optimizer for h in self._heads}, addresses=addresses,
+                         other_tags=rule.summary_tags() + [
+                             tags.loss_scale(h) for h in (loss_scales.scales if loss_scales else ())])
+        self._applier = Applier(monitor, distributed=strategy is not None, fused=fused_updates,
+                                loss_scales=loss_scales)
+        self.trace_count = 0
+        #: Per head, in head order: steps whose update was dropped as non-finite.
+        self.nonfinite_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64), trainable=False,
+                                           name="nonfinite_skips")
+        #: Per head, in head order: due steps skipped because no row of the batch had a label.
+        self.missing_label_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64),
+                                               trainable=False, name="missing_label_skips")
+        #: The compiled variants, keyed (monitored, heads, own batches).
+        self.loops = StepLoops(self._body_for, step, len(self._heads), jit_compile)
+
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        """The heads, in order."""
+        return tuple(h.name for h in self._heads)
+
+    @property
+    def monitor(self) -> Monitor | None:
+        """The TensorBoard monitor, or None."""
+        return self._monitor
+
+    @property
+    def trunk_variables(self) -> list[keras.Variable]:
+        """The trunk's trainable variables."""
+        return self._model.trunk_variables
+
+    # -- which variant: steps that do not log run one without any monitoring op ---------
+    #
+    # The choice is made in Python from the step counter: in the graph, even an untaken
+    # conditional costs time on every step. Under a strategy every step runs the
+    # monitored variant, gated piece by piece in the graph: the all-reduces must be the
+    # same on every worker, whether it monitors or not.
+
+    def _counter(self) -> int:
+        # The raw op: cheaper in Python than `Variable.numpy()` on every call.
+        return int(tf.raw_ops.ReadVariableOp(resource=self._step.handle, dtype=self._step.dtype))
+
+    def __call__(self, inputs: Any, targets: Any, heads: Sequence[str] | None = None,
+                 own_batches: bool = False) -> StepOutput:
+        """One step on one batch (split across the replicas under a strategy).
+
+        Args:
+            heads: update only these heads (each distinct set is compiled once);
+                None: all.
+            own_batches: each head has a batch of its own: `inputs` and `targets` are
+                dicts head -> that head's inputs / targets (see `forward`).
+        """
+        names = self._variant_heads(heads)
+        if self._strategy is not None:
+            distribute.check_not_in_scope(self._strategy)
+            inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
+        monitor = self._monitor
+        monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
+        return self.loops.one((monitored, names, own_batches), inputs, targets)
+
+    def _variant_heads(self, heads: Sequence[str] | None) -> tuple[str, ...]:
+        """The heads of the variant a step of `heads` (None: all) runs: with frozen heads
+        the trunk rule may need a variant without them (`TrunkRule.step_heads`)."""
+        names = self.head_names if heads is None else tuple(h for h in self.head_names if h in heads)
+        if self._frozen is None:
+            return names
+        return self._rule.step_heads(names, self._frozen.names)
+
+    def run(self, iterator: Any, max_steps: int, own_batches: bool = False,
+            heads: Sequence[str] | None = None) -> StepsOutput:
+        """Up to `max_steps` steps in compiled calls, taking batches from `iterator`
+        (with `own_batches`, batches `({head: inputs}, {head: targets})`, see `forward`);
+        `heads` as in `__call__`.
+
+        One call, or, with a monitor, one per stretch of steps that do not log
+        plus one per logging step. Fewer steps are run if the iterator is
+        exhausted first (the end of an epoch); `StepsOutput.count` says how many.
+        `every` schedules are decided per step in the graph, exactly as with
+        single steps. Under a strategy, `iterator` iterates a distributed dataset.
+        """
+        if self._strategy is not None:
+            distribute.check_not_in_scope(self._strategy)
+        monitor = self._monitor
+        cacheable = self._strategy is None
+        names = self._variant_heads(heads)
+
+        def part(monitored: bool, n: int) -> StepsOutput:
+            return self.loops.many((monitored, names, own_batches), iterator, n, cacheable)
+
+        if monitor is None or monitor.distributed:
+            return part(monitor is not None, max_steps)
+        return split_at_logging_steps(part, self._counter(), max_steps, monitor.logs_at,
+                                      monitor.quiet_steps_from)
+
+    # -- the step body: a plain function of its inputs, compiled by `loops` ---------------
+
+    def _body_for(self, key: Hashable) -> Callable[[Any, Any], tuple[tf.Tensor, ...]]:
+        monitored, names, own_batches = key
+        heads = tuple(h for h in self._heads if h.name in names)
+
+        def body(inputs: Any, targets: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            losses, done = self._body(inputs, targets, monitored, heads, own_batches)
+            order = self.head_names
+            return (stack_done(order, losses, tf.float32, float("nan")),
+                    stack_done(order, done.updated, tf.bool, False),
+                    stack_done(order, done.skipped, tf.bool, False))
+
+        return body
+
+    def _count_and_log(self, heads: Sequence[HeadSpec], step: tf.Tensor, done: HeadsDone) -> None:
+        """Counts the dropped updates; on logging steps writes each head's loss weight and
+        its count of dropped updates."""
+        guarded = [h for h in heads if h.guarded]
+        if guarded:
+            self.nonfinite_skips.assign_add(
+                tf.cast(stack_done(self.head_names, done.skipped, tf.bool, False), tf.int64))
+        monitor = self._monitor
+        if monitor is None:
+            return
+
+        def log() -> None:
+            for i, head in enumerate(self._heads):
+                if head in heads:
+                    write_scalar(tags.loss_weight(head.name), head.weight(step))
+                    if head.guarded:
+                        write_scalar(tags.nonfinite_skips(head.name), self.nonfinite_skips[i])
+                    if head.missing_label is not None:
+                        write_scalar(tags.missing_label_skips(head.name),
+                                     self.missing_label_skips[i])
+                    if self._loss_scales is not None:
+                        write_scalar(tags.loss_scale(head.name),
+                                     self._loss_scales.scales[head.name])
+
+        monitor.when_scalars(log)
+
+    def _body(self, inputs: Any, targets: Any, monitored: bool, heads: tuple[HeadSpec, ...],
+              own_batches: bool = False) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        self.trace_count += 1  # Python side effect: runs once per trace, not per step
+        step = self._step.read_value()
+        if self._strategy is not None:
+            update = lambda: self._replicated(inputs, targets, step, heads)  # noqa: E731
+        elif self._schedule == "simultaneous":
+            update = lambda: self._simultaneous(inputs, targets, step, heads, own_batches)  # noqa: E731
+        else:
+            update = lambda: self._sequential(inputs, targets, step, heads, own_batches)  # noqa: E731
+        if monitored:
+            def update_and_log() -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                gate_weights = getattr(self._model.trunk, "gate_weights", None)
+                if gate_weights is not None and self._strategy is None and not own_batches:
+                    # before the updates; with own batches the gates see no one batch
+                    self._monitor.gates(lambda: gate_weights(inputs, training=True))
+                out = update()
+                self._count_and_log(heads, step, out[1])
+                return out
+
+            result = self._monitor.monitored(step, update_and_log)
+        elif self._monitor is not None:
+            with tf.summary.record_if(False):  # summaries written by user code: not this step
+                result = update()
+        else:
+            result = update()
+        if not monitored:
+            self._count_and_log(heads, step, result[1])
+        for target in self._target_networks:
+            target.update()
+        self._step.assign_add(1)
+        return result
+
+    # -- the forward pass: every head's objective, one code path -------------------------
+
+    def _head_loss(self, head: HeadSpec, inputs: Any, targets: Any, output: Any) -> tf.Tensor:
+        loss = tf.convert_to_tensor(head.loss(inputs, targets, output, training=True))
+        if loss.shape.rank != 0:
+            raise ValueError(
+                f"the loss of {head.label} must be a scalar, got shape {loss.shape}; "
+                "reduce it (e.g. tf.reduce_mean) inside the loss function"
+            )
+        if self._strategy is not None and getattr(head.loss, "elementwise", False):
+            # A Keras Loss object in replica context already divides its batch mean by the
+            # number of replicas; undo it: `distribute.replica_scale` does the scaling.
+            loss = loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype)
+        return tf.cast(loss, tf.float32)
+
+    def forward(self, inputs: Any, targets: Any, heads: Sequence[HeadSpec], step: tf.Tensor,
+                own_batches: bool = False) -> Forward:
+        """One forward pass of `heads` (inside the caller's tape).
+
+        Each objective's loss sees its prediction from the outputs it reads
+        (`HeadSpec.prediction`). A head read by an objective that does not train the
+        trunk reads the trunk output through `stop_gradient` (a trunk that routes heads:
+        see `MultiHeadModel.stop_shared`); with a `trunk_scale`, through an identity
+        whose gradient is scaled. Each head runs once per way it is read.
+        With `own_batches`, `inputs` and `targets` are dicts objective -> its own
+        batch: the trunk runs once per objective, on its batch, and
+        `Forward.features` is the dict objective -> trunk output.
+        """
+        model = self._model
+        taps = {"taps": [r for h in heads for r in h.reads if r.startswith("trunk/")]}
+        taps = taps if taps["taps"] else {}  # trunk taps an objective reads (`trunk/<block>`)
+        if own_batches:
+            features = {h.name: model.features(inputs[h.name], training=True, **taps) for h in heads}
+        else:
+            features = model.features(inputs, training=True, **taps)
+        cache: dict[tuple[Any, ...], Any] = {}
+
+        def read(head: HeadSpec, name: str, seen: Any, how: Any) -> Any:
+            if name == "trunk" or name.startswith("trunk/"):  # with taps, `seen` holds several
+                return model.tap_output(seen, name) if hasattr(model, "tap_output") else seen
+            key = (name, how, head.name if own_batches else None)
+            if key not in cache:
+                cache[key] = model.head_output(name, seen, training=True)
+            return cache[key]
+
+        losses, weighted, counts = {}, {}, {}
+        for head in heads:
+            x, y = inputs, targets
+            plain = features[head.name] if own_batches else features
+            if own_batches:
+                x, y = x[head.name], y[head.name]
+            if not head.trains_trunk:
+                seen, how = model.stop_shared(plain), "stopped"
+            elif head.trunk_scale is None:
+                seen, how = plain, "plain"
+            else:
+                seen, how = scale_gradient(plain, head.trunk_scale(step)), head.name
+            outputs = {name: read(head, name, seen, how) for name in head.reads}
+            losses[head.name] = self._head_loss(head, x, y, head.prediction(outputs, x))
+            weighted[head.name] = head.weight(step) * losses[head.name]
+            if head.missing_label is not None:
+                present, _ = present_labels(split_weighted(y[head.name])[0], head.missing_label)
+                counts[head.name] = tf.reduce_sum(tf.cast(present, tf.float32))
+        # A routing trunk's per-head layers (gates) regularize their own head's objective.
+        shared_losses, owned_losses = model.trunk_losses()
+        trunk_reg = tf.add_n(shared_losses) if shared_losses else 0.0
+        scaling = self._rule.scale_losses(weighted)
+        objectives = {}
+        for head in heads:
+            objective = weighted[head.name]
+            if head.name in scaling.factors:
+                objective = objective * scaling.factors[head.name]
+            for trained in head.trained_heads:
+                objective = objective + regularization(model.heads[trained])
+                if owned_losses.get(trained):
+                    objective = objective + tf.add_n(owned_losses[trained])
+            if head.trains_trunk and self._rule.heads_update_trunk:
+                objective = objective + trunk_reg
+            if self._loss_scales is not None:  # float16: the applier unscales the gradient
+                objective = self._loss_scales.scale(head.name, objective)
+            objectives[head.name] = objective
+        return Forward(features, losses, objectives, trunk_reg, scaling, counts)
+
+    def _pass(self, heads: tuple[HeadSpec, ...], losses: dict[str, tf.Tensor], step: tf.Tensor,
+              fwd: Forward | None = None, tape: tf.GradientTape | None = None,
+              given: Any = None, counts: Mapping[str, tf.Tensor] | None = None) -> HeadsPass:
+        """What the trunk rule plans from: `fwd` on `tape` (one device) or `given`
+        gradients and `counts` of present labels (all-reduced under a strategy)."""
+        monitor = self._monitor
+        counts = fwd.counts if fwd is not None else counts
+        return HeadsPass(
+            heads=heads, losses=losses, step=step,
+            trunk_variables=tuple(self._model.trunk_variables),
+            backward=None if tape is None else Backward(tape, fwd.objectives),
+            given=given,
+            features=None if fwd is None else fwd.features,
+            trunk_reg=0.0 if fwd is None else fwd.trunk_reg,
+            scaling=fwd.scaling if fwd is not None else LossScaling({}),
+            when_logging=None if monitor is None else monitor.when_scalars,
+            active=self._taking_part(heads, counts or {}, step))
+
+    def _taking_part(self, heads: tuple[HeadSpec, ...], counts: Mapping[str, tf.Tensor],
+                     step: tf.Tensor) -> dict[str, tf.Tensor] | None:
+        """Head -> whether it takes part in the step: not frozen, and with a present label
+        when it has a missing-label marker (`counts`); None: every head does. Counts the
+        due, unfrozen heads without a label in `missing_label_skips`."""
+        frozen = None if self._frozen is None else self._frozen.active()
+        active, unlabelled = {}, {}
+        for head in heads:
+            takes = None if frozen is None else frozen[head.name]
+            if head.name in counts:
+                labelled = counts[head.name] > 0
+                missed = tf.logical_not(labelled)
+                if head.every != 1:
+                    missed = tf.logical_and(missed, tf.equal(step % head.every, 0))
+                unlabelled[head.name] = missed if takes is None else tf.logical_and(missed, takes)
+                takes = labelled if takes is None else tf.logical_and(takes, labelled)
+            if takes is not None:
+                active[head.name] = takes
+        if unlabelled:
+            self.missing_label_skips.assign_add(
+                tf.cast(stack_done(self.head_names, unlabelled, tf.bool, False), tf.int64))
+        return active or None
+
+    # -- schedules --------------------------------------------------------------------
+
+    def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor,
+                      heads: tuple[HeadSpec, ...], own_batches: bool = False,
+                      ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        with tf.GradientTape(persistent=True) as tape:
+            fwd = self.forward(inputs, targets, heads, step, own_batches)
+        plans = self._rule.plan(self._pass(heads, fwd.losses, step, fwd, tape))
+        done = self._applier.apply_all(plans, step)
+        del tape
+        return fwd.losses, done
+
+    def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor,
+                    heads: tuple[HeadSpec, ...], own_batches: bool = False,
+                    ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        def one_head(head: HeadSpec) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+            with tf.GradientTape() as tape:
+                fwd = self.forward(inputs, targets, (head,), step, own_batches)
+            plans = self._rule.plan(self._pass((head,), fwd.losses, step, fwd, tape))
+            return fwd.losses, self._applier.apply_all(plans, step, due_decided=True)
+
+        return self._one_after_another(heads, step, one_head)
+
+    def _one_after_another(self, heads: Sequence[HeadSpec], step: tf.Tensor,
+                           one_head: Callable[[HeadSpec], tuple[dict[str, tf.Tensor], HeadsDone]],
+                           ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        """The sequential schedule: `one_head(head)` (a forward pass and update of that head
+        alone) for each head, in order, on the steps where it is due."""
+        losses, updated, skipped = {}, {}, {}
+        for head in heads:
+            def update(head: HeadSpec = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                head_losses, done = one_head(head)
+                return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
+
+            if head.every == 1:
+                out = update()
+            else:
+                out = tf.cond(tf.equal(step % head.every, 0), update,
+                              lambda: (tf.constant(float("nan")), tf.constant(False),
+                                       tf.constant(False)))
+            losses[head.name], updated[head.name], skipped[head.name] = out
+        return losses, HeadsDone(updated, skipped)
+
+    # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
+
+    def _replicated(self, inputs: Any, targets: Any, step: tf.Tensor,
+                    heads: tuple[HeadSpec, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        """The step under a strategy; `inputs`, `targets` are per-replica values."""
+        if self._schedule == "simultaneous":
+            return self._replicated_pass(inputs, targets, step, heads)
+        # strategy.run inside a cross-replica tf.cond: the branch holds whole replica
+        # functions, so their all-reduces are not inside replica control flow.
+        return self._one_after_another(
+            heads, step,
+            lambda head: self._replicated_pass(inputs, targets, step, (head,), due_decided=True))
+
+    def _replicated_pass(self, inputs: Any, targets: Any, step: tf.Tensor,
+                         heads: tuple[HeadSpec, ...], due_decided: bool = False,
+                         ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        """One forward pass of `heads` on every replica, every head's gradient all-reduced
+        in replica context (an all-reduce cannot sit in a tf.cond there), then the trunk
+        rule's plans applied in cross-replica context."""
+        def gradients(inputs: Any, targets: Any) -> Any:
+            scale = distribute.replica_scale(inputs)
+            with tf.GradientTape(persistent=True) as tape:
+                fwd = self.forward(inputs, targets, heads, step)
+                # A loss that is a mean over present labels: scaled by this replica's share.
+                scales = {h: distribute.count_share(c) for h, c in fwd.counts.items()}
+                scaled = {h: objective * scales.get(h, scale)
+                          for h, objective in fwd.objectives.items()}
+                trunk_reg = fwd.trunk_reg * scale
+            grads = self._rule.replica_gradients(heads, Backward(tape, scaled), trunk_reg,
+                                                 self._model.trunk_variables)
+            del tape
+            return distribute.all_reduce_sum(
+                ({h: loss * scales.get(h, scale) for h, loss in fwd.losses.items()}, grads,
+                 fwd.counts))
+
+        strategy = self._strategy
+        losses, grads, counts = distribute.first_replica(
+            strategy, strategy.run(gradients, (inputs, targets)))
+        plans = self._rule.plan(self._pass(heads, losses, step, given=grads, counts=counts))
+        return losses, self._applier.apply_all(plans, step, due_decided)
+

@@ -1,0 +1,561 @@
+"""The aggregated trunk rule: one trunk optimizer fed an aggregate of the heads' trunk gradients.
+
+`TrunkUpdate` implements `multihead.step.trunk_rule.TrunkRule` (the default rule,
+`PerHeadTrunk`, lives there): it returns planned updates, which the step's applier
+applies.
+
+* `TrunkUpdate` (a `TrunkPolicy`): each head's optimizer is built on the head's
+  own variables only; one trunk optimizer, built on the trunk variables (plus a
+  loss weighting's trainable variables, e.g. uncertainty log-variances), applies
+  `d = sum_k w_k g_k`, the aggregate of the heads' trunk gradients `g_k`
+  (weights `w` from a `multihead.aggregation` method), plus the gradient of
+  the trunk's own regularisation losses (added once, not aggregated).
+
+Two ways to get the `g_k` of an aggregate:
+
+* parameter space (default): one `tape.gradient` per head on trunk + head
+  variables; the weights come from the Gramian summed over trunk variables.
+* `rep_grad=True` (Sener & Koltun's MGDA-UB): each head's gradient is taken at
+  the trunk output only (a head-sized backward pass), the weights come from the
+  Gramian of those, they are combined there, and one trunk backward pass
+  (`output_gradients=`) gives `d`. Valid where the weights stay meaningful:
+  constant weights (identical result), `mgda` (the paper's upper bound),
+  `imtl` (the paper works on shared features) and the loss weightings.
+
+Dropped heads: a guarded head whose loss or gradient is not finite drops out of
+the step, and so does a head that does not take part in it (`HeadsPass.active`:
+frozen, or without a present label in its batch). Its own update is skipped;
+under aggregation the trunk aggregate of that step is taken over the other heads
+(exactly as a partial step without it), and with two or more such heads, or
+under a loss weighting, the trunk is not updated that step.
+
+Frozen heads are known on the host, so they need not wait for that in-graph rule
+(`step_heads`): with at most one frozen aggregated head the step drops it in the
+graph (freezing does not retrace); with two or more (and no loss weighting) the
+step runs the variant compiled for the heads that are not frozen, a partial step
+whose trunk moves exactly as without them: one trace per distinct such frozen
+set, and unfreezing returns to the variant of every head. Under a loss weighting
+every frozen set is dropped in the graph: the trunk does not move while any
+aggregated head is frozen (a weighting weighs all its heads or none).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+from multihead import _keras_internals as internals
+from multihead.aggregation.base import Aggregator, BufferedAggregator, CoordinatewiseAggregator
+from multihead.aggregation.buffered import db_mtl_loss_factor
+from multihead.aggregation.dispatch import run as run_aggregator, step_draws
+from multihead.aggregation.loss_weighting import LossWeighting
+from multihead.objectives.objective import Objective, resolve_optimizer
+from multihead.settings import PYTHON, check_trunk_aggregation
+from multihead.monitoring import tags
+from multihead.monitoring.monitor import write_scalar
+from multihead.step.applier import PlannedUpdate, all_finite
+from multihead.step.trunk_policy import TrunkPolicy, resolve_trunk
+from multihead.step.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, head_plans
+
+#: Up to this many heads the Gramian is summed from pairwise inner products and the
+#: heads' gradients are combined by a direct weighted sum; above, from `K x n` stacks
+#: (one matmul each), which is the faster of the two from 4 heads on.
+_PAIRWISE_MAX_HEADS = 3
+
+def _both(a: tf.Tensor | None, b: tf.Tensor | None) -> tf.Tensor | None:
+    """`a and b` of two optional bool scalars (None: true)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return tf.logical_and(a, b)
+
+
+def _add(grads: Sequence[tf.Tensor], more: Sequence[tf.Tensor | None] | None) -> list[tf.Tensor]:
+    if more is None:
+        return list(grads)
+    return [g if r is None else g + r for g, r in zip(grads, more)]
+
+
+class _Aggregated:
+    """The aggregated rule's methods, mixed into `TrunkUpdate` (which holds its state)."""
+
+    heads: tuple[str, ...]
+    policy: TrunkPolicy
+    optimizer: keras.optimizers.Optimizer
+    aggregator: Aggregator
+    weighting: LossWeighting | None
+    rng: tf.random.Generator
+    var_list: tuple[keras.Variable, ...]
+    aggregator_for: Callable[[tuple[str, ...]], Aggregator]
+
+    def weigh(self, weighted: Mapping[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], Any]:
+        """Under a loss weighting: each aggregated head's factor, and (the stacked weighted
+        losses, the factors, the weighting's own objective) for `apply`."""
+        if self.weighting is None:
+            if self.aggregator.log_losses:  # DB-MTL: every aggregated head descends log(L + 1e-8)
+                return {h: db_mtl_loss_factor(weighted[h]) for h in self.heads if h in weighted}, None
+            return {}, None
+        names = tuple(h for h in self.heads if h in weighted)
+        if names != self.heads:
+            self.aggregator_for(names)  # raises: a loss weighting weighs all heads
+        task = tf.stack([weighted[h] for h in self.heads])
+        factors = self.weighting.weights(task)
+        return ({h: factors[i] for i, h in enumerate(self.heads)},
+                (task, factors, self.weighting.objective(task)))
+
+    def scale_losses(self, weighted: Mapping[str, tf.Tensor]) -> LossScaling:
+        """Inside the forward pass: `weigh`'s factors, and under a loss weighting what it
+        saw and computed (the stacked weighted losses, its factors, its own objective)."""
+        factors, seen = self.weigh(weighted)
+        if seen is None:
+            return LossScaling(factors)
+        return LossScaling(factors, *seen)
+
+    def replica_gradients(self, heads: Sequence[HeadSpec], backward: Backward,
+                          trunk_reg: tf.Tensor | float, trunk_variables: Sequence[keras.Variable],
+                          ) -> tuple[dict[str, list[Any]], Any]:
+        """Under a strategy: every head's gradient (aggregated heads: on trunk + own
+        variables, from one backward pass) and the trunk regularization's."""
+        trunk_vars = list(trunk_variables)
+        grads = {}
+        for head in heads:
+            if head.trains_trunk:
+                grads[head.name] = backward.head(head, trunk_vars + list(head.var_list), len(trunk_vars))
+            else:
+                grads[head.name] = backward.head(head, head.var_list)
+        reg = None if isinstance(trunk_reg, float) else backward.gradient(trunk_reg, trunk_vars)
+        return grads, reg
+
+    def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
+        """The trunk optimizer applies the aggregate of the heads' trunk gradients; each
+        aggregated head's optimizer its own variables; the other heads as per head."""
+        p = heads_pass
+        agg = [h for h in p.heads if h.trains_trunk]
+        rest = [h for h in p.heads if not h.trains_trunk]
+        trunk_vars = list(p.trunk_variables)
+        replica_grads, reg_grads = p.given if p.given is not None else (None, None)
+        rep_grad = self.policy.rep_grad and replica_grads is None
+        sources = tf.nest.flatten(p.features) if rep_grad else trunk_vars
+        n = len(sources)
+        trunk_parts, own, finite = [], {}, {}
+        for head in agg:  # one backward pass per head gives both parts
+            g = (replica_grads[head.name] if replica_grads is not None
+                 else p.backward.head(head, sources + list(head.var_list), n))
+            trunk_parts.append(g[:n])
+            own[head.name] = g[n:]
+            finite[head.name] = all_finite(p.losses[head.name], g) if head.guarded else None
+        if reg_grads is None and p.backward is not None and not isinstance(p.trunk_reg, float):
+            reg_grads = p.backward.gradient(p.trunk_reg, trunk_vars)
+
+        losses = None
+        if self.aggregator.needs_losses and not self.aggregator.log_losses:  # MoCo
+            # The loss whose gradient each head's trunk gradient is: weight x loss (x the
+            # loss weighting's factor, held constant, under one).
+            losses = [h.weight(p.step) * p.losses[h.name] for h in agg]
+            if self.weighting is not None:
+                factors = p.scaling.weights
+                losses = [loss * factors[self.heads.index(h.name)] for loss, h in zip(losses, agg)]
+
+        def trunk_gradients(members: Sequence[int]) -> list[Any]:
+            return self._trunk_gradients(
+                p, [agg[i] for i in members], [trunk_parts[i] for i in members], sources,
+                trunk_vars, reg_grads, rep_grad,
+                None if losses is None else tf.stack([losses[i] for i in members]))
+
+        ok = {h.name: _both(finite[h.name], p.takes_part(h.name)) for h in agg}
+        plans = [self._trunk_plan(agg, ok, trunk_gradients)] if agg else []
+        for head in agg:  # head variables only: their var_list excludes the trunk
+            plans.append(PlannedUpdate(head.optimizer, own[head.name], head.var_list, head.name,
+                                       head.guarded, p.losses[head.name], finite[head.name],
+                                       when=p.takes_part(head.name)))
+        return plans + head_plans(rest, p._replace(given=replica_grads))
+
+    def _trunk_plan(self, agg: Sequence[HeadSpec], kept: Mapping[str, tf.Tensor | None],
+                    trunk_gradients: Callable[[Sequence[int]], list[Any]]) -> PlannedUpdate:
+        """The trunk update over the heads that take part with a finite loss and gradient
+        (`kept`, None: always): all of them; all but one (the aggregate of the others, as a
+        step without it); else none."""
+        k = len(agg)
+        everyone = list(range(k))
+        plan = PlannedUpdate(self.optimizer, lambda: trunk_gradients(everyone), self.var_list)
+        if all(kept[h.name] is None for h in agg):
+            return plan
+        ok = tf.stack([tf.constant(True) if kept[h.name] is None else kept[h.name] for h in agg])
+        bad = k - tf.reduce_sum(tf.cast(ok, tf.int32))
+        if k == 1 or self.weighting is not None:  # a loss weighting weighs all heads or none
+            return plan._replace(when=tf.equal(bad, 0))
+
+        def chosen() -> list[tf.Tensor]:
+            # 0: every head; 1 + i: all but head i, the one non-finite head
+            index = tf.where(tf.equal(bad, 0), 0, 1 + tf.argmin(tf.cast(ok, tf.int32),
+                                                                output_type=tf.int32))
+            branches = [lambda: trunk_gradients(everyone)] + [
+                lambda i=i: trunk_gradients([j for j in range(k) if j != i]) for i in range(k)]
+            return tf.switch_case(index, branches)
+
+        return plan._replace(gradients=chosen, when=tf.less_equal(bad, 1))
+
+    def _trunk_gradients(self, p: HeadsPass, agg: Sequence[HeadSpec],
+                         trunk_parts: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
+                         trunk_vars: list[keras.Variable],
+                         reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
+                         losses: tf.Tensor | None = None) -> list[Any]:
+        """The trunk optimizer's gradients (on `var_list`) from the aggregate of `agg`;
+        advances the loss weighting's state and logs the aggregation."""
+        names = tuple(h.name for h in agg)
+        combined, (weights, projections, gram), stacked = self._combine(names, trunk_parts, sources,
+                                                                        losses)
+        if rep_grad:
+            trunk_grads = p.backward.gradient(tf.nest.flatten(p.features), trunk_vars,
+                                              output_gradients=combined)
+            trunk_grads = [g if g is not None else tf.zeros_like(v)
+                           for g, v in zip(trunk_grads, trunk_vars)]
+        else:
+            trunk_grads = combined
+        trunk_grads = _add(trunk_grads, reg_grads)
+        extra_grads: list[Any] = []
+        factors = None
+        if self.weighting is not None:
+            task, factors = p.scaling.losses, p.scaling.weights
+            if p.scaling.objective is not None:
+                extra_grads = p.backward.gradient(p.scaling.objective,
+                                                  list(self.var_list[len(trunk_vars):]))
+            unweighted = None
+            if self.weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
+                norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
+                unweighted = tf.math.divide_no_nan(norms, factors)
+            # The weighting's state is not among the variables the trunk optimizer writes.
+            self.weighting.update(task, unweighted)
+        if p.when_logging is not None:
+            self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
+                                  projections, trunk_grads)
+        return list(trunk_grads) + list(extra_grads)
+
+    def summary_tags(self) -> list[str]:
+        """The tags `_log_aggregation` writes on logging steps (all heads in the step)."""
+        names = self.heads
+        written = [tags.AGG_UPDATE_NORM]
+        if not isinstance(self.aggregator, CoordinatewiseAggregator):  # no row weights
+            written += [tags.agg_weight(h) for h in names]
+        if self.weighting is not None:
+            written += [tags.agg_loss_weight(h) for h in names]
+        written += [tags.agg_trunk_grad_norm(h) for h in names]
+        written += [tags.agg_cosine(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+        if self.aggregator.counts_projections:
+            written.append(tags.AGG_PROJECTIONS)
+        return written
+
+    def _log_aggregation(self, when_logging: Callable[[Callable[[], None]], None], names: Sequence[str], weights: tf.Tensor,
+                         factors: tf.Tensor | None, gram: tf.Tensor | None,
+                         stacked: Sequence[tf.Tensor], projections: tf.Tensor,
+                         trunk_grads: Sequence[tf.Tensor]) -> None:
+        random_order = self.aggregator.counts_projections
+
+        def log() -> None:
+            # Constant weights need no Gramian to step: compute it on logging steps only.
+            g = gram if gram is not None else _gramian(stacked)
+            n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
+            cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
+            for i, head in enumerate(names):
+                if weights is not None:  # coordinate-wise aggregators have no row weights
+                    write_scalar(tags.agg_weight(head), weights[i])
+                if factors is not None:
+                    write_scalar(tags.agg_loss_weight(head), factors[i])
+                write_scalar(tags.agg_trunk_grad_norm(head), n[i])
+            for i in range(len(names)):
+                for j in range(i + 1, len(names)):
+                    write_scalar(tags.agg_cosine(names[i], names[j]), cos[i, j])
+            if random_order:
+                write_scalar(tags.AGG_PROJECTIONS, projections)
+            write_scalar(tags.AGG_UPDATE_NORM, tf.sqrt(tf.add_n(
+                [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
+
+        when_logging(log)  # nothing at all in the step variant that does not log
+
+    def _combine(self, names: tuple[str, ...], per_head: Sequence[Sequence[tf.Tensor | None]],
+                 sources: Sequence[Any], losses: tf.Tensor | None = None,
+                 ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
+                            list[tf.Tensor]]:
+        """The heads' gradients of `sources` combined by the aggregator's weights;
+        (weights, projections, Gramian or None); the per-source `K x n` gradients.
+        `losses`: the heads' losses, for an aggregator that reads them (MoCo)."""
+        aggregator = self.aggregator_for(names)
+        k = len(names)
+        # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
+        pairwise = k <= _PAIRWISE_MAX_HEADS
+        stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
+        dtype = tf.as_dtype(self.policy.dtype)
+        indices = self._indices(names)
+        state = self.aggregator_state if aggregator.stateful else None
+        buffered = isinstance(aggregator, BufferedAggregator)
+        result = run_aggregator(
+            aggregator, stacked, dtype,
+            gram=lambda: (_pairwise_gramian(per_head, dtype) if pairwise
+                          else _gramian(stacked, dtype)),
+            draws=step_draws(aggregator, self.rng, k),
+            block_noise=self.rng.uniform,
+            state=state.read(indices) if state is not None else None,
+            buffers=state.read_buffers(indices) if buffered else None,
+            losses=losses,
+            want_gram=self.weighting is not None and self.weighting.needs_grad_norms)
+        if state is not None:
+            state.write(indices, result.state)
+        if buffered:
+            state.write_buffers(indices, result.buffers)
+        if result.directions is not None:  # coordinate-wise and buffered methods: per block
+            combined = [tf.reshape(tf.cast(d, s.dtype), tf.shape(t))
+                        for d, s, t in zip(result.directions, stacked, sources)]
+            weights = None if result.weights is None else tf.cast(result.weights, tf.float32)
+            return combined, (weights, result.projections, None), stacked
+        gram = result.gram
+        weights = result.weights
+        if weights.dtype != tf.float32:  # float64 analysis: combine in the variables' dtype
+            weights = tf.cast(weights, stacked[0].dtype if stacked else tf.float32)
+        static = tf.get_static_value(weights)
+        if static is not None or pairwise:  # then `stacked` is only read on logging steps
+            terms = static.tolist() if static is not None else tf.unstack(weights)
+            combined = [_weighted_sum([g[j] for g in per_head], terms, t)
+                        for j, t in enumerate(sources)]
+        else:
+            combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
+                        for s, t in zip(stacked, sources)]
+        return combined, (weights, result.projections, gram), stacked
+
+
+class AggregatorState(tf.Module):
+    """A stateful aggregator's state, as variables (checkpointed as `trunk_update/aggregator_state`).
+
+    Per-head entries have the heads on their leading axes, in the trunk update's head
+    order; a step of a subset of the heads (a head dropped as non-finite) reads and
+    writes that subset's entries only, so each head keeps its own history.
+    Shared entries (a step counter) advance on every step.
+    """
+
+    def __init__(self, aggregator: Aggregator, num_heads: int, dtype: str) -> None:
+        super().__init__(name="aggregator_state")
+        self._head_axes = self._no_dependency(
+            {key: spec.head_axes for key, spec in aggregator.state_spec().items()})
+        for key, value in aggregator.initial_state(num_heads).items():
+            value = value.astype(dtype) if value.dtype.kind == "f" else value
+            setattr(self, key, tf.Variable(value, trainable=False, name=key))
+        self._num_heads = num_heads
+        self._dtype = dtype
+        self._buffers = self._no_dependency(tuple(aggregator.buffers))
+
+    def build_buffers(self, trunk_variables: Sequence[Any]) -> None:
+        """Creates a buffered aggregator's `K x D` buffers (MoCo's `y`, ...), zero: for each
+        buffer a list with one `(K,) + shape` variable per trunk variable, in the order of
+        `trunk_variables` (checkpointed as `<buffer>/<index of the trunk variable>`)."""
+        for key in self._buffers:
+            shapes = [(self._num_heads,) + tuple(v.shape) for v in trunk_variables]
+            if hasattr(self, key):  # built already: the same trunk
+                if [tuple(b.shape) for b in getattr(self, key)] != shapes:
+                    raise ValueError(f"aggregator buffer {key!r} was built for other trunk variables")
+                continue
+            setattr(self, key, [tf.Variable(tf.zeros(shape, self._dtype), trainable=False,
+                                            name=f"{key}_{i}") for i, shape in enumerate(shapes)])
+
+    def read_buffers(self, indices: Sequence[int]) -> dict[str, list[tf.Tensor]]:
+        """The buffers' rows of the heads `indices`, as `K' x n` blocks per trunk variable."""
+        out = {}
+        for key in self._buffers:
+            blocks = []
+            for var in getattr(self, key):
+                value = tf.convert_to_tensor(var)
+                if list(indices) != list(range(self._num_heads)):
+                    value = tf.gather(value, indices)
+                blocks.append(tf.reshape(value, [len(indices), -1]))
+            out[key] = blocks
+        return out
+
+    def write_buffers(self, indices: Sequence[int], new: Mapping[str, Sequence[tf.Tensor]]) -> None:
+        """Assigns the buffers' rows of the heads `indices` (`K' x n` blocks)."""
+        every = list(indices) == list(range(self._num_heads))
+        rows = tf.constant([[i] for i in indices])
+        for key in self._buffers:
+            for var, block in zip(getattr(self, key), new[key]):
+                value = tf.reshape(tf.cast(block, var.dtype), [len(indices)] + list(var.shape[1:]))
+                if every:
+                    var.assign(value)
+                else:
+                    _assign_rows(var, rows, value)
+
+    def read(self, indices: Sequence[int]) -> dict[str, tf.Tensor]:
+        """The state of the heads `indices` (positions in the trunk update's heads)."""
+        out = {}
+        for key, axes in self._head_axes.items():
+            value = tf.convert_to_tensor(getattr(self, key))
+            for axis in range(axes):
+                value = tf.gather(value, indices, axis=axis)
+            out[key] = value
+        return out
+
+    def write(self, indices: Sequence[int], new: Mapping[str, tf.Tensor]) -> None:
+        """Assigns the new state of the heads `indices`."""
+        for key, axes in self._head_axes.items():
+            var = getattr(self, key)
+            value = tf.cast(new[key], var.dtype)
+            if axes == 0 or list(indices) == list(range(var.shape[0])):
+                var.assign(value)
+            elif axes == 1:
+                _assign_rows(var, tf.constant([[i] for i in indices]), value)
+            else:
+                grid = [[[i, j] for j in indices] for i in indices]
+                _assign_rows(var, tf.constant(grid), value)
+
+
+def _assign_rows(var: tf.Variable, indices: tf.Tensor, value: tf.Tensor) -> None:
+    """`var[indices] = value` as one `assign` of the whole variable: a mirrored variable
+    (tf.distribute) has no `scatter_nd_update`."""
+    var.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(var), indices, value))
+
+
+class TrunkUpdate(_Aggregated, tf.Module):
+    """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
+
+    Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`,
+    or the `trunk_update` part of `multihead.io.checkpoints`) saves the trunk
+    optimizer (its slots, its iteration count and, as every Keras optimizer
+    tracks them, the variables it was built on), the loss weighting's variables
+    (e.g. the uncertainty log-variances), a stateful aggregator's state
+    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ..., and the `K x D`
+    buffers of MoCo, DB-MTL and ExcessMTL, one variable per trunk variable, keyed
+    `<buffer>/<index in model.trunk_variables>`) and the generator of the random methods.
+
+    Attributes:
+        policy: the `TrunkPolicy`.
+        optimizer: the trunk optimizer, built on `var_list`.
+        aggregator: the gradient aggregator (the policy's method object).
+        weighting: the loss weighting (this run's, with its variables), or None.
+        heads: names of the aggregated heads (those that train the trunk), in order.
+        rng: generator of PCGrad's projection orders.
+        var_list: what the optimizer is built on (trunk + weighting variables).
+    """
+
+    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy", "_subsets"})
+
+    def __init__(self, policy: TrunkPolicy, heads: Sequence[str],
+                 optimizer: keras.optimizers.Optimizer) -> None:
+        super().__init__(name="trunk_update")
+        self.policy = policy
+        self.heads = tuple(heads)
+        self.optimizer = optimizer
+        k = len(self.heads)
+        self.aggregator: Aggregator = policy.method
+        self.aggregator.check_heads(k)
+        self.weighting: LossWeighting | None = policy.build_loss_weighting(k)
+        self.rng = tf.random.Generator.from_seed(policy.seed)
+        if self.aggregator.stateful:  # only then: stateless runs keep their checkpoint keys
+            self.aggregator_state = AggregatorState(self.aggregator, k, policy.dtype)
+        # Not a dependency of this module itself (the optimizer already tracks its variables).
+        self.var_list: tuple[keras.Variable, ...] = self._no_dependency(())
+        # Aggregated head names -> the aggregator of that subset (partial steps, a head
+        # dropped as non-finite): built at trace time, one per subset.
+        self._subsets: dict[tuple[str, ...], Aggregator] = self._no_dependency({})
+
+    heads_update_trunk = False
+
+    def _indices(self, names: tuple[str, ...]) -> list[int]:
+        return [self.heads.index(h) for h in names]
+
+    def aggregator_for(self, names: tuple[str, ...]) -> Aggregator:
+        """The aggregator of the subset `names` of the aggregated heads (the policy's
+        aggregator and options; fixed `weights` restricted to the subset)."""
+        if names == self.heads:
+            return self.aggregator
+        if names not in self._subsets:
+            if self.weighting is not None:
+                raise ValueError(
+                    f"a step of some heads only ({list(names)}) cannot use the loss weighting "
+                    f"{self.weighting.label!r}: it weighs all {list(self.heads)} together")
+            self._subsets[names] = self.aggregator.for_heads(self._indices(names))
+        return self._subsets[names]
+
+    def step_heads(self, heads: tuple[str, ...], frozen: Sequence[str]) -> tuple[str, ...]:
+        """The heads a step of `heads` is compiled for while `frozen` are frozen (known on
+        the host, unlike a non-finite drop): `heads` while `plan` drops them in the graph
+        (at most one frozen aggregated head; any under a loss weighting, which weighs all
+        heads or none, so the trunk is not updated then); else, with two or more frozen
+        aggregated heads, `heads` less the frozen ones: a step of that subset, compiled
+        once per such set, whose trunk moves exactly as without those heads."""
+        dropped = [h for h in heads if h in frozen]
+        if (self.weighting is not None or len(dropped) == len(heads)
+                or sum(h in self.heads for h in dropped) < 2):
+            return heads
+        return tuple(h for h in heads if h not in frozen)
+
+    @classmethod
+    def create(cls, trunk: Any, objectives: Mapping[str, Objective], schedule: str,
+               head_optimizers: Mapping[str, keras.optimizers.Optimizer]) -> TrunkUpdate | None:
+        """Validates `trunk` against the heads (early, at construction); None for `per_head`."""
+        policy = resolve_trunk(trunk)
+        if policy is None:
+            return None
+        check_trunk_aggregation(schedule, {h: (o.trains_trunk, o.every) for h, o in objectives.items()},
+                                PYTHON)
+        heads = [h for h, o in objectives.items() if o.trains_trunk]
+        optimizer = resolve_optimizer(policy.optimizer, "trunk")
+        for head, opt in head_optimizers.items():
+            if opt is optimizer:
+                raise ValueError(
+                    f"the trunk optimizer is head {head!r}'s optimizer object; give the trunk its own"
+                )
+        return cls(policy, heads, optimizer)
+
+    def build(self, trunk_variables: Sequence[keras.Variable]) -> None:
+        """Builds the optimizer eagerly on the trunk variables + the weighting's trainable ones."""
+        extra = list(self.weighting.trainable_variables) if self.weighting else []
+        var_list = list(trunk_variables) + extra
+        if self.optimizer.built:
+            built_on = [id(v) for v in internals.built_variables(self.optimizer)]
+            if built_on != [id(v) for v in var_list]:
+                raise ValueError(
+                    "the trunk optimizer was already built on other variables; pass a fresh optimizer"
+                )
+        else:
+            self.optimizer.build(var_list)
+        self.var_list = self._no_dependency(tuple(var_list))
+        if self.aggregator.buffers:
+            self.aggregator_state.build_buffers(list(trunk_variables))
+
+
+def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
+    """K gradients of one variable (None = no dependence) as a `K x n` matrix."""
+    rows = [tf.reshape(g if g is not None else tf.zeros_like(like), [-1]) for g in grads]
+    return tf.stack(rows)
+
+
+def _weighted_sum(grads: Sequence[tf.Tensor | None], weights: Sequence[float | tf.Tensor],
+                  like: Any) -> tf.Tensor:
+    """`sum_k weights[k] grads[k]` (None = no dependence), without a `K x n` stack.
+
+    `weights` are Python floats when known at trace time (a weight of 1 costs no
+    multiply) or scalar tensors.
+    """
+    terms = [g if isinstance(w, float) and w == 1.0 else w * g
+             for g, w in zip(grads, weights) if g is not None]
+    return tf.add_n(terms) if terms else tf.zeros_like(like)
+
+
+def _pairwise_gramian(per_head: Sequence[Sequence[tf.Tensor | None]],
+                      dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """`G G^T` from the K(K+1)/2 inner products of the heads' gradients (no stacking)."""
+    k = len(per_head)
+
+    def cast(x: tf.Tensor) -> tf.Tensor:
+        return x if x.dtype == dtype else tf.cast(x, dtype)
+
+    def dot(a: int, b: int) -> tf.Tensor:
+        terms = [tf.reduce_sum(cast(x) * cast(y)) for x, y in zip(per_head[a], per_head[b])
+                 if x is not None and y is not None]
+        return tf.add_n(terms) if terms else tf.constant(0.0, dtype)
+
+    upper = {(a, b): dot(a, b) for a in range(k) for b in range(a, k)}
+    return tf.stack([tf.stack([upper[min(a, b), max(a, b)] for b in range(k)]) for a in range(k)])
+
+
+def _gramian(stacked: Sequence[tf.Tensor], dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """`G G^T` summed over the per-variable `K x n` blocks of G (no concatenation)."""
+    blocks = [s if s.dtype == dtype else tf.cast(s, dtype) for s in stacked]
+    return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in blocks])

@@ -1,0 +1,138 @@
+"""The applier is the one place a train step writes variables through an optimizer: it applies
+exactly what it is given, only when due, and a guarded plan with a non-finite loss or gradient
+leaves every variable and slot bitwise unchanged."""
+
+import ast
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multihead
+from multihead.step.applier import Applier, PlannedUpdate
+
+PACKAGE = pathlib.Path(multihead.__file__).parent
+
+
+def _variables(seed=0):
+    rng = np.random.default_rng(seed)
+    return [keras.Variable(rng.normal(size=(3, 2)).astype("float32")),
+            keras.Variable(rng.normal(size=(2,)).astype("float32"))]
+
+
+def _gradients(seed=1, bad=False):
+    rng = np.random.default_rng(seed)
+    grads = [rng.normal(size=(3, 2)).astype("float32"), rng.normal(size=(2,)).astype("float32")]
+    if bad:
+        grads[1][0] = np.nan
+    return [tf.constant(g) for g in grads]
+
+
+def _state(variables, optimizer):
+    return [v.numpy().copy() for v in variables] + [v.numpy().copy() for v in optimizer.variables]
+
+
+def _run(compiled, fn):
+    return tf.function(fn)() if compiled else fn()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_plan_applies_what_keras_apply_gradients_applies(compiled):
+    ours, reference = _variables(), _variables()
+    opt, ref_opt = keras.optimizers.Adam(0.1), keras.optimizers.Adam(0.1)
+    opt.build(ours)
+    ref_opt.build(reference)
+    applier = Applier()
+    step = tf.constant(0, tf.int64)
+    for i in range(3):
+        grads = _gradients(seed=i)
+        plan = PlannedUpdate(opt, grads, ours, head="a", guarded=True, loss=tf.constant(1.0))
+        updated, skipped = _run(compiled, lambda: applier.apply(plan, step))
+        ref_opt.apply_gradients(zip(grads, reference))
+        assert bool(updated) and not bool(skipped)
+    for a, b in zip(ours, reference):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("bad", ["gradient", "loss", "verdict"])
+def test_a_guarded_plan_with_a_non_finite_value_writes_nothing(compiled, bad):
+    variables = _variables()
+    opt = keras.optimizers.Adam(0.1)
+    opt.build(variables)
+    opt.apply_gradients(zip(_gradients(seed=5), variables))  # non-zero slots
+    before = _state(variables, opt)
+    loss = tf.constant(np.inf if bad == "loss" else 0.5)
+    # "verdict": finite gradients, but the rule checked more than it applies and found a NaN
+    finite = tf.constant(False) if bad == "verdict" else None
+    plan = PlannedUpdate(opt, _gradients(bad=bad == "gradient"), variables, head="a", guarded=True,
+                         loss=loss, finite=finite)
+    updated, skipped = _run(compiled, lambda: Applier().apply(plan, tf.constant(0, tf.int64)))
+    assert not bool(updated) and bool(skipped)
+    for a, b in zip(_state(variables, opt), before):
+        np.testing.assert_array_equal(a, b)  # variables, slots and iteration count
+
+
+def test_an_unguarded_plan_applies_even_a_non_finite_gradient():
+    variables = _variables()
+    opt = keras.optimizers.SGD(0.1)
+    opt.build(variables)
+    plan = PlannedUpdate(opt, _gradients(bad=True), variables, head="a", loss=tf.constant(1.0))
+    updated, skipped = Applier().apply(plan, tf.constant(0, tf.int64))
+    assert bool(updated) and not bool(skipped)
+    assert np.isnan(variables[1].numpy()[0])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_head_is_updated_only_on_its_due_steps_and_its_gradient_taken_only_then(compiled):
+    variables = _variables()
+    opt = keras.optimizers.SGD(0.5)
+    opt.build(variables)
+    expected = [v.numpy().copy() for v in variables]
+    taken = []
+    applier = Applier()
+
+    def gradients():
+        taken.append(1)  # Python side effect: once per call eagerly, once per trace compiled
+        return _gradients()
+
+    for step in range(4):
+        plan = PlannedUpdate(opt, gradients, variables, head="a", loss=tf.constant(0.0), every=3)
+        updated, _ = _run(compiled, lambda: applier.apply(plan, tf.constant(step, tf.int64)))
+        assert bool(updated) == (step % 3 == 0)
+        if step % 3 == 0:  # SGD: w - lr * g, computed by hand
+            expected = [e - np.float32(0.5) * g.numpy() for e, g in zip(expected, _gradients())]
+        for v, e in zip(variables, expected):
+            np.testing.assert_allclose(v.numpy(), e, rtol=1e-6)
+    assert len(taken) == (2 if not compiled else 4)  # eagerly: only the due steps take it
+
+
+def test_the_rules_condition_decides_and_a_plan_of_no_head_is_not_reported():
+    variables = _variables()
+    opt = keras.optimizers.SGD(0.5)
+    opt.build(variables)
+    before = [v.numpy().copy() for v in variables]
+    plans = [PlannedUpdate(opt, _gradients(), variables, when=tf.constant(False))]
+    done = Applier().apply_all(plans, tf.constant(0, tf.int64))
+    assert done.updated == {} and done.skipped == {}
+    for v, b in zip(variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)
+
+
+def test_no_module_of_the_step_writes_through_an_optimizer_but_the_applier():
+    core = PACKAGE / "core"
+    writers = []
+    for path in sorted(core.glob("*.py")):
+        if path.name in ("applier.py", "adam_sgd_ops.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            # x.apply_gradients(...) of any x (an optimizer, adam_sgd_ops); optimizer.apply(...)
+            receiver = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(
+                node.value, "id", "")
+            if node.attr == "apply_gradients" or (node.attr == "apply" and "optimizer" in receiver):
+                writers.append(f"{path.name}:{node.lineno}")
+    assert not writers, f"optimizer writes outside core/applier.py: {writers}"
