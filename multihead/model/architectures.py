@@ -39,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Mapping, Sequence
 
@@ -47,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead._checks import check_float
+from multihead._checks import check_float, check_int
 
 
 def _check_heads(heads: Sequence[str], where: str) -> tuple[str, ...]:
@@ -59,9 +60,7 @@ def _check_heads(heads: Sequence[str], where: str) -> tuple[str, ...]:
 
 
 def _check_positive(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what}: must be a positive integer, got {value!r}")
-    return int(value)
+    return check_int(value, what, minimum=1)
 
 
 def _check_units(units: Any, what: str) -> list[int]:
@@ -70,6 +69,12 @@ def _check_units(units: Any, what: str) -> list[int]:
     if not isinstance(units, (list, tuple)) or not units:
         raise ValueError(f"{what}: must be a non-empty list of layer widths, got {units!r}")
     return [_check_positive(u, f"{what}[{i}]") for i, u in enumerate(units)]
+
+
+def _check_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what}: expected true or false, got {value!r}")
+    return value
 
 
 @keras.saving.register_keras_serializable(package="multihead")
@@ -203,6 +208,9 @@ class MMoE(_Gated):
         expert_activation: activation of the expert layers.
     """
 
+    #: Its key in a config's `model.trunk: {mmoe: {...}}`.
+    config_name = "mmoe"
+
     def __init__(self, heads: Sequence[str], experts: int, expert_units: Sequence[int],
                  expert_activation: Any = "relu", **kwargs: Any) -> None:
         super().__init__(heads, **kwargs)
@@ -239,6 +247,9 @@ class OMoE(MMoE):
     """One-gate mixture of experts, the MMoE paper's ablation: one shared gate, so every
     head reads the same mixture (owned by no head). Arguments as `MMoE`."""
 
+    #: Its key in a config's `model.trunk: {omoe: {...}}`.
+    config_name = "omoe"
+
     def _gate_names(self) -> tuple[str, ...]:
         return ("shared",)
 
@@ -273,6 +284,9 @@ class PLE(_Gated):
         levels: extraction levels.
         expert_activation: activation of the expert layers.
     """
+
+    #: Its key in a config's `model.trunk: {ple: {...}}`.
+    config_name = "ple"
 
     def __init__(self, heads: Sequence[str], shared_experts: int, task_experts: int,
                  expert_units: Sequence[int], levels: int = 2, expert_activation: Any = "relu",
@@ -326,6 +340,9 @@ class PLE(_Gated):
 class CGC(PLE):
     """Customized gate control (Tang et al., RecSys 2020): PLE with one level."""
 
+    #: Its key in a config's `model.trunk: {cgc: {...}}`.
+    config_name = "cgc"
+
     def __init__(self, heads: Sequence[str], shared_experts: int, task_experts: int,
                  expert_units: Sequence[int], expert_activation: Any = "relu", **kwargs: Any) -> None:
         kwargs.pop("levels", None)
@@ -378,7 +395,7 @@ class DSelectGate(keras.layers.Layer):
         if 2 ** bits != self.num_experts or self.num_experts < 2:
             raise ValueError(f"DSelectK.experts: must be a power of two >= 2 (each selector "
                              f"addresses experts by binary code), got {experts!r}")
-        self.gamma = float(gamma)
+        self.gamma = check_float(gamma, "DSelectK.gamma", minimum=0, min_open=True)
         self.bits = bits
         # bit l of expert j, as the paper's binary encoding.
         self._codes = np.array([[(j >> l) & 1 for l in range(bits)] for j in range(self.num_experts)],
@@ -421,11 +438,14 @@ class DSelectK(MMoE):
             gate; 0 (the default, as the authors' gate: no regulariser) leaves it out.
     """
 
+    #: Its key in a config's `model.trunk: {dselect_k: {...}}`.
+    config_name = "dselect_k"
+
     def __init__(self, heads: Sequence[str], experts: int, k: int, expert_units: Sequence[int],
                  gamma: float = 1.0, expert_activation: Any = "relu", entropy_reg: float = 0.0,
                  **kwargs: Any) -> None:
         self.k = _check_positive(k, "DSelectK.k")  # read by `_gate` during MMoE's __init__
-        self.gamma = float(gamma)
+        self.gamma = check_float(gamma, "DSelectK.gamma", minimum=0, min_open=True)
         self.entropy_reg = check_float(entropy_reg, "DSelectK.entropy_reg", minimum=0)
         super().__init__(heads, experts, expert_units, expert_activation, **kwargs)
 
@@ -453,12 +473,15 @@ class CrossStitch(_RoutedTrunk):
             (the paper's (0.9, 0.1) initialisation for two tasks).
     """
 
+    #: Its key in a config's `model.trunk: {cross_stitch: {...}}`.
+    config_name = "cross_stitch"
+
     def __init__(self, heads: Sequence[str], units: Sequence[int], activation: Any = "relu",
                  self_weight: float = 0.9, **kwargs: Any) -> None:
         super().__init__(heads, **kwargs)
         self.units = _check_units(units, "CrossStitch.units")
         self.activation = activation
-        self.self_weight = float(self_weight)
+        self.self_weight = check_float(self_weight, "CrossStitch.self_weight")
         k = len(self.head_names)
         self.columns = [keras.layers.Dense(u, activation=activation, dtype=self.dtype_policy)
                         for u in self.units for _ in range(k)]
@@ -516,13 +539,14 @@ class MTAN(_RoutedTrunk):
             on the rest of its batch.
     """
 
+    #: Its key in a config's `model.trunk: {mtan: {...}}`.
+    config_name = "mtan"
+
     def __init__(self, heads: Sequence[str], channels: Sequence[int], batch_norm: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(heads, **kwargs)
         self.channels = _check_units(channels, "MTAN.channels")
-        if not isinstance(batch_norm, bool):
-            raise ValueError(f"MTAN.batch_norm: must be True or False, got {batch_norm!r}")
-        self.batch_norm = batch_norm
+        self.batch_norm = _check_bool(batch_norm, "MTAN.batch_norm")
         k, c = len(self.head_names), self.channels
 
         def conv(n: int, size: int, act: str) -> keras.layers.Layer:
@@ -582,8 +606,15 @@ class MTAN(_RoutedTrunk):
         return {**super().get_config(), "channels": self.channels, "batch_norm": self.batch_norm}
 
 
-#: Config name -> layer class (`model.trunk: {mmoe: {...}}`).
+#: Config name -> layer class (`model.trunk: {mmoe: {...}}`): the one list of architectures;
+#: their options are their constructors' (`architecture_options`).
 ARCHITECTURES: Mapping[str, type] = {
-    "mmoe": MMoE, "omoe": OMoE, "cgc": CGC, "ple": PLE, "dselect_k": DSelectK,
-    "cross_stitch": CrossStitch, "mtan": MTAN,
-}
+    cls.config_name: cls for cls in (MMoE, OMoE, CGC, PLE, DSelectK, CrossStitch, MTAN)}
+
+
+def architecture_options(cls: type) -> dict[str, inspect.Parameter]:
+    """The options of architecture `cls`: its constructor's keyword arguments, but the head
+    names (the model's) and Keras' own layer arguments, in signature order."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p for p in params if p.name not in ("self", "heads")
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}

@@ -70,7 +70,13 @@ def test_each_architecture_config_trains_through_the_cli(name, tmp_path):
     ({"mmoe": {"experts": 2, "expert": {"mlp": {"unit": [4]}}}},
      "model.trunk.mmoe.expert.mlp.unit: unknown key (did you mean 'units'?)"),
     ({"dselect_k": {"experts": 6, "k": 2, "expert": {"mlp": {"units": [4]}}}},
-     "model.trunk.dselect_k: DSelectK.experts: must be a power of two"),
+     "model.trunk.dselect_k.experts: must be a power of two"),
+    ({"mmoe": {"experts": 2, "expert": {"mlp": {"units": [4, 0]}}}}, "model.trunk.mmoe.expert.mlp.units[1]: must be >= 1"),
+    ({"dselect_k": {"experts": 4, "k": 2, "gamma": 0, "expert": {"mlp": {"units": [4]}}}},
+     "model.trunk.dselect_k.gamma: must be > 0"),
+    ({"cross_stitch": {"units": [4], "self_weight": "high"}}, "model.trunk.cross_stitch.self_weight: expected a number"),
+    ({"ple": {"shared_experts": 1, "task_experts": 1, "expert": {"mlp": {"units": [4]}}, "levles": 2}},
+     "model.trunk.ple.levles: unknown key (did you mean 'levels'?)"),
     ({"dselect_k": {"experts": 4, "k": 2, "entropy_reg": -1, "expert": {"mlp": {"units": [4]}}}},
      "model.trunk.dselect_k.entropy_reg: must be >= 0"),
     ({"mtan": {"channels": [4], "batch_norm": "yes"}},
@@ -86,3 +92,32 @@ def test_bad_architecture_config_names_the_key(trunk, message, tmp_path, capsys)
                 + SMALL_DATA["mmoe"]) == 2
     assert message in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_architecture_keys_are_the_constructors_arguments():
+    """One list (ARCHITECTURES), options from the constructors: a new constructor argument is a
+    config key with no second list to edit; the expert MLP's arguments are `expert`."""
+    import inspect
+
+    from multihead.experiments.build.architectures import config_keys
+    from multihead.model.architectures import ARCHITECTURES
+
+    for name, cls in ARCHITECTURES.items():
+        params = [p for p in inspect.signature(cls.__init__).parameters
+                  if p not in ("self", "heads", "kwargs")]
+        expected = []
+        for p in params:
+            key = "expert" if p.startswith("expert_") else p
+            if key not in expected:
+                expected.append(key)
+        assert list(config_keys(name)) == expected, name
+    assert set(ARCHITECTURES) == {"mmoe", "omoe", "cgc", "ple", "dselect_k", "cross_stitch", "mtan"}
+
+
+def test_the_docs_table_of_architecture_keys_is_the_generated_one():
+    from multihead.experiments.build.architectures import architecture_table
+
+    text = open(os.path.join(ROOT, "docs", "architectures.md")).read()
+    start = text.index("<!-- BEGIN architecture keys")
+    block = text[text.index("\n", start) + 1:text.index("<!-- END architecture keys -->")]
+    assert block.strip() == architecture_table()

@@ -6,47 +6,28 @@ Example config (MMoE with 8 experts, each a 16-unit ReLU layer):
       trunk:
         mmoe: {experts: 8, expert: {mlp: {units: [16], activation: relu}}}
 
-The architectures and their keys:
-
-| key            | keys                                                             |
-|----------------|------------------------------------------------------------------|
-| `mmoe`, `omoe` | `experts`, `expert`                                              |
-| `cgc`          | `shared_experts`, `task_experts`, `expert`                       |
-| `ple`          | `shared_experts`, `task_experts`, `levels`, `expert`             |
-| `dselect_k`    | `experts` (a power of two), `k`, `gamma`, `entropy_reg`, `expert`|
-| `cross_stitch` | `units`, `activation`, `self_weight`                             |
-| `mtan`         | `channels`, `batch_norm`                                         |
-
-`expert` is `{mlp: {units: [...], activation: ...}}`, the widths of each expert MLP.
-The head names come from `model.heads`.
+An architecture's keys are its class's constructor arguments
+(`multihead.model.architectures.ARCHITECTURES`, `architecture_options`), but that the
+arguments of an expert MLP, `expert_units` and `expert_activation`, are written
+`expert: {mlp: {units: [...], activation: ...}}`. A key without a default is required. The
+values are checked by the constructor; its messages name the key path here. The head names
+come from `model.heads`. `architecture_table()` renders the keys for docs/architectures.md.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any, Mapping, Sequence
 
 import keras
 
-from multihead._checks import check_float, check_int, check_keys, suggest
-from multihead.model.architectures import ARCHITECTURES
+from multihead._checks import check_keys, suggest
 from multihead.experiments.config.schema import ConfigError
+from multihead.model.architectures import ARCHITECTURES, architecture_options
 
-_EXPERT = ("experts", "expert")
-_KEYS: dict[str, tuple[str, ...]] = {
-    "mmoe": _EXPERT,
-    "omoe": _EXPERT,
-    "cgc": ("shared_experts", "task_experts", "expert"),
-    "ple": ("shared_experts", "task_experts", "levels", "expert"),
-    "dselect_k": ("experts", "k", "gamma", "entropy_reg", "expert"),
-    "cross_stitch": ("units", "activation", "self_weight"),
-    "mtan": ("channels", "batch_norm"),
-}
-_REQUIRED: dict[str, tuple[str, ...]] = {
-    "mmoe": _EXPERT, "omoe": _EXPERT, "cgc": ("shared_experts", "task_experts", "expert"),
-    "ple": ("shared_experts", "task_experts", "expert"), "dselect_k": ("experts", "k", "expert"),
-    "cross_stitch": ("units",), "mtan": ("channels",),
-}
-_INTS = ("experts", "shared_experts", "task_experts", "levels", "k")
+#: Constructor arguments with this prefix are one config key, `expert: {mlp: {...}}`.
+_EXPERT = "expert_"
 
 
 def is_architecture(spec: Any) -> bool:
@@ -56,10 +37,37 @@ def is_architecture(spec: Any) -> bool:
     return isinstance(spec, Mapping) and len(spec) == 1 and next(iter(spec)) not in ("mlp", "class_name")
 
 
-def _units(value: Any, path: str) -> list[int]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{path}: expected a non-empty list of positive integers, got {value!r}")
-    return [check_int(u, f"{path}[{i}]", minimum=1, error=ConfigError) for i, u in enumerate(value)]
+def architecture_names() -> list[str]:
+    """The names `model.trunk` accepts as an architecture."""
+    return list(ARCHITECTURES)
+
+
+def config_keys(name: str) -> dict[str, Any]:
+    """Architecture `name`'s config keys -> default (`inspect.Parameter.empty`: required)."""
+    keys: dict[str, Any] = {}
+    for option, param in architecture_options(ARCHITECTURES[name]).items():
+        if option.startswith(_EXPERT):
+            if param.default is inspect.Parameter.empty or "expert" not in keys:
+                keys["expert"] = param.default
+        else:
+            keys[option] = param.default
+    return keys
+
+
+def architecture_table() -> str:
+    """The Markdown table of every architecture's config keys and their defaults."""
+    rows = ["| key | options |", "|---|---|"]
+    for name in ARCHITECTURES:
+        options = []
+        for key, default in config_keys(name).items():
+            shown = "" if default is inspect.Parameter.empty else f" (default {_yaml(default)})"
+            options.append(f"`{key}`{shown}")
+        rows.append(f"| `{name}` | {', '.join(options)} |")
+    return "\n".join(rows)
+
+
+def _yaml(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
 
 
 def _expert(spec: Any, path: str) -> dict[str, Any]:
@@ -69,15 +77,20 @@ def _expert(spec: Any, path: str) -> dict[str, Any]:
     check_keys(mlp, ("units", "activation"), f"{path}.mlp", error=ConfigError)
     if "units" not in mlp:
         raise ConfigError(f"{path}.mlp.units: missing; the widths of each expert's layers")
-    out = {"expert_units": _units(mlp["units"], f"{path}.mlp.units")}
-    if "activation" in mlp:
-        out["expert_activation"] = mlp["activation"]
-    return out
+    return {f"{_EXPERT}{key}": value for key, value in mlp.items()}
 
 
-def architecture_names() -> list[str]:
-    """The names `model.trunk` accepts as an architecture."""
-    return list(_KEYS)
+def _key_path(message: str, cls: type, where: str) -> str:
+    """A constructor's message (`MMoE.expert_units[0]: ...`) with the config key path
+    (`model.trunk.mmoe.expert.mlp.units[0]: ...`) in place of the argument."""
+    def path(match: re.Match) -> str:
+        option = match.group(1)
+        if option.startswith(_EXPERT):
+            return f"{where}.expert.mlp.{option[len(_EXPERT):]}"
+        return f"{where}.{option}"
+
+    names = "|".join(re.escape(c.__name__) for c in type.mro(cls) if c is not object)
+    return re.sub(rf"\b(?:{names}|DSelectGate)\.(\w+)", path, message, count=1)
 
 
 def build_architecture(spec: Mapping[str, Any], heads: Sequence[str], path: str = "model.trunk",
@@ -90,35 +103,23 @@ def build_architecture(spec: Mapping[str, Any], heads: Sequence[str], path: str 
     """
     (name, options), = spec.items()
     where = f"{path}.{name}"
-    if name not in _KEYS:
-        raise ConfigError(f"{path}: unknown architecture {name!r}{suggest(name, _KEYS)}; a trunk is a "
-                          f"Keras layer {{class_name: ...}}, a list of them, {{mlp: {{...}}}} or one of "
-                          f"{list(_KEYS)}")
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"{path}: unknown architecture {name!r}{suggest(name, ARCHITECTURES)}; a trunk "
+                          f"is a Keras layer {{class_name: ...}}, a list of them, {{mlp: {{...}}}} or one "
+                          f"of {list(ARCHITECTURES)}")
     if not isinstance(options, Mapping):
         raise ConfigError(f"{where}: expected a mapping of its options, got {options!r}")
-    check_keys(options, _KEYS[name], where, error=ConfigError)
-    for key in _REQUIRED[name]:
+    keys = config_keys(name)
+    check_keys(options, list(keys), where, error=ConfigError)
+    required = [key for key, default in keys.items() if default is inspect.Parameter.empty]
+    for key in required:
         if key not in options:
-            raise ConfigError(f"{where}.{key}: missing; {name} needs {list(_REQUIRED[name])}")
+            raise ConfigError(f"{where}.{key}: missing; {name} needs {required}")
     kwargs: dict[str, Any] = {}
     for key, value in options.items():
-        if key in _INTS:
-            kwargs[key] = check_int(value, f"{where}.{key}", minimum=1, error=ConfigError)
-        elif key == "expert":
-            kwargs.update(_expert(value, f"{where}.expert"))
-        elif key in ("units", "channels"):
-            kwargs[key] = _units(value, f"{where}.{key}")
-        elif key in ("gamma", "self_weight"):
-            kwargs[key] = check_float(value, f"{where}.{key}", error=ConfigError)
-        elif key == "entropy_reg":
-            kwargs[key] = check_float(value, f"{where}.{key}", minimum=0, error=ConfigError)
-        elif key == "batch_norm":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
-            kwargs[key] = value
-        else:
-            kwargs[key] = value
+        kwargs.update(_expert(value, f"{where}.expert") if key == "expert" else {key: value})
+    cls = ARCHITECTURES[name]
     try:
-        return ARCHITECTURES[name](heads=list(heads), dtype=dtype, **kwargs)
+        return cls(heads=list(heads), dtype=dtype, **kwargs)
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"{where}: {str(err).splitlines()[0]}") from None
+        raise ConfigError(_key_path(str(err).splitlines()[0], cls, where)) from None
