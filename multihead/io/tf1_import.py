@@ -118,14 +118,7 @@ def import_tf1_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
     """
     if not isinstance(model, MultiHeadModel):
         raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
-    if not isinstance(mapping, Mapping) or not mapping:
-        raise ValueError("mapping must be a non-empty dict of TF1 name pattern -> model address or part")
-    patterns = []
-    for pattern, target in mapping.items():
-        try:
-            patterns.append((re.compile(pattern), target))
-        except re.error as err:
-            raise ValueError(f"mapping: pattern {pattern!r} is not a regular expression ({err})") from None
+    patterns = _patterns(mapping)
     try:
         reader = tf.train.load_checkpoint(os.fspath(path))
     except (ValueError, tf.errors.OpError) as err:
@@ -143,34 +136,10 @@ def import_tf1_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
         if match is None:
             report.unmatched.append(name)
             continue
-        m, template = match
-        try:
-            address = m.expand(template)
-        except (re.error, IndexError) as err:
-            raise ValueError(f"mapping: target {template!r} for {name!r}: {err}") from None
-        shape, dtype = tuple(shapes[name]), dtypes[name]
-        if address in parts:
-            prefix = address + "/"
-            same = [a for a, v in addresses.items()
-                    if a.startswith(prefix) and tuple(v.shape) == shape]
-            if len(same) != 1:
-                why = (f"no variable of {address} has shape {shape}" if not same else
-                       f"{len(same)} variables of {address} have shape {shape} ({', '.join(same)}); "
-                       "map this name to one of them")
-                report.unknown.append((name, address, why))
-                continue
-            address = same[0]
-        if address not in addresses:
-            report.unknown.append((name, address, "the model has no variable at this address "
-                                   "(see multihead.variable_addresses(model))"))
-            continue
-        var = addresses[address]
-        if tuple(var.shape) != shape or tf.as_dtype(var.dtype) != dtype:
-            report.mismatches.append((name, address, _describe(shape, dtype),
-                                      _describe(var.shape, var.dtype)))
-            continue
-        targets.setdefault(address, []).append(name)
-        report.assigned[name] = address
+        address = _target(name, match, tuple(shapes[name]), dtypes[name], addresses, parts, report)
+        if address is not None:
+            targets.setdefault(address, []).append(name)
+            report.assigned[name] = address
     report.conflicts = {a: names for a, names in targets.items() if len(names) > 1}
     loaded = set(report.assigned.values())
     report.not_loaded = [a for a in addresses if a not in loaded]
@@ -189,3 +158,47 @@ def import_tf1_checkpoint(path: str | os.PathLike[str], model: MultiHeadModel,
         addresses[address].assign(np.asarray(reader.get_tensor(name)))
     report.applied = True
     return report
+
+
+def _patterns(mapping: Mapping[str, str]) -> list[tuple[re.Pattern, str]]:
+    """The mapping's patterns, compiled, with their targets."""
+    if not isinstance(mapping, Mapping) or not mapping:
+        raise ValueError("mapping must be a non-empty dict of TF1 name pattern -> model address or part")
+    patterns = []
+    for pattern, target in mapping.items():
+        try:
+            patterns.append((re.compile(pattern), target))
+        except re.error as err:
+            raise ValueError(f"mapping: pattern {pattern!r} is not a regular expression ({err})") from None
+    return patterns
+
+
+def _target(name: str, match: tuple[re.Match, str], shape: tuple[int, ...], dtype: Any,
+            addresses: Mapping[str, Any], parts: set[str], report: ImportReport) -> str | None:
+    """The model address TF1 variable `name` goes to, or None after recording in `report` why
+    it has none (an unknown address, a part without exactly one variable of its shape, a
+    shape or dtype mismatch)."""
+    m, template = match
+    try:
+        address = m.expand(template)
+    except (re.error, IndexError) as err:
+        raise ValueError(f"mapping: target {template!r} for {name!r}: {err}") from None
+    if address in parts:
+        prefix = address + "/"
+        same = [a for a, v in addresses.items() if a.startswith(prefix) and tuple(v.shape) == shape]
+        if len(same) != 1:
+            why = (f"no variable of {address} has shape {shape}" if not same else
+                   f"{len(same)} variables of {address} have shape {shape} ({', '.join(same)}); "
+                   "map this name to one of them")
+            report.unknown.append((name, address, why))
+            return None
+        address = same[0]
+    if address not in addresses:
+        report.unknown.append((name, address, "the model has no variable at this address "
+                               "(see multihead.variable_addresses(model))"))
+        return None
+    var = addresses[address]
+    if tuple(var.shape) != shape or tf.as_dtype(var.dtype) != dtype:
+        report.mismatches.append((name, address, _describe(shape, dtype), _describe(var.shape, var.dtype)))
+        return None
+    return address
