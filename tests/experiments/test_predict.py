@@ -203,3 +203,32 @@ def test_status_predict_and_export_name_the_end_checkpoint_alike(per_head_run, t
     assert main(["predict", str(run_dir), "--data", str(run_dir.parent / "y1.npz"),
                  "--checkpoint", "ckpt-6", "--out", str(tmp_path / "q.npz")]) == 0
     assert capsys.readouterr().out.strip().endswith("(checkpoint checkpoints/ckpt-6)")
+
+
+def test_every_checkpoint_name_the_tool_prints_is_accepted_back(tmp_path, capsys):
+    """status.json, metrics.json (per-head bests), predict and export print checkpoint names
+    relative to the run directory; `--checkpoint` and `load_run` take each of them back and
+    load exactly that checkpoint."""
+    config = {"seed": 0, "data": {"kind": "mmoe", "train_size": 128, "eval_size": 32, "input_dim": 4},
+              "model": {"trunk": {"mlp": {"units": [8]}}, "heads": {"y1": {}, "y2": {}}},
+              "train": {"steps": 6, "batch_size": 16, "eval_every": 2},
+              "log": {"every": 3, "histograms_every": 0},
+              "callbacks": {"best_checkpoint": {"per_head": True}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    run = tmp_path / "run"
+    assert main(["train", str(tmp_path / "c.yaml"), "--run-dir", str(run), "--quiet"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    printed = [json.loads((run / "status.json").read_text())["checkpoint"], "checkpoints/ckpt-6"]
+    printed += [best["path"] for best in metrics["head_best_checkpoints"].values()]
+    assert "best/y1/best-" in printed[2]
+    np.savez(tmp_path / "x.npz", x=np.ones((3, 4), np.float32))
+    for name in printed:
+        loaded = mh.load_run(run, checkpoint=name)
+        reader = tf.train.load_checkpoint(str(run / name))
+        kernel = loaded.model.head_variables("y1")[0]  # heads/y1 is one Dense layer
+        np.testing.assert_array_equal(kernel.numpy(),
+                                      reader.get_tensor("heads/y1/_kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+        capsys.readouterr()
+        assert main(["predict", str(run), "--data", str(tmp_path / "x.npz"), "--checkpoint", name,
+                     "--out", str(tmp_path / "p.npz")]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip().endswith(f"(checkpoint {name})")

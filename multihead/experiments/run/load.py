@@ -117,7 +117,9 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
     """The checkpoint prefix of a run, by the one rule `predict`, `export` and `load_run`
     share: `final` (default; else the newest periodic one), `latest`, `best`, `best/<head>`
     (the whole model at that head's best evaluation, `callbacks.best_checkpoint.per_head`),
-    a name in `checkpoints/` such as `ckpt-1000`, or a path.
+    a name in `checkpoints/` such as `ckpt-1000`, or a path. Every name the tool prints is
+    accepted back as it is printed, relative to the run directory: `checkpoints/final`,
+    `checkpoints/ckpt-1000`, `best/best-200`, `best/<head>/best-200`.
 
     `final` holds the weights the run ended with: with `early_stopping.restore_best`, the
     best evaluation's, which the last periodic checkpoint (the stop step) does not.
@@ -130,6 +132,8 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
     """
     from multihead.io.manager import own_checkpoint, scan_checkpoints
 
+    if checkpoint is not None and re.fullmatch(r"checkpoints/[^/]+", checkpoint):
+        checkpoint = checkpoint.split("/", 1)[1]  # as status.json, predict and export print it
     try:
         directory = inside(run_dir, "checkpoints")
         if checkpoint in (None, "final", "latest"):
@@ -141,6 +145,11 @@ def run_checkpoint(run_dir: str, checkpoint: str | None = None) -> str:
                     return final
             if checkpoint != "final" and found:
                 return found[-1]
+        elif re.fullmatch(r"best/([^/]+/)?best-[0-9]{1,18}", checkpoint):
+            named = inside(run_dir, checkpoint)  # one best checkpoint, as metrics.json names it
+            _refuse_links(named)
+            if own_checkpoint(named):
+                return named
         elif checkpoint == "best" or checkpoint.startswith("best/"):
             found_best = _best_in(inside(run_dir, checkpoint))
             if found_best is not None:
