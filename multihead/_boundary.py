@@ -10,7 +10,10 @@ the checkpoint files, `inputs.json`, `config.yaml`, event files) goes through th
 * `open_regular` opens only a regular file (`O_NOFOLLOW | O_NONBLOCK`, then `fstat`): a
   FIFO, a device or a directory named like a run file is refused instead of blocking;
 * `read_bytes`, `read_text`, `read_json` read at most a bound, with one-line errors that
-  name the file;
+  name the file; `read_tail` reads a log's last bytes;
+* `expect_kind` checks that an entry a writer will create, append to or remove is, if it
+  exists, a directory or a regular file as expected (not a symlink, a FIFO, the other kind);
+  `open_append` opens a log for appending under the rules of `open_regular`;
 * `write_atomic` writes a result file (temp file in the same directory, fsync,
   `os.replace`), refusing a symlink at the target, readable as the umask allows (`temp_file`,
   `temp_dir`: mkstemp/mkdtemp with the modes `open` and `os.mkdir` give); `unlink_symlinks` clears symlinks planted
@@ -119,11 +122,83 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
-            "not a regular file"
-        raise BoundaryError(f"{path}: is {kind}; expected a regular file")
+        raise BoundaryError(f"{path}: is {_kind(mode)}; expected a regular file")
     os.set_blocking(fd, True)
     return fd
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a symlink" if stat.S_ISLNK(mode) else "a regular file" if stat.S_ISREG(mode) else
+            "not a regular file")
+
+
+def expect_kind(base: str | os.PathLike[str], rel: str, *, directory: bool) -> str:
+    """`inside(base, rel)`, which, if it exists, must be a directory (`directory`) or a regular
+    file, and not a symlink: checked before a writer creates, appends to or removes it.
+
+    Raises:
+        BoundaryError: the path leaves `base`, or exists as something else (a FIFO, a file
+            where a directory belongs, a directory where a file belongs).
+    """
+    path = inside(base, rel)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as err:
+        raise BoundaryError(f"{path}: cannot inspect it ({err.strerror})") from None
+    if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
+        raise BoundaryError(f"{path}: is {_kind(mode)}; expected "
+                            f"{'a directory' if directory else 'a regular file'}")
+    return path
+
+
+def open_append(path: str | os.PathLike[str]) -> int:
+    """A write-only, appending file descriptor on `path` (created if missing), which must be
+    a regular file: a symlink is not followed (`O_NOFOLLOW`), a FIFO not waited on
+    (`O_NONBLOCK`: without a reader its open fails at once), a directory refused. The
+    caller closes the descriptor.
+
+    Raises:
+        BoundaryError: `path` is a symlink, a FIFO, a directory, or cannot be opened.
+    """
+    path = os.fspath(path)
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK |
+             getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BoundaryError(f"{path}: is a symlink; refusing to write through it "
+                                "(remove it or choose another path)") from None
+        if err.errno == errno.ENXIO:
+            raise BoundaryError(f"{path}: is a FIFO; expected a regular file") from None
+        if err.errno == errno.EISDIR:
+            raise BoundaryError(f"{path}: is a directory; expected a regular file") from None
+        raise BoundaryError(f"{path}: cannot open for writing ({err.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BoundaryError(f"{path}: is {_kind(mode)}; expected a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_tail(path: str | os.PathLike[str], limit: int = 1 << 20) -> bytes:
+    """The last `limit` bytes of the regular file `path` (opened by `open_regular`): a log
+    read for its last lines stays bounded whatever its size.
+
+    Raises:
+        BoundaryError: missing, a symlink, not a regular file, or unreadable.
+    """
+    fd = open_regular(path)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
+            return fh.read(limit)
+    except OSError as err:
+        raise BoundaryError(f"{os.fspath(path)}: cannot read ({err.strerror})") from None
 
 
 def is_regular(path: str | os.PathLike[str]) -> bool:

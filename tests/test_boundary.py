@@ -9,8 +9,11 @@ import pytest
 
 from multihead._boundary import (
     BoundaryError,
+    expect_kind,
     inside,
+    open_append,
     open_regular,
+    read_tail,
     read_json,
     unlink_symlinks_at,
     write_atomic,
@@ -143,3 +146,46 @@ def test_write_atomic_creates_files_as_open_would_under_the_umask(tmp_path, umas
         os.umask(previous)
     assert os.stat(tmp_path / "sweep.json").st_mode & 0o777 == 0o666 & ~umask
     assert os.stat(tmp_path / "plain.txt").st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_expect_kind_allows_missing_paths_and_refuses_the_wrong_kind(run):
+    run_dir, victim = run
+    assert expect_kind(run_dir, "logs/t000.log", directory=False) == os.path.join(run_dir, "logs", "t000.log")
+    assert expect_kind(run_dir, "best", directory=True) == os.path.join(run_dir, "best")
+    os.mkfifo(run_dir / "fifo")
+    os.symlink(victim, run_dir / "link")
+    for rel, directory, message in [("best", False, "is a directory; expected a regular file"),
+                                    ("best/best.json", True, "is a regular file; expected a directory"),
+                                    ("fifo", False, "is a FIFO; expected a regular file"),
+                                    ("link", True, "is a symlink")]:
+        with pytest.raises(BoundaryError, match=message):
+            expect_kind(run_dir, rel, directory=directory)
+
+
+def test_open_append_refuses_a_fifo_at_once_a_symlink_and_a_directory(run):
+    run_dir, victim = run
+    os.mkfifo(run_dir / "fifo")
+    started = time.monotonic()
+    with pytest.raises(BoundaryError, match="is a FIFO; expected a regular file"):
+        os.close(open_append(run_dir / "fifo"))  # no reader: an open without O_NONBLOCK blocks
+    assert time.monotonic() - started < 5
+    os.symlink(victim / "secret.txt", run_dir / "link")
+    with pytest.raises(BoundaryError, match="is a symlink; refusing to write through it"):
+        open_append(run_dir / "link")
+    assert (victim / "secret.txt").read_text() == "secret"
+    with pytest.raises(BoundaryError, match="is a directory"):
+        open_append(run_dir / "best")
+    for text in ("a\n", "b\n"):  # created, then appended to
+        with os.fdopen(open_append(run_dir / "log"), "a") as fh:
+            fh.write(text)
+    assert (run_dir / "log").read_text() == "a\nb\n"
+
+
+def test_read_tail_reads_the_last_bytes_of_a_regular_file_only(run):
+    run_dir, victim = run
+    (run_dir / "log").write_bytes(b"x" * 100 + b"the end\n")
+    assert read_tail(run_dir / "log", limit=8) == b"the end\n"
+    assert read_tail(run_dir / "log") == b"x" * 100 + b"the end\n"
+    os.symlink(victim / "secret.txt", run_dir / "link")
+    with pytest.raises(BoundaryError, match="is a symlink"):
+        read_tail(run_dir / "link")

@@ -38,7 +38,8 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def _load(args: argparse.Namespace) -> ExperimentConfig:
-    config = load_config(args.config, args.set or [], allow_import=args.allow_import or ())
+    config = load_config(args.config, args.set or [], allow_import=args.allow_import or (),
+                         inside=getattr(args, "config_inside", None))
     if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
         from multihead.experiments.run.single_task import only_head
 
@@ -547,6 +548,8 @@ def _add_commands(sub: Any) -> None:
                        help="continue RUN_DIR from its latest checkpoint (exactly, as if never stopped)")
     train.add_argument("--only-head", metavar="HEAD",
                        help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
+    # A sweep's trials: CONFIG lies in DIR, read through multihead._boundary (no symlink, no FIFO).
+    train.add_argument("--config-inside", metavar="DIR", help=argparse.SUPPRESS)
     train.set_defaults(func=cmd_train)
 
     export = _command(sub, "export", True, help="write a run's model as a SavedModel, a signature per head")

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
+from multihead._boundary import BoundaryError
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.run.directory import default_run_dir
 from multihead.experiments.sweep.index import INDEX, read_index
@@ -19,6 +20,7 @@ from multihead.experiments.sweep.sweep import (
     Sweep,
     as_sets,
     check_new_dir,
+    check_sweep_dir,
     check_objective,
     create_sweep,
     load_base,
@@ -97,11 +99,20 @@ def cmd_sweep(args: Any) -> int:
         if not os.path.isdir(args.resume) or not os.path.lexists(os.path.join(args.resume, INDEX)):
             read_index(args.resume)  # the one-line "no sweep.json there"
         with _lock(args.resume):
-            return _sweep(args, args.resume)
+            return _bounded(_sweep, args, args.resume)
     if not args.config:
         raise ConfigError("a CONFIG is required (or --resume SWEEP_DIR)")
     sweep_dir = args.sweep_dir or _default_sweep_dir(args.config)
-    return _sweep(args, sweep_dir)
+    return _bounded(_sweep, args, sweep_dir)
+
+
+def _bounded(run: Any, *args: Any) -> int:
+    """`run(*args)`, a malformed entry of the sweep directory (`BoundaryError`: a symlink, a
+    FIFO, a file where a directory belongs) becoming the one-line exit 2 of a `ConfigError`."""
+    try:
+        return run(*args)
+    except BoundaryError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _sweep(args: Any, sweep_dir: str) -> int:
@@ -110,6 +121,7 @@ def _sweep(args: Any, sweep_dir: str) -> int:
     allow_import = tuple(getattr(args, "allow_import", None) or ())
     if args.resume:
         sweep = Sweep(sweep_dir, read_index(sweep_dir), stream)
+        check_sweep_dir(sweep_dir, sweep.index["trials"])  # before anything is started
         search = sweep.index.get("search", "grid")
     else:
         base, spec = load_base(args.config, args.set or [], allow_import)

@@ -37,6 +37,7 @@ import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
 from multihead._boundary import temp_file
+from multihead._records import scan_records
 
 _PREFIX = "events.out.tfevents."
 _PROC_FDS = "/proc/self/fd"
@@ -100,10 +101,12 @@ def _event_files(log_dir: str | os.PathLike[str]) -> Iterator[str]:
 
 
 def _read_events(path: str) -> list[event_pb2.Event]:
-    """Events of one file, stopping at a truncated or corrupted record (a crash's tail)."""
+    """Events of one file, stopping at a truncated or corrupted record (a crash's tail). Only
+    the records whose headers `scan_records` found whole are given to TensorFlow: a crafted
+    length (2^44 bytes) would crash its reader, and is dropped with the tail instead."""
     events = []
     try:
-        for record in tf.data.TFRecordDataset(path):
+        for record in tf.data.TFRecordDataset(path).take(scan_records(path).records):
             events.append(event_pb2.Event.FromString(record.numpy()))
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError):
         pass
@@ -142,16 +145,7 @@ def _records_end(path: str, count: int) -> bool:
     """True if the file holds exactly `count` whole TFRecords (no torn tail).
 
     A TFRecord is a little-endian uint64 length, a 4-byte CRC of the length, the
-    data, and a 4-byte CRC of the data.
+    data, and a 4-byte CRC of the data (`multihead._records`).
     """
-    size = os.path.getsize(path)
-    total = 0
-    with open(path, "rb") as fh:
-        for _ in range(count):
-            header = fh.read(12)
-            if len(header) < 12:
-                return False
-            length = int.from_bytes(header[:8], "little")
-            total += 12 + length + 4
-            fh.seek(length + 4, os.SEEK_CUR)
-    return total == size
+    scan = scan_records(path)
+    return scan.problem is None and scan.records == count

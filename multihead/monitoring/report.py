@@ -27,6 +27,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from multihead._boundary import BoundaryError, inside, is_regular, read_json, temp_file
+from multihead._records import check_records
 from multihead.monitoring import tags
 
 
@@ -138,13 +139,19 @@ def _run_folder(run_dir: str, name: str) -> str:
 def read_scalars(directory: str) -> dict[str, Series]:
     """Every scalar summary in the event files of `directory` (not recursive).
 
-    When a step was written twice (a resumed run), the later value wins.
+    When a step was written twice (a resumed run), the later value wins. Each file's record
+    headers are checked first (`multihead._records`): a length TensorFlow must not read is
+    a `ReportError` naming the file and offset, not a crash.
     """
     from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
     from tensorboard.util import tensor_util
 
     points: dict[str, dict[int, float]] = {}
     for path in _event_files(directory):
+        try:
+            check_records(path, partial_tail=True)  # a live writer's last record may be torn
+        except BoundaryError as err:
+            raise ReportError(str(err)) from None
         for event in LegacyEventFileLoader(path).Load():
             if not event.HasField("summary"):
                 continue

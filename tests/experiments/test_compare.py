@@ -12,7 +12,7 @@ import yaml
 
 import multihead as mh
 from multihead.cli.main import main
-from multihead.experiments.results.compare import CompareError, delta_m, direction
+from multihead.experiments.results.compare import CompareError, DeltaMError, delta_m, direction
 
 
 def _run(path, config: dict, final: dict, evals=()) -> str:
@@ -181,3 +181,75 @@ def test_compare_png_legend_is_outside_every_panel(runs, tmp_path):
         # and lies inside the figure, not cut off in the PNG
         assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
         assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+
+
+# -- Δm% for every baseline: |B| in the denominator; 0, NaN and inf refused ---------------
+
+
+@pytest.mark.parametrize("metric, base, value, expected", [
+    # positive baseline: as Maninis et al. / LibMTL, 100 * (0.9 - 1.0) / 1.0 (lower-better)
+    ("loss", 1.0, 0.9, -10.0),
+    # higher-better, positive: 100 * -(0.8 - 0.5) / 0.5
+    ("accuracy", 0.5, 0.8, -60.0),
+    # negative baseline, higher-better: 100 * -(0.2 - (-0.5)) / |-0.5| = -140 (better);
+    # dividing by B (-0.5) gave +140, "worse", for a run whose R² went from -0.5 to 0.2
+    ("r2", -0.5, 0.2, -140.0),
+    # negative baseline, higher-better, the run worse: 100 * -(-0.9 - (-0.5)) / 0.5 = +80
+    ("r2", -0.5, -0.9, 80.0),
+    # negative baseline, lower-better (a negative log-likelihood's sign flipped): 100 *
+    # (-3.0 - (-2.0)) / |-2.0| = -50 (lower, better)
+    ("loss", -2.0, -3.0, -50.0),
+])
+def test_delta_m_by_hand_for_positive_and_negative_baselines(metric, base, value, expected):
+    assert delta_m({"a": {metric: value}}, {"a": {metric: base}})[0] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("base, side", [(0.0, "baseline"), (-0.0, "baseline"),
+                                        (float("nan"), "baseline"), (float("inf"), "baseline"),
+                                        (float("-inf"), "baseline")])
+def test_delta_m_refuses_a_zero_or_non_finite_baseline(base, side):
+    with pytest.raises(DeltaMError) as err:
+        delta_m({"a": {"loss": 0.9}, "b": {"loss": 1.0}}, {"a": {"loss": 1.0}, "b": {"loss": base}})
+    assert (err.value.head, err.value.metric, err.value.side) == ("b", "loss", side)
+    assert str(err.value).startswith("Δm%: the baseline of head 'b' metric 'loss' is ")
+    # a metric left out (by --metrics, or of unknown direction) is not refused
+    assert delta_m({"a": {"loss": 0.9}, "b": {"weird": 1.0}}, {"a": {"loss": 1.0}, "b": {"weird": base}}) \
+        == (pytest.approx(-10.0), ["b/weird"])
+    assert delta_m({"a": {"loss": 0.9}, "b": {"mae": 1.0}}, {"a": {"loss": 1.0}, "b": {"mae": base}},
+                   chosen=["loss"])[0] == pytest.approx(-10.0)
+    with pytest.raises(DeltaMError, match="the metric of head 'a' metric 'loss' is nan"):
+        delta_m({"a": {"loss": float("nan")}}, {"a": {"loss": 1.0}})
+
+
+def _baseline_runs(tmp_path, b_loss):
+    """The fixture's baselines, with head b's loss replaced by `b_loss` in its one run."""
+    return [_run(tmp_path / "nb_a", _config("sum", 0, ("a",)), {"a": {"loss": 1.0, "mae": 1.0}}),
+            _run(tmp_path / "nb_b", _config("sum", 0, ("b",)), {"b": {"accuracy": 0.5, "loss": b_loss}})]
+
+
+@pytest.mark.parametrize("b_loss", [0.0, float("nan"), float("inf")])
+def test_compare_refuses_a_zero_or_non_finite_baseline_in_one_line(runs, tmp_path, capsys, b_loss):
+    base = _baseline_runs(tmp_path, b_loss)
+    png = tmp_path / "refused.png"
+    assert main(["compare", *runs["pcgrad"], "--baseline", *base, "--json", "--png", str(png)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "" and not png.exists(), captured
+    assert f"the baseline of head 'b' metric 'loss' is {b_loss!r}" in lines[0]
+    assert f"baseline runs {base[1]}" in lines[0] and base[0] not in lines[0]
+    # left out by --metrics, the others still compare
+    assert main(["compare", *runs["pcgrad"], "--baseline", *base, "--metrics", "mae,accuracy"]) == 0
+
+
+def test_compare_json_and_png_with_a_negative_baseline(runs, tmp_path, capsys):
+    """b/loss's baseline -0.4 (a loss may be negative: a log-likelihood's sign flipped): the
+    group's b/loss 0.5 is worse, and counts +, as every other term keeps its sign."""
+    base = _baseline_runs(tmp_path, -0.4)
+    png = tmp_path / "curves.png"
+    assert main(["compare", *runs["pcgrad"], "--baseline", *base, "--json", "--png", str(png)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    # 100/4 * [(0.9-1.0)/1.0 + (1.2-1.0)/1.0 - (0.8-0.5)/0.5 + (0.5-(-0.4))/|-0.4|]
+    #       = 25 * (-0.1 + 0.2 - 0.6 + 2.25) = 25 * 1.75 = +43.75
+    assert printed["groups"][0]["delta_m"] == pytest.approx(43.75, rel=1e-12)
+    assert printed["baseline"]["b"]["loss"] == -0.4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

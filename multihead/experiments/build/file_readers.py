@@ -16,6 +16,8 @@ from typing import Any, Mapping
 import numpy as np
 import tensorflow as tf
 
+from multihead._boundary import BoundaryError
+from multihead._records import check_records, scan_records
 from multihead.experiments.config.data_section import DataConfig
 from multihead.experiments.config.errors import ConfigError
 from multihead.experiments.config.sizes import memory_bytes
@@ -210,9 +212,11 @@ def tfrecord_features(path: str) -> list[str] | None:
     from google.protobuf.message import DecodeError
 
     try:
+        if scan_records(path).records == 0:  # TensorFlow is given whole, bounded records only
+            return None
         for record in tf.data.TFRecordDataset(path).take(1):
             return sorted(tf.train.Example.FromString(record.numpy()).features.feature)
-    except (tf.errors.OpError, DecodeError):
+    except (tf.errors.OpError, DecodeError, BoundaryError):
         pass
     return None
 
@@ -230,6 +234,10 @@ def read_tfrecord(path: str, where: str, needed: list[str], dtypes: Mapping[str,
     if elements * 8 > memory_bytes():  # data.shapes is bounded at load; this is the reader's own rule
         raise ConfigError(f"data.shapes: one example of {path!r} would take {elements * 8 / 2**30:.1f} "
                           f"GiB, more than this machine's memory")
+    try:
+        check_records(path)  # before TensorFlow allocates what a header declares
+    except BoundaryError as err:
+        raise ConfigError(f"{where}: {err}") from None
     batch = max(1, min(_CSV_BATCH, _TFRECORD_BATCH_ELEMENTS // max(1, elements)))
     ds = tf.data.TFRecordDataset(path).batch(batch).map(
         lambda records: tf.io.parse_example(records, spec),

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence, Union
 
 import yaml
 
+from multihead._boundary import BoundaryError, read_text
 from multihead._checks import (
     check_bounds,
     check_choice,
@@ -33,6 +34,7 @@ from multihead.settings import (
 )
 from multihead.experiments.config.data_section import DataConfig, check_data
 from multihead.experiments.config.errors import ConfigError
+from multihead.experiments.config.yaml12 import MAX_BYTES
 from multihead.experiments.config.objective_section import (
     HeadConfig,
     ObjectiveConfig,
@@ -605,7 +607,8 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
-                allow_import: Sequence[str] = ()) -> ExperimentConfig:
+                allow_import: Sequence[str] = (), *,
+                inside: str | os.PathLike[str] | None = None) -> ExperimentConfig:
     """Reads, overrides and validates an experiment file.
 
     Args:
@@ -613,19 +616,25 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
         overrides: `a.b.c=value` strings applied in order before validation.
         allow_import: modules the config may import: an `env.id` of the form `module:Env`,
             a `data.function` (`kind: python`) `module:function`.
+        inside: a directory `path` lies in that is not trusted below itself (a sweep's
+            `config.yaml`, read by its trials): the file is read through
+            `multihead._boundary` (a regular file, no symlink followed, no FIFO opened).
 
     Raises:
         ConfigError: one line naming the file, the key path and what is wrong.
     """
     source = os.fspath(path)
-    try:
-        with open(source, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as err:
-        raise ConfigError(f"{source}: cannot read the config ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{source}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
-                          f"offset {err.start}); save the config as UTF-8") from None
+    if inside is not None:
+        text = _read_inside(source, os.fspath(inside))
+    else:
+        try:
+            with open(source, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as err:
+            raise ConfigError(f"{source}: cannot read the config ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{source}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                              f"offset {err.start}); save the config as UTF-8") from None
     raw = parse_yaml(text, source)
     if raw is None:
         raw = {}
@@ -634,3 +643,12 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
     for assignment in overrides:
         apply_override(raw, assignment)
     return from_dict(raw, source, allow_import)
+
+
+def _read_inside(source: str, base: str) -> str:
+    """The text of `source`, a file below `base`, read through the boundary helper."""
+    rel = os.path.relpath(os.path.abspath(source), os.path.abspath(base))
+    try:
+        return read_text(base, rel, limit=MAX_BYTES)
+    except BoundaryError as err:
+        raise ConfigError(str(err)) from None

@@ -10,10 +10,15 @@ hyperparameters that differ between them other than seeds (`seed`, `data.seed`,
 relative change of each metric against single-task baselines, signed so that a worse
 metric counts positive:
 
-    Δm% = 100 / N · Σ_i s_i · (M_i − B_i) / B_i,   s_i = +1 if lower is better, −1 if higher
+    Δm% = 100 / N · Σ_i s_i · (M_i − B_i) / |B_i|,   s_i = +1 if lower is better, −1 if higher
 
 over the N (head, metric) pairs that both the group and the baselines report, M_i the
-group's mean final metric and B_i the baselines' mean. By default every such pair counts,
+group's mean final metric and B_i the baselines' mean. The denominator is |B_i| (LibMTL's
+`count_improvement` divides by B_i, the same for the positive metrics it meets): for a
+metric that can be negative (R² of a poor baseline, a log-likelihood) the sign of a term
+then still says better (−) or worse (+). A baseline of 0, NaN or ±inf (or a non-finite
+M_i) has no relative change: `delta_m_terms` raises `DeltaMError` and `compare` refuses with
+one line naming the head, the metric and the runs. By default every such pair counts,
 each head's loss as well as its metrics; `metrics=["loss"]` (`--metrics loss`) or
 `metrics=["accuracy", "mae"]` restricts the pairs to those metric names. Lower Δm% is better; 0 is parity
 with single-task training. Directions come from the metric's name
@@ -47,6 +52,23 @@ class CompareError(ConfigError):
     """A path is not a finished run or sweep, or the runs cannot be compared."""
 
 
+class DeltaMError(ValueError):
+    """A (head, metric) pair whose relative change is undefined: a baseline of 0, NaN or
+    ±inf, or a non-finite metric.
+
+    Attributes:
+        head, metric: the pair.
+        side: `baseline` or `metric` (the group's value).
+        value: the offending value.
+    """
+
+    def __init__(self, head: str, metric: str, side: str, value: float) -> None:
+        self.head, self.metric, self.side, self.value = head, metric, side, value
+        need = "a finite, non-zero number" if side == "baseline" else "a finite number"
+        super().__init__(f"Δm%: the {side} of head {head!r} metric {metric!r} is {value!r}; "
+                         f"a relative change needs {need}")
+
+
 def direction(metric: str, directions: Mapping[str, str] | None = None) -> str | None:
     """`min` (lower is better), `max`, or None (unknown) for a metric name."""
     if directions and metric in directions:
@@ -57,7 +79,8 @@ def direction(metric: str, directions: Mapping[str, str] | None = None) -> str |
 def delta_m_terms(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[str, Mapping[str, float]],
                   directions: Mapping[str, str] | None = None,
                   chosen: Collection[str] | None = None) -> tuple[dict[str, float], list[str]]:
-    """The terms `s_i · (M_i − B_i) / B_i` of Δm%, by `head/metric`.
+    """The terms `s_i · (M_i − B_i) / |B_i|` of Δm%, by `head/metric` (the one place this
+    arithmetic lives: `delta_m`, `compare` and the docs' numbers use it).
 
     Args:
         metrics, baseline: {head: {metric: value}}; a pair counts when both report it.
@@ -66,6 +89,13 @@ def delta_m_terms(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[
 
     Returns:
         (the terms, the `head/metric` pairs left out because their direction is unknown).
+
+    Raises:
+        DeltaMError: a counted pair's baseline is 0, NaN or ±inf, or its metric is not finite.
+
+    Example:
+        >>> delta_m_terms({"a": {"r2": 0.2}}, {"a": {"r2": -0.5}}, {"r2": "max"})[0]
+        {'a/r2': -1.4}
     """
     terms: dict[str, float] = {}
     skipped = []
@@ -78,7 +108,12 @@ def delta_m_terms(metrics: Mapping[str, Mapping[str, float]], baseline: Mapping[
             if not sign:
                 skipped.append(f"{head}/{metric}")
                 continue
-            terms[f"{head}/{metric}"] = sign * (value - base) / base
+            if base == 0 or not math.isfinite(base):
+                raise DeltaMError(head, metric, "baseline", base)
+            if not math.isfinite(value):
+                raise DeltaMError(head, metric, "metric", value)
+            # |B|: the term's sign says better or worse whatever the baseline's sign
+            terms[f"{head}/{metric}"] = sign * (value - base) / abs(base)
     return terms, skipped
 
 
@@ -310,8 +345,9 @@ def _mean_std(trees: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict,
     std: dict[str, dict[str, float]] = {}
     for head, metric in _pairs(trees):
         values = np.array([t[head][metric] for t in trees if metric in t.get(head, {})], dtype=np.float64)
-        mean.setdefault(head, {})[metric] = float(values.mean())
-        std.setdefault(head, {})[metric] = float(values.std())
+        with np.errstate(invalid="ignore"):  # an inf value: its std is nan, Δm% refuses it
+            mean.setdefault(head, {})[metric] = float(values.mean())
+            std.setdefault(head, {})[metric] = float(values.std())
     return mean, std
 
 
@@ -371,7 +407,14 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     for hparams, members in group_runs(runs):
         mean, std = _mean_std([r.final for r in members])
         best_mean = _mean_std([r.best for r in members])[0]
-        dm, left_out = delta_m(mean, base_mean, directions, chosen) if base_mean else (None, [])
+        try:
+            dm, left_out = delta_m(mean, base_mean, directions, chosen) if base_mean else (None, [])
+        except DeltaMError as err:
+            named = base_runs if err.side == "baseline" else members
+            reporting = [r.run_dir for r in named if err.metric in r.final.get(err.head, {})]
+            raise CompareError(f"{err} ({'baseline runs' if err.side == 'baseline' else 'runs'} "
+                               f"{', '.join(reporting)}); leave the metric out with --metrics "
+                               "(compare(metrics=...)) or rerun them") from None
         skipped += [s for s in left_out if s not in skipped]
         pairs += [p for p in delta_m_terms(mean, base_mean, directions, chosen)[0] if p not in pairs]
         label = ", ".join(f"{k}={_short(v)}" for k, v in hparams.items()) or "all"

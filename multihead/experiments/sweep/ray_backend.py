@@ -19,6 +19,7 @@ import subprocess
 import sys
 from typing import Any, Mapping, Sequence
 
+from multihead._boundary import open_append
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.sweep.sweep import _die_with_parent, thread_env, trial_command, trial_env
 
@@ -26,7 +27,7 @@ from multihead.experiments.sweep.sweep import _die_with_parent, thread_env, tria
 def _run_trial(command: list[str], env: dict[str, str], log_path: str) -> int:
     """A Ray task: one trial's `multihead train` process on this node; its exit code."""
     command = [sys.executable] + command[1:]  # this node's interpreter
-    with open(log_path, "a", encoding="utf-8") as log:
+    with os.fdopen(open_append(log_path), "a", encoding="utf-8") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env},
                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)

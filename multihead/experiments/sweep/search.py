@@ -16,9 +16,10 @@ import os
 import time
 from typing import Any
 
+from multihead._boundary import expect_kind
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.config.sweep_section import SweepSpec
-from multihead.experiments.sweep.sweep import Sweep, trial_outcome
+from multihead.experiments.sweep.sweep import LOGS, Sweep, trial_outcome
 from multihead.monitoring.metric_key import MetricKey
 
 
@@ -98,7 +99,7 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
                                                       intermediate_values=steps))
         else:
             requeue.append(entry)  # failed, or running when the sweep was killed: run again
-    os.makedirs(os.path.join(sweep.sweep_dir, "logs"), exist_ok=True)
+    os.makedirs(expect_kind(sweep.sweep_dir, LOGS, directory=True), exist_ok=True)
     running: list[tuple[dict[str, Any], Any, Any]] = []
     sweep.report_progress()
     try:
@@ -140,8 +141,7 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
                     if code is None:
                         continue
                     running.remove(item)
-                    with open(sweep.log_path(entry), encoding="utf-8", errors="replace") as fh:
-                        entry.update(trial_outcome(run_dir, code, fh.read(), sweep.objective))
+                    entry.update(trial_outcome(run_dir, code, sweep.log_text(entry), sweep.objective))
                     if entry["status"] == "done" and entry["objective"] is not None:
                         study.tell(trial, entry["objective"])
                     else:

@@ -29,6 +29,12 @@ order. The sweep directory holds `config.yaml` (the config with `--set` applied 
 error and final metrics), `trials/<id>/` (each a normal run directory) and `logs/<id>.log`
 (each trial's output).
 
+A sweep directory is a boundary (`multihead._boundary`): `config.yaml`, `sweep.json`,
+`logs/<id>.log` and `trials/<id>` are read and written as regular files and directories
+inside it, by the sweep and by each trial (`train --config-inside`), never through a
+symlink and never opening a FIFO; `check_sweep_dir` refuses a malformed entry with one line
+before a resume starts anything.
+
 Thread pools: `--jobs N` trials run at once, each a process whose TensorFlow intra- and
 inter-op pools have `max(1, cores // N)` threads (`cores`: the CPUs this process may run
 on), so N trials together use the cores once rather than N times over.
@@ -51,11 +57,21 @@ from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
-from multihead._boundary import BoundaryError, inside, read_json, write_atomic
+from multihead._boundary import (
+    BoundaryError,
+    expect_kind,
+    inside,
+    open_append,
+    read_json,
+    read_tail,
+    read_text,
+    write_atomic,
+)
 from multihead._checks import suggest
 from multihead.experiments.sweep.index import INDEX, TRIALS
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
+from multihead.experiments.config.yaml12 import MAX_BYTES
 from multihead.experiments.config.sweep_section import (
     DISTRIBUTIONS,
     Distribution,
@@ -215,8 +231,10 @@ def thread_env(threads: int | None) -> dict[str, str]:
 def trial_command(base_config: str, run_dir: str, overrides: Mapping[str, Any],
                   resume: bool, allow_import: Sequence[str] = ()) -> list[str]:
     """The `multihead train` command line of one trial (`allow_import`: the sweep's own
-    `--allow-import` modules, passed on)."""
-    cmd = [sys.executable, "-m", "multihead", "train", base_config, "--quiet"]
+    `--allow-import` modules, passed on). The trial reads `base_config` as a file inside the
+    sweep directory (`--config-inside`): no symlink followed, no FIFO opened."""
+    cmd = [sys.executable, "-m", "multihead", "train", base_config, "--quiet",
+           "--config-inside", os.path.dirname(base_config) or "."]
     cmd += ["--resume", run_dir] if resume else ["--run-dir", run_dir]
     for module in allow_import:
         cmd += ["--allow-import", module]
@@ -310,7 +328,7 @@ class LocalBackend:
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
         command = trial_command(base, run_dir, overrides, resume, self.allow_import)
-        log = open(log_path, "a", encoding="utf-8")
+        log = os.fdopen(open_append(log_path), "a", encoding="utf-8")
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
         proc = subprocess.Popen(command, stdout=log,
@@ -369,6 +387,10 @@ class Sweep:
     def log_path(self, trial: Mapping[str, Any]) -> str:
         return inside(self.sweep_dir, f"{LOGS}/{trial['id']}.log", where=f"trial {trial['id']}: log")
 
+    def log_text(self, trial: Mapping[str, Any]) -> str:
+        """The end of a trial's log (where its error is), read as a regular file."""
+        return read_tail(self.log_path(trial)).decode("utf-8", errors="replace")
+
     def save(self) -> None:
         _write_json(os.path.join(self.sweep_dir, INDEX), self.index)
 
@@ -408,6 +430,7 @@ class Sweep:
 
     def launch(self, backend: Any, trial: dict[str, Any]) -> Any:
         """Starts `trial` on `backend` (resuming its run directory if it was interrupted)."""
+        check_sweep_dir(self.sweep_dir, [trial])  # as the trial is started, not only at resume
         run_dir = self.run_dir(trial)  # checked inside the sweep (no symlink, no '..')
         resume = resumable(run_dir)
         if os.path.lexists(run_dir) and not resume:
@@ -417,7 +440,7 @@ class Sweep:
 
     def run(self, backend: Any, jobs: int, poll_s: float = 0.2) -> dict[str, Any]:
         """Runs every trial that is not done, `jobs` at a time; returns the index."""
-        os.makedirs(inside(self.sweep_dir, LOGS), exist_ok=True)
+        os.makedirs(expect_kind(self.sweep_dir, LOGS, directory=True), exist_ok=True)
         todo = self._todo()
         running: list[tuple[dict[str, Any], Any]] = []
         self.report_progress()
@@ -434,9 +457,8 @@ class Sweep:
                     if code is None:
                         continue
                     running.remove((trial, handle))
-                    with open(self.log_path(trial), encoding="utf-8", errors="replace") as fh:
-                        text = fh.read()
-                    trial.update(trial_outcome(self.run_dir(trial), code, text, self.objective))
+                    trial.update(trial_outcome(self.run_dir(trial), code, self.log_text(trial),
+                                               self.objective))
                     self.save()
                     self.report_progress()
         finally:
@@ -463,6 +485,19 @@ class Sweep:
                 seen.setdefault(key, []).append(value)
         if tags:
             write_experiment(self.sweep_dir, seen, sorted(tags))
+
+
+def check_sweep_dir(sweep_dir: str, trials: Sequence[Mapping[str, Any]]) -> None:
+    """Raises `BoundaryError` (one line naming the entry) unless the sweep's own files are
+    what they should be: `config.yaml` a regular file (read whole, bounded), `logs/` a
+    directory, each trial's `logs/<id>.log` a regular file and `trials/<id>` a directory
+    where they exist, none a symlink (what a symlink points at may be outside the sweep; a
+    FIFO would block the reader or writer)."""
+    read_text(sweep_dir, BASE_CONFIG, limit=MAX_BYTES)
+    expect_kind(sweep_dir, LOGS, directory=True)
+    for trial in trials:
+        expect_kind(sweep_dir, f"{LOGS}/{trial['id']}.log", directory=False)
+        expect_kind(sweep_dir, trial["run_dir"], directory=True)
 
 
 def check_new_dir(sweep_dir: str) -> None:
