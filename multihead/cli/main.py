@@ -650,7 +650,11 @@ def _add_compare_parser(sub: Any) -> None:
     compare.add_argument("--baseline", nargs="+", default=[], metavar="RUN",
                          help="single-task runs (train --only-head) or sweeps of them")
     compare.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group")
+    compare.add_argument("--png", metavar="FILE", help="also draw each head's eval curves per group "
+                                                       "(with --pareto: the front)")
+    compare.add_argument("--pareto", action="store_true",
+                         help="mark the groups on the Pareto front of the heads' metrics (--metrics, "
+                              "default each head's loss) and give its hypervolume")
     compare.add_argument("--metrics", metavar="M1,M2",
                          help="the metrics Δm%% is computed over, e.g. loss or accuracy,mae "
                               "(default: every metric the runs and baselines report, losses included)")
@@ -665,18 +669,18 @@ def _add_compare_parser(sub: Any) -> None:
         chosen = None
         if args.metrics is not None:
             chosen = [m.strip() for m in args.metrics.split(",") if m.strip()]
-            if not args.baseline:
+            if not args.baseline and not args.pareto:
                 raise UsageError("--metrics needs --baseline: it chooses what Δm% against the "
                                  "baselines is computed over")
         try:
-            result = compare_runs(args.paths, baseline=args.baseline, metrics=chosen)
+            result = compare_runs(args.paths, baseline=args.baseline, metrics=chosen, pareto=args.pareto)
         except CompareError as err:
             if args.metrics is None or not str(err).startswith("metrics"):
                 raise
             raise UsageError(f"--{err}") from None
         if args.png:
             try:
-                plot_comparison(result, args.png)
+                plot_comparison(result, args.png, pareto=args.pareto)
             except ImportError:
                 raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
         print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())

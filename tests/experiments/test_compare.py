@@ -253,3 +253,41 @@ def test_compare_json_and_png_with_a_negative_baseline(runs, tmp_path, capsys):
     assert printed["groups"][0]["delta_m"] == pytest.approx(43.75, rel=1e-12)
     assert printed["baseline"]["b"]["loss"] == -0.4
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pareto_marks_and_hypervolume_against_the_baselines_by_hand(runs, tmp_path, capsys):
+    """Losses (min) of the fixture's groups: pcgrad (a 0.9, b 0.5), sum (a 2.0, b 0.4). Neither
+    dominates the other (pcgrad is better on a, sum on b): both on the front. Against the
+    baselines (a 1.0, b 0.4) neither beats the reference in both pairs (pcgrad's b 0.5 > 0.4,
+    sum's a 2.0 > 1.0): the hypervolume is 0."""
+    result = mh.compare(runs["pcgrad"] + runs["sum"], baseline=runs["baseline"], pareto=True)
+    front = result.pareto
+    assert front.pairs == ["a/loss", "b/loss"] and front.directions == ["min", "min"]
+    assert front.front == ["train.trunk.aggregator=pcgrad", "train.trunk.aggregator=sum"]
+    assert front.reference_from == "baselines" and front.reference == pytest.approx([1.0, 0.4])
+    assert front.hypervolume == 0.0
+    # without baselines, on a's mae (min) and b's accuracy (max): pcgrad (mae 1.2, acc 0.8), sum (mae 2.0, acc 0.5):
+    # pcgrad dominates; reference = worst (mae 2.0, acc 0.5): box (2.0-1.2) x (0.8-0.5) = 0.24
+    mixed = mh.compare(runs["pcgrad"] + runs["sum"], pareto=True, metrics=["mae", "accuracy"])
+    assert mixed.pareto.pairs == ["a/mae", "b/accuracy"]
+    assert mixed.pareto.front == ["train.trunk.aggregator=pcgrad"]
+    assert mixed.pareto.reference_from == "worst values"
+    assert mixed.pareto.hypervolume == pytest.approx(0.24, rel=1e-12)
+    # the CLI prints the front and writes it as JSON and PNG
+    png = tmp_path / "front.png"
+    assert main(["compare", *runs["pcgrad"], *runs["sum"], "--pareto", "--metrics", "mae,accuracy",
+                 "--json", "--png", str(png)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["pareto"]["front"] == ["train.trunk.aggregator=pcgrad"]
+    assert printed["pareto"]["hypervolume"] == pytest.approx(0.24, rel=1e-12)
+    assert png.stat().st_size > 0
+    assert main(["compare", *runs["pcgrad"], *runs["sum"], "--pareto"]) == 0
+    assert "Pareto front over a/loss (lower is better), b/loss (lower is better): 2 of 2 groups" in \
+        capsys.readouterr().out
+
+
+def test_pareto_refuses_one_objective_and_unknown_directions(runs, capsys):
+    with pytest.raises(CompareError, match="pareto: a Pareto front needs at least two"):
+        mh.compare(runs["pcgrad"], pareto=True, metrics=["mae"])
+    assert main(["compare", *runs["pcgrad"], "--pareto", "--metrics", "mae"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

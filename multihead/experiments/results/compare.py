@@ -42,6 +42,7 @@ from multihead._boundary import BoundaryError, inside, read_json, read_text
 from multihead._checks import suggest
 from multihead.experiments.config.schema import ConfigError, parse_yaml
 from multihead.experiments.config.yaml12 import MAX_BYTES
+from multihead.experiments.results.pareto import ParetoFront, front_of, pareto_figure
 from multihead.monitoring.metric_key import metric_direction
 
 #: Hyperparameters that only reseed a run: runs differing only in these are one group.
@@ -195,6 +196,7 @@ class Comparison:
         delta_m_pairs: the `head/metric` pairs Δm% is computed over (of any group).
         delta_m_metrics: the metric names chosen for Δm% (`compare(metrics=...)`), or None
             for every metric.
+        pareto: the groups' Pareto front (`compare(pareto=True)`), or None.
     """
 
     runs: list[RunResult]
@@ -203,6 +205,7 @@ class Comparison:
     skipped: list[str]
     delta_m_pairs: list[str] = dataclasses.field(default_factory=list)
     delta_m_metrics: list[str] | None = None
+    pareto: ParetoFront | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `multihead compare --json` prints)."""
@@ -213,6 +216,7 @@ class Comparison:
             "skipped": self.skipped,
             "delta_m_pairs": self.delta_m_pairs,
             "delta_m_metrics": self.delta_m_metrics,
+            **({"pareto": dataclasses.asdict(self.pareto)} if self.pareto is not None else {}),
         }
 
     def rows(self) -> list[dict[str, Any]]:
@@ -257,6 +261,8 @@ class Comparison:
             lines.append(f"Δm% over {len(self.delta_m_pairs)} pairs: {', '.join(self.delta_m_pairs)}")
         if self.skipped:
             lines.append(f"left out of Δm% (direction unknown): {', '.join(self.skipped)}")
+        if self.pareto is not None:
+            lines.append(self.pareto.format())
         return "\n".join(lines)
 
 
@@ -366,7 +372,7 @@ def group_runs(runs: Sequence[RunResult]) -> list[tuple[dict[str, Any], list[Run
 def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
             baseline: Sequence[str | os.PathLike[str]] | str | os.PathLike[str] = (),
             directions: Mapping[str, str] | None = None,
-            metrics: Sequence[str] | None = None) -> Comparison:
+            metrics: Sequence[str] | None = None, pareto: bool = False) -> Comparison:
     """Compares finished runs and sweeps, and their Δm% against single-task baselines.
 
     Args:
@@ -378,6 +384,10 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         metrics: the metric names Δm% is computed over, e.g. `["loss"]` or
             `["accuracy", "mae"]`; None (default): every metric the group and the baselines
             both report, losses included.
+        pareto: also mark the groups on the Pareto front of the heads' mean final metrics
+            (`metrics`, default each head's loss; direction-aware) and give its hypervolume
+            against the baselines, else the worst group values (`Comparison.pareto`,
+            `multihead.experiments.results.pareto`).
 
     Returns:
         A `Comparison` (plain dataclasses; `.to_dataframe()` with pandas installed).
@@ -402,7 +412,9 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         raise CompareError(f"{[os.fspath(p) for p in paths]}: no finished run to compare")
     base_runs = [load_result(d, directions) for p in baseline for d in run_dirs(p)]
     base_mean = _mean_std([r.final for r in base_runs])[0] if base_runs else {}
-    chosen = _chosen_metrics(metrics, base_mean)
+    # Without baselines, `metrics` chooses only the front's objectives (Δm% needs baselines).
+    chosen = (list(dict.fromkeys(str(m) for m in metrics)) if pareto and metrics and not base_mean
+              else _chosen_metrics(metrics, base_mean))
     groups, skipped, pairs = [], [], []
     for hparams, members in group_runs(runs):
         mean, std = _mean_std([r.final for r in members])
@@ -419,7 +431,14 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         pairs += [p for p in delta_m_terms(mean, base_mean, directions, chosen)[0] if p not in pairs]
         label = ", ".join(f"{k}={_short(v)}" for k, v in hparams.items()) or "all"
         groups.append(Group(label, hparams, [r.run_dir for r in members], mean, std, best_mean, dm))
-    return Comparison(runs, groups, base_mean, skipped, pairs, chosen)
+    front = None
+    if pareto:
+        try:
+            front = front_of({g.label: g.mean for g in groups}, base_mean,
+                             lambda metric: direction(metric, directions), chosen or ["loss"])
+        except ValueError as err:
+            raise CompareError(f"pareto: {err}") from None
+    return Comparison(runs, groups, base_mean, skipped, pairs, chosen, front)
 
 
 def _chosen_metrics(metrics: Sequence[str] | None,
@@ -478,7 +497,13 @@ def comparison_figure(result: Comparison, metric: str = "loss") -> Any:
     return fig
 
 
-def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: str = "loss") -> None:
+def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: str = "loss",
+                    pareto: bool = False) -> None:
     """A PNG with one panel per head: each group's mean eval `metric` curve over its runs
-    (shaded ± std), the baseline as a dashed line."""
-    comparison_figure(result, metric).savefig(os.fspath(path), dpi=100)
+    (shaded ± std), the baseline as a dashed line; with `pareto`, the front instead
+    (`pareto_figure`: one panel for two objectives, one per pair of them for more)."""
+    if pareto and result.pareto is not None:
+        figure = pareto_figure(result.pareto)
+    else:
+        figure = comparison_figure(result, metric)
+    figure.savefig(os.fspath(path), dpi=100)

@@ -21,13 +21,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["hypervolume", "non_dominated", "simplex_preferences"]
+__all__ = ["ParetoFront", "front_of", "hypervolume", "non_dominated", "pareto_figure", "simplex_preferences"]
 
 
 def _as_minimized(points: Sequence[Sequence[float]], directions: Sequence[str],
@@ -112,3 +113,120 @@ def simplex_preferences(heads: Sequence[str], per_edge: int) -> list[dict[str, f
     vectors.sort(key=lambda v: [-v[h] for h in heads])
     assert len(vectors) == math.comb(divisions + len(heads) - 1, len(heads) - 1)
     return vectors
+
+
+@dataclasses.dataclass(frozen=True)
+class ParetoFront:
+    """The front of a comparison's groups (`compare(..., pareto=True)`).
+
+    Attributes:
+        pairs: the `head/metric` objectives, in order.
+        directions: `min` or `max` per pair.
+        points: group label -> its mean final value per pair.
+        front: the labels of the non-dominated groups, in the comparison's order.
+        reference: the reference point of the hypervolume, per pair.
+        reference_from: `"baselines"` (the single-task baselines' means) or `"worst values"`
+            (per pair, the worst group mean: a group that is worst in a pair adds nothing).
+        hypervolume: of the groups' points against `reference` (see `hypervolume`).
+    """
+
+    pairs: list[str]
+    directions: list[str]
+    points: dict[str, list[float]]
+    front: list[str]
+    reference: list[float]
+    reference_from: str
+    hypervolume: float
+
+    def format(self) -> str:
+        """The lines `multihead compare --pareto` prints after the tables."""
+        arrows = ", ".join(f"{p} ({'lower' if d == 'min' else 'higher'} is better)"
+                           for p, d in zip(self.pairs, self.directions))
+        ref = ", ".join(f"{v:.4g}" for v in self.reference)
+        return "\n".join([f"Pareto front over {arrows}: {len(self.front)} of {len(self.points)} groups",
+                          *(f"  * {label}" for label in self.front),
+                          f"hypervolume {self.hypervolume:.6g} against the {self.reference_from} ({ref})"])
+
+
+def front_of(means: Mapping[str, Mapping[str, Mapping[str, float]]],
+             baseline: Mapping[str, Mapping[str, float]], direction: Callable[[str], str | None],
+             metrics: Sequence[str] = ("loss",)) -> ParetoFront:
+    """The Pareto front of groups given by their mean final metrics.
+
+    Args:
+        means: group label -> {head: {metric: value}}.
+        baseline: {head: {metric: value}} of the single-task baselines, or empty.
+        direction: metric name -> `min`, `max` or None (unknown: refused).
+        metrics: the metric names whose (head, metric) pairs are the objectives; every
+            group must report each pair.
+
+    Raises:
+        ValueError: fewer than two pairs, a pair some group lacks, an unknown direction,
+            or a non-finite value (naming the group).
+    """
+    labels = list(means)
+    heads = list(dict.fromkeys(h for tree in means.values() for h in tree))
+    pairs = [(h, m) for m in metrics for h in heads if any(m in means[g].get(h, {}) for g in labels)]
+    pairs.sort(key=lambda p: heads.index(p[0]))
+    if len(pairs) < 2:
+        raise ValueError(f"a Pareto front needs at least two head/metric pairs; metrics {list(metrics)} "
+                         f"give {[f'{h}/{m}' for h, m in pairs]}")
+    for head, metric in pairs:
+        missing = [g for g in labels if metric not in means[g].get(head, {})]
+        if missing:
+            raise ValueError(f"{head}/{metric}: not reported by group {missing[0]!r}; choose metrics "
+                             "every group reports")
+    directions = []
+    for head, metric in pairs:
+        d = direction(metric)
+        if d is None:
+            raise ValueError(f"{head}/{metric}: direction unknown; give it (directions={{{metric!r}: "
+                             "'min' or 'max'}})")
+        directions.append(d)
+    points = [[means[g][h][m] for h, m in pairs] for g in labels]
+    mask = non_dominated(points, directions, labels)
+    if all(m in baseline.get(h, {}) for h, m in pairs):
+        reference, source = [baseline[h][m] for h, m in pairs], "baselines"
+    else:
+        columns = np.asarray(points).T
+        reference = [float(c.max() if d == "min" else c.min()) for c, d in zip(columns, directions)]
+        source = "worst values"
+    return ParetoFront(
+        pairs=[f"{h}/{m}" for h, m in pairs], directions=directions,
+        points={g: [float(v) for v in p] for g, p in zip(labels, points)},
+        front=[g for g, on in zip(labels, mask) if on], reference=[float(r) for r in reference],
+        reference_from=source, hypervolume=hypervolume(points, reference, directions, labels))
+
+
+def pareto_figure(front: ParetoFront) -> Any:
+    """The matplotlib `Figure` of a front (needs matplotlib): for two pairs one panel, for
+    more one panel per pair of objectives; front groups filled and joined, the others
+    hollow, the reference point as a cross; the legend below the panels."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    n = len(front.pairs)
+    panels = list(itertools.combinations(range(n), 2))
+    cols = min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(4.5 * cols, 4 * rows + 0.6), layout="constrained")
+    labels = list(front.points)
+    for k, (i, j) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        for label in labels:
+            x, y = front.points[label][i], front.points[label][j]
+            on = label in front.front
+            ax.scatter([x], [y], s=40, label=label, marker="o",
+                       facecolors=None if on else "none", edgecolors=None if on else "C0")
+        ordered = sorted((front.points[g][i], front.points[g][j]) for g in front.front)
+        if len(ordered) > 1:
+            ax.plot(*zip(*ordered), color="gray", linewidth=1, zorder=0)
+        ax.scatter([front.reference[i]], [front.reference[j]], marker="x", color="black",
+                   label=f"reference ({front.reference_from})")
+        ax.set_xlabel(front.pairs[i] + (" ↓" if front.directions[i] == "min" else " ↑"))
+        ax.set_ylabel(front.pairs[j] + (" ↓" if front.directions[j] == "min" else " ↑"))
+    handles, names = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 3), fontsize="small")
+    return fig
