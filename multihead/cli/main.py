@@ -609,6 +609,9 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",
                        help="a random axis: loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
                             "choice:A,B (repeatable; --trials draws, or Optuna's search space)")
+    sweep.add_argument("--simplex", type=int, metavar="N",
+                       help="loss-weight preferences on the simplex over the heads, N per edge "
+                            "(model.heads.<head>.weight, a zip axis: N trials for two heads)")
     sweep.add_argument("--only-head", metavar="HEAD",
                        help="every trial trains HEAD alone, as train --only-head: single-task "
                             "baselines over seeds (e.g. --grid seed=0,1,2)")

@@ -77,6 +77,26 @@ def _only_head(config_path: str, base: dict[str, Any], head: str,
     return to_dict(only_head(config, head, source=f"{config_path}: --only-head", allow_import=allow_import))
 
 
+def _simplex_axes(spec: Any, heads: Sequence[str], per_edge: int) -> None:
+    """`--simplex N`: one zip axis per head, `model.heads.<head>.weight`, stepping together
+    through the preference vectors of `simplex_preferences(heads, N)`."""
+    from multihead.experiments.results.pareto import simplex_preferences
+
+    keys = [f"model.heads.{h}.weight" for h in heads]
+    taken = [k for k in keys if k in spec.keys()]
+    if taken:
+        raise ConfigError(f"--simplex: {taken[0]} is already an axis of the sweep")
+    if spec.zip:
+        raise ConfigError(f"--simplex: the sweep has zip axes already ({', '.join(spec.zip)}); "
+                          "the preferences are a zip axis of their own")
+    try:
+        vectors = simplex_preferences(heads, per_edge)
+    except ValueError as err:
+        raise ConfigError(f"--simplex {per_edge}: {err}") from None
+    for key, head in zip(keys, heads):
+        spec.zip[key] = [v[head] for v in vectors]
+
+
 def _lock(sweep_dir: str) -> Any:
     """The sweep directory's lock (`RunLock`, as `train` takes on a run directory): one
     sweep process at a time acts on a sweep's index and trial directories."""
@@ -132,6 +152,8 @@ def _sweep(args: Any, sweep_dir: str) -> int:
             if key in spec.keys():
                 raise ConfigError(f"--grid {text!r}: {key} is already an axis of the sweep")
             spec.grid[key] = values
+        if getattr(args, "simplex", None) is not None:
+            _simplex_axes(spec, _heads(base), args.simplex)
         for text in args.sample or []:
             key, distribution = parse_sample_arg(text)
             if key in spec.keys():

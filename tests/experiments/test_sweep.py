@@ -237,3 +237,26 @@ def test_only_head_sweep_trains_the_head_alone_as_train_only_head(tmp_path, caps
     assert main(["train", config, "--only-head", "y2", "--set", "seed=3",
                  "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
     assert _results(tmp_path / "sw" / "trials" / "t000") == _results(tmp_path / "alone")  # bitwise
+
+
+def test_simplex_sweep_trains_one_trial_per_preference_and_compare_reads_the_front(tmp_path, capsys):
+    """`--simplex 3` over two heads: three trials with weights (1, 0), (0.5, 0.5), (0, 1) on
+    model.heads.<h>.weight, each equal to `train --set` of those weights; `compare --pareto`
+    then reads them as a front."""
+    config = _write(tmp_path, TINY)
+    assert main(["sweep", config, "--simplex", "1", "--sweep-dir", str(tmp_path / "bad")]) == 2
+    assert "--simplex 1: simplex: expected an integer >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    out = _sweep(config, "--simplex", "3", "--sweep-dir", str(tmp_path / "sw"), "--jobs", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    trials = json.loads((tmp_path / "sw" / "sweep.json").read_text())["trials"]
+    weights = [(t["overrides"]["model.heads.y1.weight"], t["overrides"]["model.heads.y2.weight"])
+               for t in trials]
+    assert weights == [(1.0, 0.0), (0.5, 0.5), (0.0, 1.0)]
+    assert main(["train", config, "--set", "model.heads.y1.weight=0.5", "--set", "model.heads.y2.weight=0.5",
+                 "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert _results(tmp_path / "sw" / "trials" / "t001") == _results(tmp_path / "alone")  # bitwise
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "sw"), "--pareto", "--json"]) == 0
+    front = json.loads(capsys.readouterr().out)["pareto"]
+    assert front["pairs"] == ["y1/loss", "y2/loss"] and len(front["points"]) == 3
