@@ -4,8 +4,8 @@ losses of a `MultiHeadModel`, with GAE (Schulman et al., 2016, arXiv:1506.02438)
 A policy head gives the parameters of the action distribution (`Categorical` logits, or the
 mean and log standard deviation of a `DiagonalGaussian`, whose log std is one variable of
 the head: `GaussianPolicyHead`) and a value head `V(s)`. A rollout's advantages and returns
-are computed once on the host (`gae`); then several epochs over minibatches of the rollout,
-each minibatch one train step:
+are computed once on the host (`prepare_rollout`, `gae`); then several epochs over minibatches
+of the rollout (`minibatches`), each minibatch one train step:
 
 * policy: `-mean(min(rho A, clip(rho, 1 - eps, 1 + eps) A)) - c_e mean(H(pi(.|s)))`,
   `rho = pi(a|s) / pi_old(a|s)` (`clipped_surrogate`, `entropy`);
@@ -19,7 +19,7 @@ var_list) or as one combined objective `policy + c_v value` that reads both head
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import keras
 import numpy as np
@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from multihead.objectives.objective import HeadLoss
 from multihead.rl.actor_critic import sample_actions
+from multihead.rl.driver import Experience
 
 
 # -- advantages ---------------------------------------------------------------------------
@@ -271,3 +272,58 @@ def rollout_statistics(distribution: Distribution, params: Any, action: Any, old
     return {"approx_kl": float(approx_kl(log_prob, old_log_prob)),
             "clip_fraction": float(clip_fraction(log_prob, old_log_prob, clip_range)),
             "entropy": float(tf.reduce_mean(distribution.entropy(params)))}
+
+
+# -- rollouts -----------------------------------------------------------------------------
+
+
+class Rollout(NamedTuple):
+    """A rollout of `T` steps in `K` environments, ready for the minibatch steps.
+
+    Attributes:
+        obs: `(T*K, *obs_shape)` observations acted on, rows in time-major order.
+        targets: the `multihead.rl.ppo.BATCH_KEYS` arrays, `(T*K, ...)` each.
+        explained_variance: of the values by the returns (`explained_variance`).
+    """
+
+    obs: np.ndarray
+    targets: dict[str, np.ndarray]
+    explained_variance: float
+
+
+def prepare_rollout(steps: Sequence[Experience], actions: Sequence[np.ndarray],
+                    outputs: Any, distribution: Distribution, policy_head: str, value_head: str,
+                    gamma: float, lam: float) -> Rollout:
+    """GAE advantages, returns and the acting policy's log-probabilities of a rollout.
+
+    Args:
+        steps: the `T` driver steps.
+        actions: the `T` actions as sampled (`(K,)` or `(K, d)`; unclipped for a Box).
+        outputs: observations `(n, ...)` -> the model's outputs `{head: (n, ...)}`.
+        distribution: the policy head's distribution.
+        policy_head, value_head: the heads.
+        gamma, lam: discount and GAE lambda.
+    """
+    obs = np.stack([s.obs for s in steps])
+    t, k = obs.shape[:2]
+    rows = (t * k,) + obs.shape[2:]
+    obs, next_obs = obs.reshape(rows), np.stack([s.next_obs for s in steps]).reshape(rows)
+    out = outputs(np.concatenate([obs, next_obs]))
+    params = out[policy_head][: t * k]
+    values = out[value_head][:, 0].numpy()
+    value, next_value = values[: t * k].reshape(t, k), values[t * k:].reshape(t, k)
+    reward, terminated, ended = (np.stack([getattr(s, f) for s in steps])
+                                 for f in ("reward", "terminated", "ended"))
+    advantage, returns = gae(reward, value, next_value, terminated, ended, gamma, lam)
+    action = np.stack(actions)
+    action = action.reshape((t * k,) + action.shape[2:])
+    log_prob = distribution.log_prob(params, action).numpy()
+    targets = {"action": action, "log_prob": log_prob, "advantage": advantage.reshape(-1),
+               "returns": returns.reshape(-1), "value": value.reshape(-1).astype(np.float32)}
+    return Rollout(obs, targets, explained_variance(returns, value))
+
+
+def minibatches(rows: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch's shuffled row indices in minibatches of `batch_size` (the last may be smaller)."""
+    order = rng.permutation(rows)
+    return [order[i:i + batch_size] for i in range(0, rows, batch_size)]

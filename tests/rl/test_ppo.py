@@ -18,7 +18,6 @@ from conftest import assert_train_refuses
 from multihead.cli.main import main
 from multihead.experiments.config.schema import load_config
 from multihead.experiments.run import runner as tasks
-from multihead.experiments.run.ppo import minibatches, prepare_rollout
 from multihead.rl.driver import Experience
 from multihead.rl.ppo import (
     Categorical,
@@ -30,8 +29,10 @@ from multihead.rl.ppo import (
     combined_prediction,
     explained_variance,
     gae,
+    minibatches,
     normalize,
     ppo_losses,
+    prepare_rollout,
     value_loss,
 )
 

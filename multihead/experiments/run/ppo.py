@@ -18,7 +18,7 @@ environment step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -35,74 +35,21 @@ from multihead.experiments.run.rl import (
     research_objectives,
 )
 from multihead.objectives.objective import HeadLoss, resolve_optimizer
-from multihead.rl.driver import Experience
 from multihead.rl.ppo import (
     Categorical,
     DiagonalGaussian,
     Distribution,
     GaussianPolicyHead,
     combined_prediction,
-    explained_variance,
-    gae,
+    minibatches,
     ppo_losses,
+    prepare_rollout,
     rollout_statistics,
 )
 from multihead.training.keras_model import MultiHeadModel
 
 #: Training environment `i` first starts from `reset(seed=ENV_SEED_SCALE * config.seed + i)`.
 ENV_SEED_SCALE = 1000
-
-
-class Rollout(NamedTuple):
-    """A rollout of `T` steps in `K` environments, ready for the minibatch steps.
-
-    Attributes:
-        obs: `(T*K, *obs_shape)` observations acted on, rows in time-major order.
-        targets: the `multihead.rl.ppo.BATCH_KEYS` arrays, `(T*K, ...)` each.
-        explained_variance: of the values by the returns (`explained_variance`).
-    """
-
-    obs: np.ndarray
-    targets: dict[str, np.ndarray]
-    explained_variance: float
-
-
-def prepare_rollout(steps: Sequence[Experience], actions: Sequence[np.ndarray],
-                    outputs: Any, distribution: Distribution, policy_head: str, value_head: str,
-                    gamma: float, lam: float) -> Rollout:
-    """GAE advantages, returns and the acting policy's log-probabilities of a rollout.
-
-    Args:
-        steps: the `T` driver steps.
-        actions: the `T` actions as sampled (`(K,)` or `(K, d)`; unclipped for a Box).
-        outputs: observations `(n, ...)` -> the model's outputs `{head: (n, ...)}`.
-        distribution: the policy head's distribution.
-        policy_head, value_head: the heads.
-        gamma, lam: discount and GAE lambda.
-    """
-    obs = np.stack([s.obs for s in steps])
-    t, k = obs.shape[:2]
-    rows = (t * k,) + obs.shape[2:]
-    obs, next_obs = obs.reshape(rows), np.stack([s.next_obs for s in steps]).reshape(rows)
-    out = outputs(np.concatenate([obs, next_obs]))
-    params = out[policy_head][: t * k]
-    values = out[value_head][:, 0].numpy()
-    value, next_value = values[: t * k].reshape(t, k), values[t * k:].reshape(t, k)
-    reward, terminated, ended = (np.stack([getattr(s, f) for s in steps])
-                                 for f in ("reward", "terminated", "ended"))
-    advantage, returns = gae(reward, value, next_value, terminated, ended, gamma, lam)
-    action = np.stack(actions)
-    action = action.reshape((t * k,) + action.shape[2:])
-    log_prob = distribution.log_prob(params, action).numpy()
-    targets = {"action": action, "log_prob": log_prob, "advantage": advantage.reshape(-1),
-               "returns": returns.reshape(-1), "value": value.reshape(-1).astype(np.float32)}
-    return Rollout(obs, targets, explained_variance(returns, value))
-
-
-def minibatches(rows: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One epoch's shuffled row indices in minibatches of `batch_size` (the last may be smaller)."""
-    order = rng.permutation(rows)
-    return [order[i:i + batch_size] for i in range(0, rows, batch_size)]
 
 
 @dataclasses.dataclass
