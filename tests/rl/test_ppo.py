@@ -371,6 +371,11 @@ def test_cartpole_smoke_run_through_the_cli_logs_the_update_statistics(tmp_path,
     assert [v for _, v in scalars["ppo/clip_range"]] == pytest.approx([0.2 * (1 - i / 4) for i in (1, 2, 3, 4)])
     heads = ["policy", "value"] if separate else ["policy"]
     assert {f"loss/{h}" for h in heads} <= set(scalars)
+    # the learning rate decays as the clip range: update steps 1-4 are rollout 1, 5-8 rollout 2, ...
+    for h in heads:
+        logged = scalars[f"lr/{h}"]
+        assert len(logged) >= 4 and logged[-1][0] == 16
+        assert [v for _, v in logged] == pytest.approx([1e-3 * (1 - np.ceil(s / 4) / 4) for s, _ in logged])
 
 
 def test_pendulum_smoke_run_through_the_cli_trains_the_log_std(tmp_path):
@@ -396,6 +401,9 @@ def test_pendulum_smoke_run_through_the_cli_trains_the_log_std(tmp_path):
     ("model.heads.value.layers={class_name: Dense, config: {units: 2}}",
      "the value head must output 1 value per example, it outputs shape (2,)"),
     ("ppo.clip_range_decay=cosine", "ppo.clip_range_decay"),
+    ("model.heads.value.optimizer={class_name: Adam, config: {learning_rate: {module: "
+     "keras.optimizers.schedules, class_name: ExponentialDecay, config: {initial_learning_rate: 0.001, decay_steps: 10, decay_rate: 0.9}}}}",
+     "model.heads.value.optimizer: ppo.learning_rate_decay: linear scales a constant learning rate"),
     ("td3={}", "td3: only used with task td3"),
 ])
 def test_bad_config_is_one_line_error_exit_2_nothing_written(tmp_path, capsys, override, message):

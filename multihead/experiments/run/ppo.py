@@ -18,7 +18,7 @@ environment step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +34,7 @@ from multihead.experiments.run.rl import (
     env_and_model,
     research_objectives,
 )
-from multihead.objectives.objective import HeadLoss, resolve_optimizer
+from multihead.objectives.objective import HeadLoss, Objective, resolve_optimizer
 from multihead.rl.ppo import (
     Categorical,
     DiagonalGaussian,
@@ -140,12 +140,19 @@ def _check(config: ExperimentConfig, ppo: PPOConfig) -> None:
     if batch > ppo.num_envs * ppo.n_steps:
         raise ConfigError(f"train.batch_size: the minibatch ({batch}) is larger than a rollout "
                           f"(ppo.num_envs * ppo.n_steps = {ppo.num_envs * ppo.n_steps} rows); lower it")
-    if ppo.learning_rate_decay == "linear":
-        for head in heads:
-            rate = resolve_optimizer(heads[head].optimizer, head).get_config()["learning_rate"]
-            if not isinstance(rate, (int, float)):
-                raise ConfigError(f"model.heads.{head}.optimizer: ppo.learning_rate_decay: linear "
-                                  "scales a constant learning rate; give a number, not a schedule")
+
+
+def _check_constant_rates(objectives: Mapping[str, Objective], ppo: PPOConfig) -> None:
+    """With `ppo.learning_rate_decay: linear`, every optimizer's learning rate is a number (the
+    loop scales it); the optimizer specs are valid (`research_objectives` checked them)."""
+    if ppo.learning_rate_decay != "linear":
+        return
+    for head, objective in objectives.items():
+        rate = resolve_optimizer(objective.optimizer, head).get_config()["learning_rate"]
+        if not isinstance(rate, (int, float)):
+            raise ConfigError(f"model.heads.{head}.optimizer: ppo.learning_rate_decay: linear "
+                              "scales a constant learning rate; give a number, not a schedule, "
+                              "or set ppo.learning_rate_decay: constant")
 
 
 def _build(config: ExperimentConfig, ppo: PPOConfig, spec: EnvSpec) -> MultiHeadModel:
@@ -189,6 +196,7 @@ def prepare(config: ExperimentConfig) -> PPORunner:
 
     objectives = research_objectives(config, lambda: make_losses(True),
                                      losses_set_by_task=[ppo.policy_head])
+    _check_constant_rates(objectives, ppo)
     if not model.trunk_variables:  # e.g. an Identity trunk: each head has its own network
         objectives = {h: dataclasses.replace(o, trains_trunk=False) for h, o in objectives.items()}
     if not ppo.separate_optimizers:
