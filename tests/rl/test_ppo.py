@@ -369,6 +369,7 @@ def test_cartpole_smoke_run_through_the_cli_logs_the_update_statistics(tmp_path,
     assert last["approx_kl"] >= 0 and 0 <= last["clip_fraction"] <= 1 and last["explained_variance"] <= 1
     # linear decay: after the last rollout, 1 - 512 / 512 = 0; after the first, 1 - 128 / 512
     assert [v for _, v in scalars["ppo/clip_range"]] == pytest.approx([0.2 * (1 - i / 4) for i in (1, 2, 3, 4)])
+    assert [v for _, v in scalars["ppo/epochs"]] == [2, 2, 2, 2]
     heads = ["policy", "value"] if separate else ["policy"]
     assert {f"loss/{h}" for h in heads} <= set(scalars)
     # the learning rate decays as the clip range: update steps 1-4 are rollout 1, 5-8 rollout 2, ...
@@ -376,6 +377,16 @@ def test_cartpole_smoke_run_through_the_cli_logs_the_update_statistics(tmp_path,
         logged = scalars[f"lr/{h}"]
         assert len(logged) >= 4 and logged[-1][0] == 16
         assert [v for _, v in logged] == pytest.approx([1e-3 * (1 - np.ceil(s / 4) / 4) for s, _ in logged])
+
+
+def test_target_kl_stops_an_update_after_the_epoch_that_exceeds_it(tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = _cli(CARTPOLE, CARTPOLE_SMOKE + ["ppo.n_epochs=3", "ppo.target_kl=1e-12",
+                                              "ppo.learning_rate_decay=constant"], run_dir)
+    # every epoch moves the policy (KL > 1.5e-12; a constant learning rate, so the last rollout's
+    # is not 0): one epoch of 2 minibatches per rollout
+    assert metrics["updates"] == 4 * 1 * 2 and metrics["last_update"]["epochs"] == 1
+    assert metrics["last_update"]["approx_kl"] > 1.5e-12
 
 
 def test_pendulum_smoke_run_through_the_cli_trains_the_log_std(tmp_path):

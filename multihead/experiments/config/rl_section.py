@@ -90,6 +90,9 @@ class PPOConfig:
                                       doc="linear: each optimizer's learning rate * (1 - env "
                                           "steps / train.steps)")
     ent_coef: float = _field(0.0, minimum=0, maximum=COEFFICIENT_MAX, doc="entropy bonus weight")
+    target_kl: Union[float, None] = _field(None, minimum=0, maximum=MAGNITUDE_MAX,
+                                           doc="stop an update after the epoch whose approximate "
+                                               "KL exceeds 1.5 * target_kl; null: all n_epochs")
     normalize_advantages: bool = _field(True, doc="per minibatch")
     log_std_init: float = _field(0.0, minimum=-20, maximum=2, doc="Box only: initial log std")
 

@@ -11,8 +11,10 @@ This module turns the config into those objects and runs the loop: roll out `n_s
 `num_envs` environments, compute GAE advantages and returns on the host, then `n_epochs`
 passes over shuffled minibatches of `train.batch_size` rows, each one train step; after
 each update, `ppo/approx_kl`, `ppo/clip_fraction`, `ppo/explained_variance`,
-`ppo/entropy`, `ppo/clip_range` and `ppo/learning_rate_factor` go to TensorBoard at the
-environment step.
+`ppo/entropy`, `ppo/clip_range`, `ppo/learning_rate_factor` and `ppo/epochs` go to TensorBoard
+at the environment step. With `ppo.target_kl`, an update stops after the first epoch whose
+approximate KL on the rollout exceeds `1.5 * target_kl` (Stable-Baselines3's rule, checked per
+epoch rather than per minibatch).
 """
 
 from __future__ import annotations
@@ -104,14 +106,16 @@ class PPORunner(RLRunner):
                 opt.learning_rate = rate * lr_factor
             rollout = prepare_rollout(steps, actions, outputs, dist, ppo.policy_head, ppo.value_head,
                                       ppo.gamma, ppo.gae_lambda)
-            for _ in range(ppo.n_epochs):
+            for epoch in range(1, ppo.n_epochs + 1):
                 for rows in minibatches(len(rollout.obs), batch_size, rng):
                     run.train(rollout.obs[rows], {k: v[rows] for k, v in rollout.targets.items()})
-            params = outputs(rollout.obs)[ppo.policy_head]
-            stats = {**rollout_statistics(dist, params, rollout.targets["action"],
-                                          rollout.targets["log_prob"], clip),
-                     "explained_variance": rollout.explained_variance, "clip_range": clip,
-                     "learning_rate_factor": lr_factor}
+                params = outputs(rollout.obs)[ppo.policy_head]
+                stats = rollout_statistics(dist, params, rollout.targets["action"],
+                                           rollout.targets["log_prob"], clip)
+                if ppo.target_kl is not None and stats["approx_kl"] > 1.5 * ppo.target_kl:
+                    break  # the policy moved far enough from the one that acted
+            stats.update(explained_variance=rollout.explained_variance, clip_range=clip,
+                         learning_rate_factor=lr_factor, epochs=epoch)
             if monitor is not None:
                 monitor.write_scalars(driver.env_steps, {f"ppo/{k}": v for k, v in stats.items()})
             if run.after_steps():
