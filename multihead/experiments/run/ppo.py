@@ -109,6 +109,8 @@ class PPORunner(RLRunner):
             for epoch in range(1, ppo.n_epochs + 1):
                 for rows in minibatches(len(rollout.obs), batch_size, rng):
                     run.train(rollout.obs[rows], {k: v[rows] for k, v in rollout.targets.items()})
+                if ppo.target_kl is None and epoch < ppo.n_epochs:
+                    continue  # without target_kl only the final policy's statistics are needed
                 params = outputs(rollout.obs)[ppo.policy_head]
                 stats = rollout_statistics(dist, params, rollout.targets["action"],
                                            rollout.targets["log_prob"], clip)
