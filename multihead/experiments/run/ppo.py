@@ -181,6 +181,7 @@ def _build(config: ExperimentConfig, ppo: PPOConfig, spec: EnvSpec) -> MultiHead
                                                 name=ppo.policy_head)
     gaussian = MultiHeadModel(model.trunk, heads, taps=config.model.taps)
     gaussian.build((None,) + spec.obs_shape)
+    gaussian.partition  # noqa: B018 - validates the trunk/head partition now, log_std included
     return gaussian
 
 
