@@ -42,7 +42,8 @@ CASE_LIMIT_S = 10
 CPU_LIMIT_S = 5
 #: Keys whose value sizes the run: kept small so a valid case builds fast.
 SMALL = {"train_size": 64, "eval_size": 16, "input_dim": 6, "steps": 2, "batch_size": 8,
-         "buffer_size": 64, "learning_starts": 1, "eval_episodes": 1, "num_envs": 2}
+         "buffer_size": 64, "learning_starts": 1, "eval_episodes": 1, "num_envs": 2, "n_steps": 4,
+         "n_epochs": 1}
 #: A key path the error names: `train.steps`, `model.heads.y1.metrics[0]`, `--set '...'`, or a
 #: YAML position.
 _NAMES_A_KEY = re.compile(r"^([A-Za-z_][\w\-]*(\[\d+\])*([./][\w\-]+(\[\d+\])*)*: |--set '|invalid YAML: .*line \d+|"

@@ -14,6 +14,7 @@ from multihead.experiments.run.rl import RLRunner
 from multihead.experiments.run.runner import TASKS, Runner
 
 RUNNER_CLASSES = {"supervised": "SupervisedRunner", "dqn": "DQNRunner", "actor_critic": "ActorCriticRunner",
+                  "ppo": "PPORunner",
                   "td3": "ContinuousRunner", "sac": "ContinuousRunner"}
 
 

@@ -1,5 +1,5 @@
 """The reinforcement-learning sections of an experiment config: `env:` and one section per RL
-task (`dqn:`, `actor_critic:`, `td3:`, `sac:`)."""
+task (`dqn:`, `actor_critic:`, `ppo:`, `td3:`, `sac:`)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,40 @@ class ActorCriticConfig:
     normalize_advantages: bool = _field(False)
     value_target_every: Union[int, None] = _field(None, minimum=1, doc="V_target hard sync period in updates")
     value_target_tau: Union[float, None] = _field(None, doc="V_target Polyak rate in (0, 1]")
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """`ppo:` proximal policy optimization (Schulman et al., 2017) with GAE, on a Discrete
+    (categorical policy) or Box (diagonal Gaussian, state-independent log std) action space;
+    `train.steps` counts environment steps, `train.batch_size` is the minibatch of the
+    rollout's `num_envs * n_steps` rows, `train.eval_every` the evaluation period."""
+
+    policy_head: str = _field("policy", doc="action logits (Discrete) or Gaussian means (Box); "
+                                            "loss set by the task")
+    value_head: str = _field("value", doc="state-value head (1 output); loss: mse")
+    separate_optimizers: bool = _field(True, doc="true: one objective and optimizer per head; "
+                                                 "false: one objective policy + <value>.weight * "
+                                                 "value on the policy head's optimizer")
+    num_envs: int = _field(8, minimum=1, maximum=MAX_ENVS)
+    n_steps: int = _field(128, minimum=1, maximum=MAX_ROLLOUT, doc="rollout length per update")
+    n_epochs: int = _field(10, minimum=1, doc="passes over the rollout per update")
+    gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
+    gae_lambda: float = _field(0.95, minimum=0, maximum=1, doc="GAE lambda")
+    clip_range: float = _field(0.2, minimum=0, maximum=1, doc="policy ratio clip eps")
+    clip_range_decay: str = _field("constant", choices=("constant", "linear"),
+                                   doc="linear: eps * (1 - env steps / train.steps)")
+    clip_range_vf: Union[float, None] = _field(None, minimum=0, maximum=MAGNITUDE_MAX,
+                                               doc="clip of the value change; null: unclipped")
+    learning_rate_decay: str = _field("constant", choices=("constant", "linear"),
+                                      doc="linear: each optimizer's learning rate * (1 - env "
+                                          "steps / train.steps)")
+    ent_coef: float = _field(0.0, minimum=0, maximum=COEFFICIENT_MAX, doc="entropy bonus weight")
+    target_kl: Union[float, None] = _field(None, minimum=0, maximum=MAGNITUDE_MAX,
+                                           doc="stop an update after the epoch whose approximate "
+                                               "KL exceeds 1.5 * target_kl; null: all n_epochs")
+    normalize_advantages: bool = _field(True, doc="per minibatch")
+    log_std_init: float = _field(0.0, minimum=-20, maximum=2, doc="Box only: initial log std")
 
 
 @dataclasses.dataclass

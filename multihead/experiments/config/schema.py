@@ -50,6 +50,7 @@ from multihead.experiments.config.rl_section import (
     ActorCriticConfig,
     DQNConfig,
     EnvConfig,
+    PPOConfig,
     SACConfig,
     TD3Config,
 )
@@ -271,11 +272,13 @@ class ExperimentConfig:
 
     model: ModelConfig = _field()
     seed: int = _field(0)
-    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic", "td3", "sac"))
+    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic", "ppo", "td3",
+                                                              "sac"))
     data: DataConfig = _field(DataConfig(), doc="supervised only")
     env: Union[EnvConfig, None] = _field(None, doc="RL tasks only")
     dqn: Union[DQNConfig, None] = _field(None, doc="task dqn only")
     actor_critic: Union[ActorCriticConfig, None] = _field(None, doc="task actor_critic only")
+    ppo: Union[PPOConfig, None] = _field(None, doc="task ppo only")
     td3: Union[TD3Config, None] = _field(None, doc="task td3 only")
     sac: Union[SACConfig, None] = _field(None, doc="task sac only")
     train: TrainConfig = _field(TrainConfig())
@@ -327,8 +330,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
                                isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
-        for section, tasks in (("env", ("dqn", "actor_critic", "td3", "sac")), ("dqn", ("dqn",)),
-                               ("actor_critic", ("actor_critic",)), ("td3", ("td3",)),
+        for section, tasks in (("env", ("dqn", "actor_critic", "ppo", "td3", "sac")), ("dqn", ("dqn",)),
+                               ("actor_critic", ("actor_critic",)), ("ppo", ("ppo",)), ("td3", ("td3",)),
                                ("sac", ("sac",))):
             if getattr(config, section) is not None and config.task not in tasks:
                 raise ConfigError(f"{section}: only used with task {' or '.join(tasks)}, "

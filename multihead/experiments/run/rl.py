@@ -1,4 +1,4 @@
-"""What the RL tasks (`dqn`, `actor_critic`, `td3`, `sac`) share between their config and their loop.
+"""What the RL tasks (`dqn`, `actor_critic`, `ppo`, `td3`, `sac`) share between their config and their loop.
 
 Config -> objects: environments of `env:`, checks of the task's heads, each
 head's `Objective` from `model.heads` with the task's research loss. The run:
@@ -51,8 +51,9 @@ class EnvSpec(NamedTuple):
     action_high: tuple[float, ...] = ()
 
 
-#: The action space each RL task needs.
-_ACTION_SPACES = {"dqn": "Discrete", "actor_critic": "Discrete", "td3": "Box", "sac": "Box"}
+#: The action space each RL task needs ("Any": a Discrete one or a finite Box).
+_ACTION_SPACES = {"dqn": "Discrete", "actor_critic": "Discrete", "ppo": "Any", "td3": "Box",
+                  "sac": "Box"}
 
 
 def env_factory(config: EnvConfig, task: str = "dqn") -> EnvSpec:
@@ -83,8 +84,11 @@ def env_factory(config: EnvConfig, task: str = "dqn") -> EnvSpec:
     try:
         space = _ACTION_SPACES[task]
         box = _finite_box(gymnasium, env.action_space)
-        if (space == "Box") != box or (not box and not isinstance(env.action_space,
-                                                              gymnasium.spaces.Discrete)):
+        discrete = isinstance(env.action_space, gymnasium.spaces.Discrete)
+        if space == "Any" and not (box or discrete):
+            raise ConfigError(f"env.id: {config.id!r} has action space {env.action_space}; task "
+                              f"{task} needs a Discrete one or a Box (one-dimensional, finite bounds)")
+        if space != "Any" and ((space == "Box") != box or (not box and not discrete)):
             tasks = " and ".join(t for t, s in _ACTION_SPACES.items() if s == space)
             raise ConfigError(f"env.id: {config.id!r} has action space {env.action_space}; "
                               f"the {tasks} tasks need a {space} one"

@@ -20,6 +20,7 @@ TASKS = {
     "supervised": "multihead.experiments.run.supervised",
     "dqn": "multihead.experiments.run.dqn",
     "actor_critic": "multihead.experiments.run.actor_critic",
+    "ppo": "multihead.experiments.run.ppo",
     "td3": "multihead.experiments.run.continuous",
     "sac": "multihead.experiments.run.continuous",
 }
