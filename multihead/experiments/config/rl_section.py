@@ -4,7 +4,7 @@ task (`dqn:`, `actor_critic:`, `ppo:`, `td3:`, `sac:`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from multihead.experiments.config.fields import MAGNITUDE_MAX
 from multihead.experiments.config.fields import field as _field
@@ -33,6 +33,12 @@ class DQNConfig:
     """`dqn:` DQN (Mnih et al., 2015); `train.steps` counts environment steps, `train.batch_size`
     is the replay minibatch, `train.eval_every` the evaluation period in environment steps."""
 
+    #: The `task:` this section configures, the action space it needs ("Any": Discrete or a
+    #: finite Box) and the module whose `prepare(config)` builds its runner.
+    task: ClassVar[str] = "dqn"
+    action_space: ClassVar[str] = "Discrete"
+    runner: ClassVar[str] = "multihead.experiments.run.dqn"
+
     head: str = _field("q", doc="the Q head: one output per action; its loss compares Q(s,a) to the TD target")
     buffer_size: int = _field(50000, minimum=1)
     learning_starts: int = _field(1000, minimum=0, doc="environment steps before the first update")
@@ -50,6 +56,10 @@ class DQNConfig:
 class ActorCriticConfig:
     """`actor_critic:` synchronous advantage actor-critic (A2C, Mnih et al., 2016);
     `train.steps` counts environment steps, `train.eval_every` the evaluation period in them."""
+
+    task: ClassVar[str] = "actor_critic"
+    action_space: ClassVar[str] = "Discrete"
+    runner: ClassVar[str] = "multihead.experiments.run.actor_critic"
 
     policy_head: str = _field("policy", doc="logits head, one output per action; loss set by the task")
     value_head: str = _field("value", doc="state-value head (1 output); its loss compares V(s) to the return")
@@ -69,6 +79,10 @@ class PPOConfig:
     (categorical policy) or Box (diagonal Gaussian, state-independent log std) action space;
     `train.steps` counts environment steps, `train.batch_size` is the minibatch of the
     rollout's `num_envs * n_steps` rows, `train.eval_every` the evaluation period."""
+
+    task: ClassVar[str] = "ppo"
+    action_space: ClassVar[str] = "Any"
+    runner: ClassVar[str] = "multihead.experiments.run.ppo"
 
     policy_head: str = _field("policy", doc="action logits (Discrete) or Gaussian means (Box); "
                                             "loss set by the task")
@@ -104,6 +118,10 @@ class TD3Config:
     each head's hidden layers, the task adds the output layer); `train.steps` counts
     environment steps, `train.batch_size` is the replay minibatch."""
 
+    task: ClassVar[str] = "td3"
+    action_space: ClassVar[str] = "Box"
+    runner: ClassVar[str] = "multihead.experiments.run.continuous"
+
     actor_head: str = _field("actor", doc="deterministic actor, tanh onto the action bounds; "
                                           "delay its updates with model.heads.<actor>.every: 2")
     critic_heads: list[str] = _field(["q1", "q2"], doc="the twin critics Q1, Q2")
@@ -129,6 +147,10 @@ class SACConfig:
     td3: the trunk holds no variables, `layers` are hidden layers); `train.steps` counts
     environment steps, `train.batch_size` is the replay minibatch."""
 
+    task: ClassVar[str] = "sac"
+    action_space: ClassVar[str] = "Box"
+    runner: ClassVar[str] = "multihead.experiments.run.continuous"
+
     actor_head: str = _field("actor", doc="squashed Gaussian actor (mean, log std)")
     critic_heads: list[str] = _field(["q1", "q2"], doc="the twin critics Q1, Q2")
     temperature_head: str = _field("alpha", doc="holds log_alpha, its own objective; its "
@@ -141,3 +163,9 @@ class SACConfig:
     train_every: int = _field(1, minimum=1, doc="environment steps per gradient step")
     gamma: float = _field(0.99, minimum=0, maximum=1, doc="discount factor")
     tau: float = _field(0.005, doc="Polyak rate of the target critics, in (0, 1]")
+
+
+#: `task:` value -> its section's class: the one list of RL tasks (the config's `task`
+#: choices, which sections go with which task, the action spaces and the runners).
+RL_TASKS: dict[str, type] = {cls.task: cls for cls in (DQNConfig, ActorCriticConfig, PPOConfig, TD3Config,
+                                                        SACConfig)}

@@ -50,6 +50,7 @@ from multihead.experiments.config.rl_section import (
     ActorCriticConfig,
     DQNConfig,
     EnvConfig,
+    RL_TASKS,
     PPOConfig,
     SACConfig,
     TD3Config,
@@ -272,8 +273,7 @@ class ExperimentConfig:
 
     model: ModelConfig = _field()
     seed: int = _field(0)
-    task: str = _field("supervised", choices=("supervised", "dqn", "actor_critic", "ppo", "td3",
-                                                              "sac"))
+    task: str = _field("supervised", choices=("supervised", *RL_TASKS))
     data: DataConfig = _field(DataConfig(), doc="supervised only")
     env: Union[EnvConfig, None] = _field(None, doc="RL tasks only")
     dqn: Union[DQNConfig, None] = _field(None, doc="task dqn only")
@@ -330,9 +330,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
                                isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
-        for section, tasks in (("env", ("dqn", "actor_critic", "ppo", "td3", "sac")), ("dqn", ("dqn",)),
-                               ("actor_critic", ("actor_critic",)), ("ppo", ("ppo",)), ("td3", ("td3",)),
-                               ("sac", ("sac",))):
+        for section, tasks in (("env", tuple(RL_TASKS)), *((task, (task,)) for task in RL_TASKS)):
             if getattr(config, section) is not None and config.task not in tasks:
                 raise ConfigError(f"{section}: only used with task {' or '.join(tasks)}, "
                                   f"but task is {config.task!r}; remove it or change task")

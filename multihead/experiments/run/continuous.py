@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 
 from multihead.experiments.build.builders import build_layer
-from multihead.experiments.config.rl_section import SACConfig, TD3Config
+from multihead.experiments.config.rl_section import RL_TASKS, SACConfig, TD3Config
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.experiments.run.rl import EnvSpec, RLRun, RLRunner, RLTask, env_and_model, research_objectives
 from multihead.rl.continuous import actor_outputs, agent_inputs, agent_model
@@ -159,8 +159,7 @@ def _policies(agent: AgentConfig, model: Any, spec: EnvSpec) -> tuple[Any, Explo
 def prepare(config: ExperimentConfig) -> ContinuousRunner:
     """Builds the env, model, per-head objectives and target network of a `task: td3` or
     `task: sac` config."""
-    agent: AgentConfig = getattr(config, config.task) or (TD3Config() if config.task == "td3"
-                                                         else SACConfig())
+    agent: AgentConfig = getattr(config, config.task) or RL_TASKS[config.task]()
     env_cfg, spec, model = env_and_model(config, _heads(config, agent),
                                          lambda spec: _build_model(config, agent, spec))
     actor, critics = agent.actor_head, list(agent.critic_heads)

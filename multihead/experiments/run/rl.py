@@ -21,7 +21,7 @@ from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import HeadLoss, Objective
 from multihead.training.trainer import StepResult
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
-from multihead.experiments.config.rl_section import EnvConfig
+from multihead.experiments.config.rl_section import RL_TASKS, EnvConfig
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig
 from multihead.io.checkpoints import save_checkpoint
 from multihead.monitoring.progress import Progress
@@ -52,8 +52,7 @@ class EnvSpec(NamedTuple):
 
 
 #: The action space each RL task needs ("Any": a Discrete one or a finite Box).
-_ACTION_SPACES = {"dqn": "Discrete", "actor_critic": "Discrete", "ppo": "Any", "td3": "Box",
-                  "sac": "Box"}
+_ACTION_SPACES = {task: section.action_space for task, section in RL_TASKS.items()}
 
 
 def env_factory(config: EnvConfig, task: str = "dqn") -> EnvSpec:

@@ -12,18 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, Sequence
 
+from multihead.experiments.config.rl_section import RL_TASKS
 from multihead.experiments.config.schema import ExperimentConfig
 
 #: `task:` value -> the module whose `prepare(config)` builds its runner (imported when used:
-#: an RL task needs its environments' packages, a supervised one does not).
-TASKS = {
-    "supervised": "multihead.experiments.run.supervised",
-    "dqn": "multihead.experiments.run.dqn",
-    "actor_critic": "multihead.experiments.run.actor_critic",
-    "ppo": "multihead.experiments.run.ppo",
-    "td3": "multihead.experiments.run.continuous",
-    "sac": "multihead.experiments.run.continuous",
-}
+#: an RL task needs its environments' packages, a supervised one does not); the RL tasks'
+#: come from their config sections (`RL_TASKS`).
+TASKS = {"supervised": "multihead.experiments.run.supervised",
+         **{task: section.runner for task, section in RL_TASKS.items()}}
 
 
 class Runner(Protocol):
