@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Mapping
 
 import keras
@@ -11,11 +10,10 @@ import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._checks import check_name
 from multihead.model.model_size import ParameterCounts, count_parameters
 from multihead.model.partition import Partition, partition_variables
 from multihead.model import taps as _taps
-
-_HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
 def routes_heads(trunk: keras.layers.Layer) -> bool:
@@ -110,11 +108,7 @@ class MultiHeadNetwork(keras.Model):
         if not isinstance(heads, Mapping) or not heads:
             raise ValueError("heads must be a non-empty dict of name -> Keras layer")
         for head_name, head in heads.items():
-            if not isinstance(head_name, str) or not _HEAD_NAME.match(head_name):
-                raise ValueError(
-                    f"head name {head_name!r} is not allowed: use a letter followed by "
-                    "letters, digits, '_' or '-'"
-                )
+            check_name(head_name, "head")
             if not isinstance(head, keras.layers.Layer):
                 raise TypeError(
                     f"head {head_name!r} must be a Keras layer or model, got {type(head).__name__}"

@@ -8,7 +8,14 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence, Union
 
-from multihead._checks import check_bounds, check_choice, check_int, describe, suggest
+from multihead._checks import (
+    check_bounds,
+    check_choice,
+    check_int,
+    check_missing_label,
+    describe,
+    suggest,
+)
 from multihead.experiments.config.errors import ConfigError
 from multihead.experiments.config.fields import MAGNITUDE_MAX
 from multihead.experiments.config.fields import build as _build
@@ -189,17 +196,14 @@ def missing_label_of(data: DataConfig, head: str) -> float | None:
     `nan`, a float for a number, None when the head has none.
 
     Raises:
-        ConfigError: the value is neither `nan` nor a number.
+        ConfigError: the value is neither `nan` nor a number a float32 label can hold.
     """
     value = data.missing_label.get(head)
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() in ("nan", ".nan"):
         return float("nan")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"data.missing_label.{head}: expected nan or a number (the label value "
-                          f"that marks a missing label), got {value!r}")
-    return float(value)
+    return check_missing_label(value, f"data.missing_label.{head}", error=ConfigError)
 
 
 def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:

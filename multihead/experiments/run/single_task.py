@@ -12,7 +12,8 @@ differ from it only in the heads it trains, so:
 - an aggregated trunk (`train.trunk: {aggregator: ...}`) becomes `per_head`: with one head
   there is nothing to aggregate, and the head's own optimizer trains the trunk, as in
   single-task training;
-- callbacks of other heads are dropped; one that monitors another head is an error.
+- callbacks and trunk taps (`model.taps`) of other heads are dropped; a callback that
+  monitors another head is an error.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
                           f"its heads are {heads}")
     raw: dict[str, Any] = to_dict(config)
     raw["model"]["heads"] = {head: raw["model"]["heads"][head]}
+    if raw["model"].get("taps"):  # a dropped head's tap names a head the baseline has not
+        raw["model"]["taps"] = {h: tap for h, tap in raw["model"]["taps"].items() if h == head}
     data = raw["data"]
     if data.get("per_head"):  # one dataset per head: keep this head's, drawn every step
         data["per_head"] = {head: data["per_head"][head]}
