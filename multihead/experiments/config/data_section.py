@@ -99,6 +99,10 @@ class DataConfig:
                 "and eval metrics; docs/data.md)")
     sampling_weights: dict[str, float] = _field({}, doc="head -> sampling weight (default: its "
                                                         "number of training examples)")
+    allow_empty_heads: list[str] = _field(
+        [], doc="heads that may have no labelled row in a split: every label missing "
+                "(missing_label) or every sample weight 0. Refused by default: such a head "
+                "trains nothing and its eval loss is NaN or 0 (docs/data.md)")
 
 
 _DTYPES = ("float32", "float64", "int32", "int64")
@@ -237,6 +241,10 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
     check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
     _check_head_keys(data.sampling_weights, "data.sampling_weights", heads)
     _check_head_keys(data.missing_label, "data.missing_label", heads)
+    for i, head in enumerate(data.allow_empty_heads):
+        if head not in heads:
+            raise ConfigError(f"data.allow_empty_heads[{i}]: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
     for head in data.missing_label:
         missing_label_of(data, head)
     _check_sample_weights(data, heads)
@@ -250,7 +258,8 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
         return
     defaults = DataConfig()
     for field in dataclasses.fields(DataConfig):
-        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label") and \
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label",
+                                               "allow_empty_heads") and \
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
                               f"source is data.per_head.<head>.{field.name}); move or remove it")

@@ -64,6 +64,8 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
     for key in ("missing_label", "sample_weights"):  # the kept head's own
         if data.get(key):
             data[key] = {k: v for k, v in data[key].items() if k == head}
+    if data.get("allow_empty_heads"):
+        data["allow_empty_heads"] = [h for h in data["allow_empty_heads"] if h == head]
     if isinstance(data.get("targets"), dict):
         data["targets"] = {head: data["targets"][head]} if head in data["targets"] else None
     if isinstance(raw["train"]["trunk"], dict):
