@@ -22,7 +22,8 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from typing import Any, Iterable, Sequence, TypeVar
+import re
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -95,6 +96,57 @@ def check_float(value: Any, name: str, *, minimum: float | None = None,
     check_bounds(value, name, minimum=minimum, maximum=maximum, min_open=min_open,
                  max_open=max_open, hint=hint, error=error)
     return float(value)
+
+
+#: A head or objective name: a letter, then letters, digits, `_` or `-`. It becomes a
+#: TensorBoard tag, a folder of a run directory (`best/<head>`) and a config key, so no
+#: `/`, `.`, whitespace or newline.
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
+
+
+def check_name(name: Any, what: str, *, where: str = "",
+               error: type[Exception] = ValueError) -> str:
+    """`name` if it is a valid head or objective name (`NAME`, matched whole: a trailing
+    newline is refused too); `what` is `head` or `objective`, `where` a key path prefix."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise error(f"{where + ': ' if where else ''}{what} name {name!r} is not allowed: use a "
+                    "letter followed by letters, digits, '_' or '-'")
+    return name
+
+
+#: The largest magnitude a float32 label holds; a missing-label marker beyond it cannot be
+#: compared with the labels.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_missing_label(value: Any, name: str, *, error: type[Exception] = ValueError) -> float:
+    """A missing-label marker as a float: NaN, or a finite number a float32 label can hold
+    (|v| <= 3.4028235e38)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{name}: expected nan or a number (the label value that marks a missing "
+                    f"label), got {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        return value
+    if not -FLOAT32_MAX <= value <= FLOAT32_MAX:
+        raise error(f"{name}: must be nan or a number in [-3.4028235e+38, 3.4028235e+38] (labels "
+                    f"are float32), got {value!r}; use nan or a value no label takes, e.g. -1")
+    return value
+
+
+def check_finite_numbers(tree: Any, name: str, *, error: type[Exception] = ValueError) -> None:
+    """Raises `error` naming the key path of the first NaN or infinite number in a tree of
+    mappings and lists (a schedule's config: `name.config.initial_learning_rate`)."""
+    stack = [(name, tree)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, Mapping):
+            stack.extend((f"{where}.{k}", v) for k, v in reversed(list(node.items())))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, numbers.Real) and not isinstance(node, bool) and \
+                not math.isfinite(node):
+            raise error(f"{where}: must be a finite number, got {node!r}")
 
 
 def check_choice(value: T, name: str, choices: Sequence[Any], *, hint: str = "",

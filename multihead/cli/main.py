@@ -579,6 +579,8 @@ def _add_commands(sub: Any) -> None:
 
     validate = _command(sub, "validate", True, help="check a config and build its model, without training")
     with_config(validate)
+    validate.add_argument("--only-head", metavar="HEAD",
+                          help="check the single-task baseline train --only-head HEAD would train")
     validate.set_defaults(func=cmd_validate)
 
     _add_sweep_parser(sub)

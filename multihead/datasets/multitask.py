@@ -19,7 +19,7 @@ The paper's settings are d = 100, c = 1, m = 10 and eps ~ N(0, 0.01) (noise_std 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -306,6 +306,47 @@ class StreamPosition(tf.Module):
         self.drawn.assign_add(batches, read_value=False)
 
 
+def _leaves(tree: Any, what: str) -> list[tuple[str, Any]]:
+    """(name, leaf) of an array tree: `what`, or `what['key']` for a dict's entries."""
+    if isinstance(tree, Mapping):
+        return [pair for key, value in tree.items() for pair in _leaves(value, f"{what}[{key!r}]")]
+    if isinstance(tree, (tuple, list)) and tree and not np.isscalar(tree[0]):
+        return [pair for i, value in enumerate(tree) for pair in _leaves(value, f"{what}[{i}]")]
+    return [(what, tree)]
+
+
+def check_array_data(tree: Any, what: str) -> None:
+    """Array data (or `tf.TensorSpec`s) as a step takes it: real numbers, and for arrays at
+    least one row.
+
+    Args:
+        tree: an array, a tensor or spec, or a dict/tuple of them.
+        what: the argument the messages name, e.g. `fit(x=...)`.
+
+    Raises:
+        TypeError: a complex array (the model computes in real numbers: the imaginary part
+            would be dropped without a word).
+        ValueError: an array with 0 rows.
+    """
+    for name, leaf in _leaves(tree, what):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None:
+            continue
+        if isinstance(dtype, tf.dtypes.DType):
+            complex_ = dtype.is_complex
+        else:
+            complex_ = np.issubdtype(np.dtype(dtype), np.complexfloating)
+        if complex_:
+            raise TypeError(f"{name}: complex values ({getattr(dtype, 'name', dtype)}) are not "
+                            "supported: the model computes in real numbers and would drop the "
+                            "imaginary part; give real features, e.g. np.real(x) and np.imag(x) "
+                            "as two columns")
+        shape = getattr(leaf, "shape", None)
+        if not isinstance(leaf, tf.TensorSpec) and shape is not None and len(shape) > 0 \
+                and shape[0] == 0:
+            raise ValueError(f"{name}: 0 rows (shape {tuple(shape)}); give at least one example")
+
+
 def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
                seed: int | None = 0) -> tf.data.Dataset:
     """Turns training data into a batched `tf.data.Dataset` of `(inputs, targets)`.
@@ -326,6 +367,8 @@ def as_dataset(data: Any, batch_size: int | None = None, shuffle: bool = True,
             f"(inputs, targets, sample_weight)), got {type(data).__name__}"
         )
     batch_size = check_int(batch_size, "batch_size", minimum=1, hint="array data needs a batch size")
+    for part, what in zip(data, ("data inputs", "data labels", "data sample weights")):
+        check_array_data(part, what)
     lengths = {len(a) for a in tf.nest.flatten(tuple(data))}
     if len(lengths) != 1:
         raise ValueError(f"inputs and targets have different numbers of examples: {sorted(lengths)}")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Mapping
 
 import keras
@@ -11,11 +10,12 @@ import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._checks import check_name
+from multihead.datasets.multitask import check_array_data
+from multihead.model.input_shape import check_input_width
 from multihead.model.model_size import ParameterCounts, count_parameters
 from multihead.model.partition import Partition, partition_variables
 from multihead.model import taps as _taps
-
-_HEAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
 def routes_heads(trunk: keras.layers.Layer) -> bool:
@@ -110,11 +110,7 @@ class MultiHeadNetwork(keras.Model):
         if not isinstance(heads, Mapping) or not heads:
             raise ValueError("heads must be a non-empty dict of name -> Keras layer")
         for head_name, head in heads.items():
-            if not isinstance(head_name, str) or not _HEAD_NAME.match(head_name):
-                raise ValueError(
-                    f"head name {head_name!r} is not allowed: use a letter followed by "
-                    "letters, digits, '_' or '-'"
-                )
+            check_name(head_name, "head")
             if not isinstance(head, keras.layers.Layer):
                 raise TypeError(
                     f"head {head_name!r} must be a Keras layer or model, got {type(head).__name__}"
@@ -294,6 +290,8 @@ class MultiHeadNetwork(keras.Model):
         else:
             if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
                 raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+            check_array_data(x, "x")
+            check_input_width(self, x, "x")
             dataset = tf.data.Dataset.from_tensor_slices(x).batch(batch_size or 1024)
         function = self._predict_functions.get(chosen)
         if function is None:
@@ -306,6 +304,8 @@ class MultiHeadNetwork(keras.Model):
         for batch in dataset:
             for h, value in function(batch).items():
                 parts[h].append(value.numpy())
+        if not parts[chosen[0]]:
+            raise ValueError("x: the dataset yields no batch; give at least one example")
         return {h: np.concatenate(values) for h, values in parts.items()}
 
     def get_config(self) -> dict[str, Any]:

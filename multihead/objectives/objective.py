@@ -13,7 +13,13 @@ import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead._checks import check_choice, check_float, check_int
+from multihead._checks import (
+    check_choice,
+    check_finite_numbers,
+    check_float,
+    check_int,
+    check_missing_label,
+)
 from multihead.settings import REFUSED_OPTIMIZERS
 
 LossSpec = Union[str, Mapping[str, Any], keras.losses.Loss, Callable[..., Any]]
@@ -143,8 +149,7 @@ class Objective:
             object.__setattr__(self, field, value)
         if self.combine is not None and not callable(self.combine):
             check_choice(self.combine, "Objective.combine", tuple(COMBINERS))
-        if isinstance(self.trunk_scale, Mapping):
-            self.trunk_scale = keras.optimizers.schedules.deserialize(dict(self.trunk_scale))
+        self.trunk_scale = _schedule(self.trunk_scale, "Objective.trunk_scale")
         if not callable(self.trunk_scale):
             self.trunk_scale = check_float(
                 self.trunk_scale, "Objective.trunk_scale",
@@ -154,16 +159,26 @@ class Objective:
                                                                       (int, float)):
                 raise TypeError("Objective.missing_label: expected a number (float('nan') for "
                                 f"NaN labels) or None, got {self.missing_label!r}")
-            self.missing_label = float(self.missing_label)
+            self.missing_label = check_missing_label(self.missing_label, "Objective.missing_label")
         self.every = check_int(self.every, "Objective.every", minimum=1)
-        if isinstance(self.weight, Mapping):
-            self.weight = keras.optimizers.schedules.deserialize(dict(self.weight))
+        self.weight = _schedule(self.weight, "Objective.weight")
         if not callable(self.weight):
             check_weight(self.weight, "Objective.weight")
         check_choice(self.on_nonfinite, "Objective.on_nonfinite", NONFINITE_POLICIES)
         check_choice(self.trains_trunk, "Objective.trains_trunk", (True, False))
         if isinstance(self.metrics, (str, Mapping)):
             self.metrics = [self.metrics]
+
+
+def _schedule(spec: Any, name: str) -> Any:
+    """A weight or trunk_scale as the step reads it: a Keras schedule dict deserialized;
+    a schedule (dict or object) whose config holds NaN or inf is refused, as a config's is."""
+    if isinstance(spec, Mapping):
+        check_finite_numbers(dict(spec).get("config"), f"{name}.config")
+        return keras.optimizers.schedules.deserialize(dict(spec))
+    if isinstance(spec, keras.optimizers.schedules.LearningRateSchedule):
+        check_finite_numbers(spec.get_config(), f"{name}.config")
+    return spec
 
 
 def _positional_arity(fn: Callable[..., Any]) -> int | None:

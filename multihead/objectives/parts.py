@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 from typing import Any, Callable, Mapping
 
 import keras
 import tensorflow as tf
 
+from multihead._checks import check_name
 from multihead.model.addresses import variable_addresses
 from multihead.model.model_view import HeadsModel
 from multihead.objectives.objective import COMBINERS, Objective
 from multihead.model.taps import resolve_block
-
-#: What an objective may be named (it becomes a TensorBoard tag and a checkpoint key).
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 #: The read naming the trunk's output.
 TRUNK = "trunk"
@@ -87,9 +84,7 @@ def check_objectives(model: HeadsModel, objectives: Mapping[str, Objective]) -> 
         if not isinstance(objective, Objective):
             raise TypeError(
                 f"objectives[{name!r}] must be a multihead.Objective, got {type(objective).__name__}")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"objective name {name!r} is not allowed: use a letter followed by "
-                             "letters, digits, '_' or '-'")
+        check_name(name, "objective")
         if name not in model.head_names and objective.reads is None:
             raise ValueError(
                 f"objective {name!r} is not named for a head (the heads are "

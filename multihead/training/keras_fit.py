@@ -12,7 +12,10 @@ What has no per-head meaning is refused with one line at `compile` or `fit`: one
 optimizer for several heads, a loss or metric dict that misses or invents a head,
 sample weights, `run_eagerly`, a `tf.distribute` strategy, and the Keras callbacks
 that change `model.optimizer` (a `MultiHeadModel` has one optimizer per head and
-`model.optimizer` is None).
+`model.optimizer` is None). Array input is checked as a config's data is, before Keras' loop
+runs: real dtypes (complex is refused), `batch_size >= 1`, at least one row, the model's input
+width. Non-finite losses follow each head's `on_nonfinite` (skipped, then `fit` stops after
+`max_nonfinite_steps`); an epoch whose every step of a head was skipped logs NaN, not 0.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import tensorflow as tf
 from multihead import _keras_internals as internals
 from multihead._checks import check_int
 from multihead.training.callbacks import NonFiniteGuard
-from multihead.datasets.multitask import as_dataset
+from multihead.datasets.multitask import as_dataset, check_array_data
+from multihead.model.input_shape import check_input_width
 from multihead.objectives.objective import Objective, check_weight
 from multihead.training.results import StepResult
 from multihead.training.trainer import Trainer
@@ -135,6 +139,7 @@ class KerasRun:
         """Forgets the losses summed so far (Keras resets its metrics at each epoch)."""
         self._sums = {h: 0.0 for h in self.trainer.model.head_names}
         self._counts = {h: 0 for h in self.trainer.model.head_names}
+        self._skips = {h: 0 for h in self.trainer.model.head_names}
 
     def train_function(self, iterator: Any) -> dict[str, float]:
         """Keras' `train_function`: up to `steps_per_execution` steps on `iterator`'s batches.
@@ -145,6 +150,7 @@ class KerasRun:
         if isinstance(iterator, tf.data.Iterator):
             spec = iterator.element_spec
             _check_pair(spec)
+            check_array_data(spec[0], "fit(x=...)")
             results = self.trainer.run_steps(iterator, self._steps_per_execution)
         else:  # train_on_batch: a Python iterator of (x, y, sample_weight)
             results = [self.trainer.step(_pair(batch)) for batch in iterator]
@@ -159,10 +165,16 @@ class KerasRun:
         for head in result.updated:
             self._sums[head] += result.losses[head]
             self._counts[head] += 1
+        for head in result.skipped:
+            self._skips[head] += 1
 
     def train_logs(self) -> dict[str, float]:
-        """`{"loss": ..., "<head>_loss": ...}` of the steps since the last `reset`."""
+        """`{"loss": ..., "<head>_loss": ...}` of the steps since the last `reset`. A head
+        whose every step was skipped as non-finite (`Objective.on_nonfinite`) logs NaN, and
+        so does the total: nothing was learned, which a 0 would hide."""
         means = {h: self._sums[h] / self._counts[h] for h in self._sums if self._counts[h]}
+        means.update({h: float("nan") for h in self._sums
+                      if not self._counts[h] and self._skips[h]})
         return self._with_total({f"{h}_loss": v for h, v in means.items()}, means)
 
     def eval_logs(self, results: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -198,6 +210,16 @@ class KerasRun:
             return {heads[0]: y}
         raise ValueError(f"{where}: y must be a dict head -> labels for the heads {list(heads)}, "
                          f"got {type(y).__name__}")
+
+
+def _check_arrays(model: Any, x: Any, y: Any, x_name: str, y_name: str) -> None:
+    """Array inputs and labels as the step takes them (real, at least one row, the model's
+    input width), checked before Keras' loop runs; a dataset is checked by its spec."""
+    if x is None or isinstance(x, tf.data.Dataset):
+        return
+    check_array_data(x, x_name)
+    check_array_data(y, y_name)
+    check_input_width(model, x, x_name)
 
 
 def _check_pair(spec: Any) -> None:
@@ -319,12 +341,17 @@ class KerasTraining:
             raise ValueError("fit(sample_weight=/class_weight=...): MultiHeadModel.fit has no "
                              "sample weights")
         check_callbacks(callbacks)
+        if batch_size is not None:
+            check_int(batch_size, "fit(batch_size=...)", minimum=1)
         y = run.labels_dict(y, "fit")
+        _check_arrays(self, x, y, "fit(x=...)", "fit(y=...)")
         if isinstance(validation_data, (tuple, list)):
             if len(validation_data) != 2:
                 raise ValueError("fit(validation_data=...): give (x_val, y_val) or a dataset; "
                                  "sample weights are not supported")
             validation_data = (validation_data[0], run.labels_dict(validation_data[1], "fit"))
+            _check_arrays(self, *validation_data, "fit(validation_data=...) x_val",
+                          "fit(validation_data=...) y_val")
         run.start_fit()
         try:
             return super().fit(  # type: ignore[misc]

@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from multihead._checks import check_int
-from multihead.datasets.multitask import DataPosition, StreamPosition, as_dataset
+from multihead.datasets.multitask import DataPosition, StreamPosition, as_dataset, check_array_data
+from multihead.model.input_shape import check_input_width
 from multihead.objectives.labels import LabelCheck
 from multihead.model.model_view import HeadsModel
 from multihead.objectives.objective import with_sample_weights
@@ -227,6 +228,7 @@ class DataFeed:
             return self._last
         dataset = self.labelled(as_dataset(data, batch_size, shuffle=True, seed=seed))
         inputs_spec, targets_spec = dataset.element_spec
+        self.check_inputs(inputs_spec, "data")
         zeros = tf.nest.map_structure(zeros_for_spec, inputs_spec)
         train_step = self._ensure_built(zeros)
         self._labels(targets_spec, None, zeros)
@@ -298,6 +300,7 @@ class DataFeed:
         else:
             dataset = dataset.map(lambda x, y: (x, {head: y}))
         inputs_spec, targets_spec = dataset.element_spec
+        self.check_inputs(inputs_spec, f"data[{head!r}]")
         zeros = tf.nest.map_structure(zeros_for_spec, inputs_spec)
         self._ensure_built(zeros)
         self._labels(targets_spec, (head,), zeros)
@@ -307,10 +310,16 @@ class DataFeed:
         """`data` (one dataset or arrays for every head) as checked evaluation batches."""
         dataset = self.labelled(as_dataset(data, batch_size or 1024, shuffle=False))
         inputs_spec, targets_spec = dataset.element_spec
+        self.check_inputs(inputs_spec, "data")
         zeros = tf.nest.map_structure(zeros_for_spec, inputs_spec)
         self._ensure_built(zeros)
         self._labels(targets_spec, None, zeros)
         return dataset
+
+    def check_inputs(self, inputs_spec: Any, what: str) -> None:
+        """The inputs' dtypes (real) and width (the model's, once built), before any trace."""
+        check_array_data(inputs_spec, f"{what} inputs")
+        check_input_width(self._model, inputs_spec, f"{what} inputs")
 
     def labelled(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """A single-head dataset with bare labels becomes `(inputs, {head: labels})`;

@@ -104,10 +104,65 @@ def _inputs_tree(x: Any) -> Any:
     return dict(x) if isinstance(x, Mapping) else x
 
 
-def _load(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData | dict[str, MultiTaskData]:
+def _load(data: DataConfig, heads: list[str], seed: int,
+          markers: Mapping[str, float | None] | None = None,
+          allowed: Sequence[str] = ()) -> MultiTaskData | dict[str, MultiTaskData]:
+    """The data of `data`, every head with a labelled row in each split (unless `allowed`,
+    `data.allow_empty_heads`). `markers`: head -> the missing-label marker its objective
+    uses (default: `data.missing_label`)."""
+    if markers is None:
+        markers = {h: missing_label_of(data, h) for h in heads}
+    allowed = [*allowed, *data.allow_empty_heads]
     if data.per_head:
         return {h: _load(data.per_head[h], [h], seed if data.per_head[h].seed is None
-                         else data.per_head[h].seed) for h in heads}
+                         else data.per_head[h].seed,
+                         {h: markers[h] if markers[h] is not None
+                          else missing_label_of(data.per_head[h], h)}, allowed)
+                for h in heads}
+    result = _read(data, heads, seed)
+    _check_labelled(result, markers, allowed, held_out=data.eval is None)
+    return result
+
+
+def _check_labelled(data: MultiTaskData, markers: Mapping[str, float | None],
+                    allowed: Sequence[str], held_out: bool) -> None:
+    """Each head not `allowed` has, in each split, a row with a present label (not its
+    missing-label marker) and a sample weight > 0. Without one the head trains nothing and
+    its evaluation reads as a NaN loss, or as 0, a perfect fit it never made.
+
+    Raises:
+        ConfigError: naming the head, the key and the split.
+    """
+    fix = "give it rows with labels, or list the head in data.allow_empty_heads to run anyway"
+    splits = (("data.train", data.y_train, data.w_train),
+              ("the eval split (held out of data.train)" if held_out else "data.eval",
+               data.y_eval, data.w_eval))
+    for where, labels, weights in splits:
+        for head, y in labels.items():
+            if head in allowed:
+                continue
+            rows = len(y)
+            present = np.ones(rows, bool)
+            marker = markers.get(head)
+            if marker is not None:
+                flat = np.asarray(y).reshape(rows, -1)
+                marked = np.isnan(flat) if math.isnan(marker) else flat == marker
+                present = ~marked.any(axis=1)
+                if not present.any():
+                    raise ConfigError(
+                        f"data.missing_label.{head}: every label of head {head!r} in {where} is "
+                        f"missing (all {rows} rows are {marker}); the head would train nothing "
+                        f"and evaluate to NaN; {fix}")
+            weight = weights.get(head)
+            if weight is not None and not (weight[present] > 0).any():
+                labelled = " of the rows with a label" if marker is not None else ""
+                raise ConfigError(
+                    f"data.sample_weights.{head}: every sample weight{labelled} of head {head!r} "
+                    f"in {where} is 0; the head would train nothing and evaluate to a loss of 0 "
+                    f"(a perfect fit it never made); {fix}")
+
+
+def _read(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     kind = data.kind
     if kind in ("mmoe", "mixed"):
         return _synthetic(data, heads, seed)

@@ -8,7 +8,14 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence, Union
 
-from multihead._checks import check_bounds, check_choice, check_int, describe, suggest
+from multihead._checks import (
+    check_bounds,
+    check_choice,
+    check_int,
+    check_missing_label,
+    describe,
+    suggest,
+)
 from multihead.experiments.config.errors import ConfigError
 from multihead.experiments.config.fields import MAGNITUDE_MAX
 from multihead.experiments.config.fields import build as _build
@@ -92,6 +99,10 @@ class DataConfig:
                 "and eval metrics; docs/data.md)")
     sampling_weights: dict[str, float] = _field({}, doc="head -> sampling weight (default: its "
                                                         "number of training examples)")
+    allow_empty_heads: list[str] = _field(
+        [], doc="heads that may have no labelled row in a split: every label missing "
+                "(missing_label) or every sample weight 0. Refused by default: such a head "
+                "trains nothing and its eval loss is NaN or 0 (docs/data.md)")
 
 
 _DTYPES = ("float32", "float64", "int32", "int64")
@@ -189,17 +200,14 @@ def missing_label_of(data: DataConfig, head: str) -> float | None:
     `nan`, a float for a number, None when the head has none.
 
     Raises:
-        ConfigError: the value is neither `nan` nor a number.
+        ConfigError: the value is neither `nan` nor a number a float32 label can hold.
     """
     value = data.missing_label.get(head)
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() in ("nan", ".nan"):
         return float("nan")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"data.missing_label.{head}: expected nan or a number (the label value "
-                          f"that marks a missing label), got {value!r}")
-    return float(value)
+    return check_missing_label(value, f"data.missing_label.{head}", error=ConfigError)
 
 
 def _check_head_keys(keys: Any, where: str, heads: list[str]) -> None:
@@ -233,6 +241,10 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
     check_bounds(data.temperature, "data.temperature", minimum=0, min_open=True, error=ConfigError)
     _check_head_keys(data.sampling_weights, "data.sampling_weights", heads)
     _check_head_keys(data.missing_label, "data.missing_label", heads)
+    for i, head in enumerate(data.allow_empty_heads):
+        if head not in heads:
+            raise ConfigError(f"data.allow_empty_heads[{i}]: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
     for head in data.missing_label:
         missing_label_of(data, head)
     _check_sample_weights(data, heads)
@@ -246,7 +258,8 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
         return
     defaults = DataConfig()
     for field in dataclasses.fields(DataConfig):
-        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label") and \
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label",
+                                               "allow_empty_heads") and \
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
                               f"source is data.per_head.<head>.{field.name}); move or remove it")

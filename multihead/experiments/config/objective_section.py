@@ -7,7 +7,7 @@ import dataclasses
 import re
 from typing import Any, Union
 
-from multihead._checks import suggest
+from multihead._checks import check_name, suggest
 from multihead.experiments.config.errors import ConfigError
 from multihead.experiments.config.fields import field as _field
 
@@ -75,8 +75,13 @@ def trains_trunk(spec: ObjectiveConfig) -> bool:
 
 
 def check_objectives(config: ExperimentConfig) -> None:
-    """The standalone objectives' names and reads; every head is trained by some objective."""
+    """The heads' and objectives' names (the rule `Trainer` applies), the standalone
+    objectives' reads; every head is trained by some objective."""
     heads = list(config.model.heads)
+    for head in heads:
+        check_name(head, "head", where="model.heads", error=ConfigError)
+    for name in config.objectives:
+        check_name(name, "objective", where="objectives", error=ConfigError)
     for name, spec in config.objectives.items():
         path = f"objectives.{name}"
         if name in heads:

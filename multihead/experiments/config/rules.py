@@ -264,14 +264,17 @@ def check_rules(config: Any, allow_import: Sequence[str] = (), *,
     _check_layers(config.model.trunk, "model.trunk", error)
     check_model_size(config.model.trunk, {n: h.layers for n, h in config.model.heads.items()},
                      _input_width(config.data), error)
-    for name, head in config.model.heads.items():
-        path = f"model.heads.{name}"
-        for key in ("layers", "loss", "optimizer", "metrics", "weight"):
-            _check_numbers(getattr(head, key), f"{path}.{key}", error)
-        _check_layers(head.layers, f"{path}.layers", error)
-        _check_loss(head.loss, f"{path}.loss", error)
-        _check_optimizer(head.optimizer, f"{path}.optimizer", error)
-        _check_metrics(head.metrics, f"{path}.metrics", error)
+    # Every objective, a head's own or one of `objectives:`, under the same rules: its
+    # weight and trunk_scale schedules hold finite numbers as its optimizer does.
+    specs = [(f"model.heads.{n}", h) for n, h in config.model.heads.items()]
+    specs += [(f"objectives.{n}", o) for n, o in config.objectives.items()]
+    for path, spec in specs:
+        for key in ("layers", "loss", "optimizer", "metrics", "weight", "trunk_scale"):
+            _check_numbers(getattr(spec, key, None), f"{path}.{key}", error)
+        _check_layers(getattr(spec, "layers", None), f"{path}.layers", error)
+        _check_loss(spec.loss, f"{path}.loss", error)
+        _check_optimizer(spec.optimizer, f"{path}.optimizer", error)
+        _check_metrics(spec.metrics, f"{path}.metrics", error)
     trunk = config.train.trunk
     if isinstance(trunk, Mapping):
         _check_numbers(trunk, "train.trunk", error)

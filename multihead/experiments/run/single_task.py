@@ -12,7 +12,8 @@ differ from it only in the heads it trains, so:
 - an aggregated trunk (`train.trunk: {aggregator: ...}`) becomes `per_head`: with one head
   there is nothing to aggregate, and the head's own optimizer trains the trunk, as in
   single-task training;
-- callbacks of other heads are dropped; one that monitors another head is an error.
+- callbacks and trunk taps (`model.taps`) of other heads are dropped; a callback that
+  monitors another head is an error.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
                           f"its heads are {heads}")
     raw: dict[str, Any] = to_dict(config)
     raw["model"]["heads"] = {head: raw["model"]["heads"][head]}
+    if raw["model"].get("taps"):  # a dropped head's tap names a head the baseline has not
+        raw["model"]["taps"] = {h: tap for h, tap in raw["model"]["taps"].items() if h == head}
     data = raw["data"]
     if data.get("per_head"):  # one dataset per head: keep this head's, drawn every step
         data["per_head"] = {head: data["per_head"][head]}
@@ -61,6 +64,8 @@ def only_head(config: ExperimentConfig, head: str, source: str = "--only-head",
     for key in ("missing_label", "sample_weights"):  # the kept head's own
         if data.get(key):
             data[key] = {k: v for k, v in data[key].items() if k == head}
+    if data.get("allow_empty_heads"):
+        data["allow_empty_heads"] = [h for h in data["allow_empty_heads"] if h == head]
     if isinstance(data.get("targets"), dict):
         data["targets"] = {head: data["targets"][head]} if head in data["targets"] else None
     if isinstance(raw["train"]["trunk"], dict):
