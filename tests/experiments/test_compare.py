@@ -54,7 +54,7 @@ def runs(tmp_path):
 
 def test_delta_m_equals_the_hand_computation_with_mixed_directions(runs):
     result = mh.compare(runs["pcgrad"] + runs["sum"], baseline=runs["baseline"])
-    assert [g.label for g in result.groups] == ["train.trunk.aggregator=pcgrad", "train.trunk.aggregator=sum"]
+    assert [g.label for g in result.groups] == ["aggregator=pcgrad", "aggregator=sum"]
     pcgrad, plain = result.groups
     assert pcgrad.runs == runs["pcgrad"]
     # group means over the two seeds: a/loss (0.8+1.0)/2 = 0.9, a/mae (1.1+1.3)/2 = 1.2,
@@ -173,7 +173,7 @@ def test_compare_png_legend_is_outside_every_panel(runs, tmp_path):
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
     assert len(fig.axes) == 2 and legends
     labels = {t.get_text() for legend in legends for t in legend.get_texts()}
-    assert labels == {"train.trunk.aggregator=pcgrad", "single-task"}  # the sum runs have no curves
+    assert labels == {"aggregator=pcgrad", "single-task"}  # the sum runs have no curves
     for legend in legends:
         box = legend.get_window_extent(renderer)
         for ax in fig.axes:  # the legend covers no panel's data area
@@ -263,14 +263,14 @@ def test_pareto_marks_and_hypervolume_against_the_baselines_by_hand(runs, tmp_pa
     result = mh.compare(runs["pcgrad"] + runs["sum"], baseline=runs["baseline"], pareto=True)
     front = result.pareto
     assert front.pairs == ["a/loss", "b/loss"] and front.directions == ["min", "min"]
-    assert front.front == ["train.trunk.aggregator=pcgrad", "train.trunk.aggregator=sum"]
+    assert front.front == ["aggregator=pcgrad", "aggregator=sum"]
     assert front.reference_from == "baselines" and front.reference == pytest.approx([1.0, 0.4])
     assert front.hypervolume == 0.0
     # without baselines, on a's mae (min) and b's accuracy (max): pcgrad (mae 1.2, acc 0.8), sum (mae 2.0, acc 0.5):
     # pcgrad dominates; reference = worst (mae 2.0, acc 0.5): box (2.0-1.2) x (0.8-0.5) = 0.24
     mixed = mh.compare(runs["pcgrad"] + runs["sum"], pareto=True, metrics=["mae", "accuracy"])
     assert mixed.pareto.pairs == ["a/mae", "b/accuracy"]
-    assert mixed.pareto.front == ["train.trunk.aggregator=pcgrad"]
+    assert mixed.pareto.front == ["aggregator=pcgrad"]
     assert mixed.pareto.reference_from == "worst values"
     assert mixed.pareto.hypervolume == pytest.approx(0.24, rel=1e-12)
     # the CLI prints the front and writes it as JSON and PNG
@@ -278,7 +278,7 @@ def test_pareto_marks_and_hypervolume_against_the_baselines_by_hand(runs, tmp_pa
     assert main(["compare", *runs["pcgrad"], *runs["sum"], "--pareto", "--metrics", "mae,accuracy",
                  "--json", "--png", str(png)]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["pareto"]["front"] == ["train.trunk.aggregator=pcgrad"]
+    assert printed["pareto"]["front"] == ["aggregator=pcgrad"]
     assert printed["pareto"]["hypervolume"] == pytest.approx(0.24, rel=1e-12)
     assert png.stat().st_size > 0
     assert main(["compare", *runs["pcgrad"], *runs["sum"], "--pareto"]) == 0
@@ -291,3 +291,48 @@ def test_pareto_refuses_one_objective_and_unknown_directions(runs, capsys):
         mh.compare(runs["pcgrad"], pareto=True, metrics=["mae"])
     assert main(["compare", *runs["pcgrad"], "--pareto", "--metrics", "mae"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _resolved(trunk) -> dict:
+    """The config a run directory holds: `multihead train` writes the resolved config."""
+    from multihead.experiments.config.schema import from_dict, to_dict
+
+    raw = {"seed": 0, "model": {"trunk": {"mlp": {"units": [4]}}, "heads": {"a": {}, "b": {}}},
+           "train": {"trunk": trunk}}
+    return to_dict(from_dict(raw))
+
+
+def test_group_names_are_the_short_forms_and_the_best_group_is_marked(tmp_path, capsys):
+    finals = {"per_head": {"a": {"loss": 1.0, "accuracy": 0.6}, "b": {"loss": 2.0}},
+              "upgrad": {"a": {"loss": 0.8, "accuracy": 0.7}, "b": {"loss": 2.5}},
+              "mgda": {"a": {"loss": 0.9, "accuracy": 0.7}, "b": {"loss": 1.5}}}
+    paths = [_run(tmp_path / name, _resolved(name if name == "per_head" else {"aggregator": name}), final)
+             for name, final in finals.items()]
+    result = mh.compare(paths)
+    assert [g.label for g in result.groups] == ["trunk=per_head", "trunk=upgrad", "trunk=mgda"]
+    # a/loss (min): upgrad 0.8; a/accuracy (max): upgrad and mgda tie at 0.7; b/loss: mgda 1.5
+    assert result.best_groups() == {"a/loss": ["trunk=upgrad"], "a/accuracy": ["trunk=upgrad", "trunk=mgda"],
+                                     "b/loss": ["trunk=mgda"]}
+    table = result.format()
+    assert "trunk=mgda" in table and "1.5 ± 0 *" in table and "0.8 ± 0 *" in table
+    # an option of one aggregated group differs: it names that group, the defaults stay out
+    dtype = _run(tmp_path / "mgda64", _resolved({"aggregator": "mgda", "dtype": "float64"}), finals["mgda"])
+    assert [g.label for g in mh.compare(paths + [dtype]).groups] == [
+        "trunk=per_head", "trunk=upgrad", "trunk=mgda", "dtype=float64, trunk=mgda"]
+
+
+def test_the_png_legend_lies_inside_the_figure(runs, tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from multihead.experiments.results.compare import comparison_figure
+    from multihead.experiments.results.pareto import pareto_figure
+
+    long = [_run(tmp_path / f"long{i}", {**_config("pcgrad", 0), "train": {"trunk": {
+        "aggregator": "pcgrad", "options": {"a_rather_long_option_name": i, "another_long_option": "x" * 30}}}},
+        {"a": {"loss": 1.0 + i}, "b": {"loss": 2.0 - i}}) for i in range(3)]
+    for figure in (comparison_figure(mh.compare(runs["pcgrad"] + runs["sum"] + long)),
+                   pareto_figure(mh.compare(runs["pcgrad"] + runs["sum"] + long, pareto=True).pareto)):
+        figure.canvas.draw()
+        box, canvas = figure.legends[0].get_window_extent(), figure.bbox
+        assert box.x0 >= canvas.x0 - 1 and box.x1 <= canvas.x1 + 1, (box, canvas)
+        assert box.y0 >= canvas.y0 - 1 and box.y1 <= canvas.y1 + 1, (box, canvas)

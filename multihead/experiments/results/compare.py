@@ -36,12 +36,13 @@ import os
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
-import yaml
 
 from multihead._boundary import BoundaryError, inside, read_json, read_text
 from multihead._checks import suggest
 from multihead.experiments.config.schema import ConfigError, parse_yaml
 from multihead.experiments.config.yaml12 import MAX_BYTES
+from multihead.experiments.results.figures import legend_below
+from multihead.experiments.results.labels import group_labels
 from multihead.experiments.results.pareto import ParetoFront, front_of, pareto_figure
 from multihead.monitoring.metric_key import metric_direction
 
@@ -166,8 +167,8 @@ class Group:
     """Runs that differ only in seeds.
 
     Attributes:
-        label: the hyperparameters that set the group apart (`key=value, ...`; `all` when the
-            runs differ only in seeds).
+        label: the hyperparameters that set the group apart, shortened (`trunk=upgrad`;
+            `multihead.experiments.results.labels`; `all` when the runs differ only in seeds).
         hparams: those hyperparameters, key path -> value.
         runs: the group's run directories.
         mean, std: {head: {metric: value}} over the runs' final evaluations.
@@ -197,6 +198,7 @@ class Comparison:
         delta_m_metrics: the metric names chosen for Δm% (`compare(metrics=...)`), or None
             for every metric.
         pareto: the groups' Pareto front (`compare(pareto=True)`), or None.
+        directions: the metric directions given to `compare` (others from their names).
     """
 
     runs: list[RunResult]
@@ -206,6 +208,7 @@ class Comparison:
     delta_m_pairs: list[str] = dataclasses.field(default_factory=list)
     delta_m_metrics: list[str] | None = None
     pareto: ParetoFront | None = None
+    directions: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `multihead compare --json` prints)."""
@@ -216,8 +219,23 @@ class Comparison:
             "skipped": self.skipped,
             "delta_m_pairs": self.delta_m_pairs,
             "delta_m_metrics": self.delta_m_metrics,
+            "best_groups": self.best_groups(),
             **({"pareto": dataclasses.asdict(self.pareto)} if self.pareto is not None else {}),
         }
+
+    def best_groups(self) -> dict[str, list[str]]:
+        """`head/metric` -> the labels of the groups with the best mean (ties: all of them),
+        for each metric of known direction."""
+        out: dict[str, list[str]] = {}
+        for head, metric in _pairs(g.mean for g in self.groups):
+            mode = direction(metric, self.directions)
+            values = {g.label: g.mean[head][metric] for g in self.groups
+                      if metric in g.mean.get(head, {}) and math.isfinite(g.mean[head][metric])}
+            if mode is None or not values:
+                continue
+            target = (min if mode == "min" else max)(values.values())
+            out[f"{head}/{metric}"] = [label for label, v in values.items() if v == target]
+        return out
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per group and head/metric: group, head, metric, n, mean, std, best_mean, delta_m."""
@@ -251,12 +269,15 @@ class Comparison:
             table.append(["baseline (single-task)", "-"] +
                          [f"{self.baseline[h][m]:.4g}" if m in self.baseline.get(h, {}) else "-"
                           for h, m in pairs] + ["0"])
+        best = self.best_groups() if len(self.groups) > 1 else {}
         for g in self.groups:
             table.append([g.label, str(len(g.runs))] +
-                         [f"{g.mean[h][m]:.4g} ± {g.std[h][m]:.2g}" if m in g.mean.get(h, {}) else "-"
-                          for h, m in pairs] +
+                         [f"{g.mean[h][m]:.4g} ± {g.std[h][m]:.2g}" + (" *" if g.label in best.get(f"{h}/{m}", ()) else "")
+                          if m in g.mean.get(h, {}) else "-" for h, m in pairs] +
                          ([f"{g.delta_m:+.2f}" if g.delta_m is not None else "-"] if self.baseline else []))
         lines += _table(table)
+        if best:
+            lines.append("* the best group of each metric (by its direction)")
         if self.delta_m_pairs:
             lines.append(f"Δm% over {len(self.delta_m_pairs)} pairs: {', '.join(self.delta_m_pairs)}")
         if self.skipped:
@@ -429,8 +450,9 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                                "(compare(metrics=...)) or rerun them") from None
         skipped += [s for s in left_out if s not in skipped]
         pairs += [p for p in delta_m_terms(mean, base_mean, directions, chosen)[0] if p not in pairs]
-        label = ", ".join(f"{k}={_short(v)}" for k, v in hparams.items()) or "all"
-        groups.append(Group(label, hparams, [r.run_dir for r in members], mean, std, best_mean, dm))
+        groups.append(Group("", hparams, [r.run_dir for r in members], mean, std, best_mean, dm))
+    groups = [dataclasses.replace(g, label=label)
+              for g, label in zip(groups, group_labels([g.hparams for g in groups]))]
     front = None
     if pareto:
         try:
@@ -438,7 +460,8 @@ def compare(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
                              lambda metric: direction(metric, directions), chosen or ["loss"])
         except ValueError as err:
             raise CompareError(f"pareto: {err}") from None
-    return Comparison(runs, groups, base_mean, skipped, pairs, chosen, front)
+    return Comparison(runs, groups, base_mean, skipped, pairs, chosen, front,
+                      dict(directions) if directions else None)
 
 
 def _chosen_metrics(metrics: Sequence[str] | None,
@@ -457,10 +480,6 @@ def _chosen_metrics(metrics: Sequence[str] | None,
             raise CompareError(f"metrics: {metric!r} is reported by no baseline{suggest(metric, reported)}; "
                                f"they report {reported}")
     return chosen
-
-
-def _short(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
 def comparison_figure(result: Comparison, metric: str = "loss") -> Any:
@@ -490,11 +509,10 @@ def comparison_figure(result: Comparison, metric: str = "loss") -> Any:
         ax.set_title(f"{head}: eval {metric}")
         ax.set_xlabel("step")
     lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
-    if lines:  # the same groups in every panel: one legend, outside the axes
-        wide = max(len(label) for label in lines) > 40
-        fig.legend(list(lines.values()), list(lines), loc="outside lower center",
-                   ncols=1 if wide else min(len(lines), 3), fontsize="small")
+    if lines:  # the same groups in every panel: one legend, below the axes, inside the figure
+        legend_below(fig, list(lines.values()), list(lines))
     return fig
+
 
 
 def plot_comparison(result: Comparison, path: str | os.PathLike[str], metric: str = "loss",

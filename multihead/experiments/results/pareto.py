@@ -28,6 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from multihead.experiments.results.figures import legend_below
+
 __all__ = ["ParetoFront", "front_of", "hypervolume", "non_dominated", "pareto_figure", "simplex_preferences"]
 
 
@@ -228,5 +230,5 @@ def pareto_figure(front: ParetoFront) -> Any:
         ax.set_xlabel(front.pairs[i] + (" ↓" if front.directions[i] == "min" else " ↑"))
         ax.set_ylabel(front.pairs[j] + (" ↓" if front.directions[j] == "min" else " ↑"))
     handles, names = fig.axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 3), fontsize="small")
+    legend_below(fig, handles, names)
     return fig
