@@ -148,3 +148,28 @@ def check_records(path: str | os.PathLike[str], *, partial_tail: bool = False,
     if scan.problem is not None and not (partial_tail and scan.torn):
         raise RecordError(scan.problem)
     return scan.records
+
+
+def read_records(path: str | os.PathLike[str], *, partial_tail: bool = False,
+                 limit: int = MAX_RECORD_BYTES) -> list[bytes]:
+    """The data of every whole record of the TFRecord file `path`, read in Python after
+    `check_records` (so no TensorFlow is imported and no header is trusted). The data's own
+    CRC is not recomputed: a corrupt record fails where it is parsed.
+
+    Raises:
+        RecordError, BoundaryError: as `check_records`.
+    """
+    count = check_records(path, partial_tail=partial_tail, limit=limit)
+    out = []
+    fd = open_regular(os.fspath(path))
+    try:
+        offset = 0
+        for _ in range(count):
+            (length,) = struct.unpack("<Q", os.pread(fd, 8, offset))
+            out.append(os.pread(fd, length, offset + _HEADER))
+            offset += _HEADER + length + _FOOTER
+    except OSError as err:
+        raise BoundaryError(f"{os.fspath(path)}: cannot read ({err.strerror})") from None
+    finally:
+        os.close(fd)
+    return out

@@ -586,8 +586,8 @@ def _add_commands(sub: Any) -> None:
     _add_sweep_parser(sub)
     _add_compare_parser(sub)
 
-    # report reads event files with tensorboard's loader, which uses TensorFlow when installed
-    rep = _command(sub, "report", True, help="per-head losses, gradient norms and conflicts of a run")
+    # report reads event files in Python with TensorBoard's protos: no TensorFlow
+    rep = _command(sub, "report", False, help="per-head losses, gradient norms and conflicts of a run")
     rep.add_argument("run_dir", help="a run directory (with train/ event files)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")

@@ -27,7 +27,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from multihead._boundary import BoundaryError, inside, is_regular, read_json, temp_file
-from multihead._records import check_records
+from multihead._records import read_records
 from multihead.monitoring import tags
 
 
@@ -139,20 +139,26 @@ def _run_folder(run_dir: str, name: str) -> str:
 def read_scalars(directory: str) -> dict[str, Series]:
     """Every scalar summary in the event files of `directory` (not recursive).
 
-    When a step was written twice (a resumed run), the later value wins. Each file's record
-    headers are checked first (`multihead._records`): a length TensorFlow must not read is
-    a `ReportError` naming the file and offset, not a crash.
+    When a step was written twice (a resumed run), the later value wins. The records are read
+    in Python (`multihead._records.read_records`: every header checked, a length beyond the
+    file or the bound is a `ReportError` naming the file and offset) and parsed with
+    TensorBoard's protos: no TensorFlow is imported.
     """
-    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
     points: dict[str, dict[int, float]] = {}
     for path in _event_files(directory):
-        try:
-            check_records(path, partial_tail=True)  # a live writer's last record may be torn
+        try:  # a live writer's last record may be torn
+            records = read_records(path, partial_tail=True)
         except BoundaryError as err:
             raise ReportError(str(err)) from None
-        for event in LegacyEventFileLoader(path).Load():
+        for number, data in enumerate(records):
+            try:
+                event = event_pb2.Event.FromString(data)
+            except DecodeError:
+                raise ReportError(f"{path}: record {number} is not an event; the file is corrupt") from None
             if not event.HasField("summary"):
                 continue
             for value in event.summary.value:
@@ -160,12 +166,12 @@ def read_scalars(directory: str) -> dict[str, Series]:
                     array = tensor_util.make_ndarray(value.tensor)
                     if array.ndim != 0 or not np.issubdtype(array.dtype, np.number):
                         continue  # text, histograms, layouts
-                    number = float(array)
+                    scalar = float(array)
                 elif value.HasField("simple_value"):
-                    number = float(value.simple_value)
+                    scalar = float(value.simple_value)
                 else:
                     continue
-                points.setdefault(value.tag, {})[int(event.step)] = number
+                points.setdefault(value.tag, {})[int(event.step)] = scalar
     series = {}
     for tag, by_step in points.items():
         steps = np.array(sorted(by_step), dtype=np.int64)

@@ -236,3 +236,21 @@ def test_aggregated_run_reports_the_weights_and_why_the_trunk_norm_is_empty(tmp_
                                "aggregated") for line in lines)
     aggregated = next(line for line in lines if line.startswith("aggregated trunk gradient norm"))
     assert aggregated.endswith(f": {mean[tags.AGG_UPDATE_NORM]:.4g}")
+
+
+def test_report_runs_without_tensorflow(run, capsys):
+    """`multihead report` reads the events in Python (TensorBoard's protos): in a process
+    where importing TensorFlow fails, it gives the same JSON as in this one."""
+    import subprocess
+    import sys
+
+    run_dir = run[0]
+    expected = _report_json(capsys, run_dir)
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "from multihead.cli.main import main\n"
+            f"code = main(['report', {str(run_dir)!r}, '--json'])\n"
+            "assert 'tensorflow' not in sys.modules or sys.modules['tensorflow'] is None\n"
+            "raise SystemExit(code)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == expected
