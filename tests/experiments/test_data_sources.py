@@ -431,3 +431,36 @@ def test_partial_targets_keep_the_other_heads_default_target(tmp_path):
                          "eval": str(tmp_path / "d.npz"), "targets": {"y2": "other"}}, heads=HEADS)
     np.testing.assert_array_equal(data.y_eval["y1"], y["y1"])  # y1 still reads array y1
     np.testing.assert_array_equal(data.y_eval["y2"], y["y2"])
+
+
+def test_features_all_selects_exactly_the_other_columns(tmp_path, monkeypatch):
+    """`features: all` on a CSV with a weight column: every column but the targets and the
+    weights, in the file's order; the arrays equal those of the explicit list, and the run's
+    config.yaml lists the columns, so predict reads the same inputs."""
+    import json
+
+    x, y = _arrays()
+    cols = ["w"] + [f"x{i}" for i in range(D)] + ["t1", "t2"]
+    rows = [",".join(cols)] + [",".join([f"{0.5 + (i % 2):.9g}"] + [f"{v:.9g}" for v in x[i]]
+                                        + [f"{y['y1'][i, 0]:.9g}", f"{y['y2'][i, 0]:.9g}"])
+                               for i in range(N)]
+    (tmp_path / "w.csv").write_text("\n".join(rows) + "\n")
+    base = {"kind": "csv", "train": str(tmp_path / "w.csv"), "targets": {"y1": "t1", "y2": "t2"},
+            "sample_weights": {"y1": "w"}}
+    every = mh.load_data({**base, "features": "all"}, HEADS)
+    listed = mh.load_data({**base, "features": [f"x{i}" for i in range(D)]}, HEADS)
+    np.testing.assert_array_equal(every.x_train, listed.x_train)
+    np.testing.assert_array_equal(every.x_eval, listed.x_eval)
+    assert every.x_train.shape[1] == D
+    config = tmp_path / "all.yaml"
+    config.write_text(yaml.safe_dump(_config({**base, "features": "all"}, steps=4)))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"]["features"] == [f"x{i}" for i in range(D)]
+    assert json.loads((run / "inputs.json").read_text())["shape"] == [None, D]
+    assert main(["predict", str(run), "--data", str(tmp_path / "w.csv"), "--out", str(tmp_path / "p.npz")]) == 0
+    # only targets and weights: nothing left to read
+    (tmp_path / "only.csv").write_text("w,t1,t2\n1,2,3\n")
+    with pytest.raises(ConfigError, match="data.features: all: .* has no column but the targets"):
+        mh.load_data({**base, "train": str(tmp_path / "only.csv"), "features": "all"}, HEADS)

@@ -44,6 +44,9 @@ from multihead.experiments.build.file_readers import (
 from multihead.experiments.config.data_section import DataConfig, data_from_dict, missing_label_of
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, objective_configs
 
+#: `data.features: all`: every column but the targets and sample weights.
+ALL_FEATURES = "all"
+
 #: The default `data.features` of file sources.
 DEFAULT_FEATURES = "x"
 
@@ -182,6 +185,8 @@ def _read(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     if kind == "python":
         train, evaluation = _from_function(data, heads)
     else:
+        if data.features == ALL_FEATURES:
+            data.features = _all_features(data, data.train or "train", heads)
         train = _read_split(data, data.train or "train", "data.train", heads)
         evaluation = None if data.eval is None else _read_split(data, data.eval, "data.eval", heads)
     policy = data.on_nonfinite or data.on_nan or "error"
@@ -296,6 +301,29 @@ def _specs(data: DataConfig, heads: list[str]) -> tuple[Any, dict[str, Any]]:
     for head, spec in targets.items():
         _spec_error(spec, f"data.targets.{head}")
     return features, targets
+
+
+def _all_features(data: DataConfig, path: str, heads: list[str]) -> list[str]:
+    """`data.features: all`: every column (array, feature) of the training file that is not
+    a head's target or a sample weight, in the file's order. Resolved once, from the training
+    file: the run's config.yaml then lists them, so `predict` reads the same columns."""
+    targets = {**{h: h for h in heads}, **dict(data.targets or {})}
+    taken = set(_names(targets)) | set(data.sample_weights.values())
+    if data.kind != "tfds":
+        check_file(path, "data.train")
+    if data.kind == "csv":
+        names = csv_header(path, "data.train")
+    elif data.kind == "tfrecord":
+        names = tfrecord_features(path) or []
+    elif data.kind == "npz":
+        names = list(read_npz(path, "data.train"))
+    else:
+        names = list(read_tfds(data, path, "data.train"))
+    features = [n for n in names if n not in taken]
+    if not features:
+        raise ConfigError(f"data.features: all: {path!r} has no column but the targets and sample "
+                          f"weights ({sorted(taken)})")
+    return features
 
 
 def _read_split(data: DataConfig, path: str, where: str, heads: list[str]) -> tuple[Any, ...]:

@@ -62,8 +62,9 @@ class DataConfig:
     holdout: float = _field(0.2, doc="fraction of train held out for evaluation when eval is "
                                      "not given, in (0, 1); split with data.seed")
     features: Any = _field(None, doc="the input: a column/array name, a list of them "
-                                     "(concatenated), or a mapping input name -> those (named "
-                                     "inputs); default: x")
+                                     "(concatenated), a mapping input name -> those (named "
+                                     "inputs), or all (every column but the targets and sample "
+                                     "weights, listed in the run's config.yaml); default: x")
     targets: Any = _field(None, doc="head -> column/array name or list of them; a head not "
                                     "given reads the column/array of its own name")
     dtypes: dict[str, str] = _field({}, doc="csv/tfrecord: column or feature -> float32, float64, "
