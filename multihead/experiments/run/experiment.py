@@ -213,14 +213,14 @@ class _Run:
         import traceback
 
         from multihead.experiments.run.guard import (
-            RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
+            RunInterrupted, RunWatch, is_disk_full, write_status)
 
         takes = self.runner.resumable  # it stops at a step boundary and can be resumed
         watch = RunWatch(immediate=not takes)
         kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
         if resume:
             kwargs["resume"] = True
-        before = read_status(run_dir)
+        before = _status_bytes(run_dir) if resume else None
         hint = f"multihead train {self.source} --resume {run_dir}"
         try:
             with watch:  # the handlers are in place once the status says running
@@ -245,8 +245,7 @@ class _Run:
             if not resume and _disposable(run_dir, watch):
                 shutil.rmtree(run_dir, ignore_errors=True)
             elif resume and watch.step is None and before is not None:
-                write_status(run_dir, **{k: v for k, v in before.items()
-                                         if k in ("status", "step", "checkpoint", "error")})
+                _restore(run_dir, before)  # a refused resume leaves the status as it was
             else:
                 write_status(run_dir, "failed", step=watch.step, error="bad input")
             raise
@@ -277,6 +276,24 @@ class _Run:
         from multihead.experiments.run.hparams import log_run_hparams
 
         log_run_hparams(run_dir, self.config, self.runner, metrics, self.overrides)
+
+
+def _status_bytes(run_dir: str) -> bytes | None:
+    """The bytes of the run's `status.json` (checked by `check_resume`), or None."""
+    from multihead._boundary import read_bytes
+    from multihead.experiments.run.guard import STATUS_FILE
+
+    try:
+        return read_bytes(run_dir, STATUS_FILE, limit=1 << 20)
+    except ValueError:
+        return None
+
+
+def _restore(run_dir: str, status: bytes) -> None:
+    from multihead._boundary import write_atomic
+    from multihead.experiments.run.guard import STATUS_FILE
+
+    write_atomic(os.path.join(run_dir, STATUS_FILE), status)
 
 
 def _write_metrics(run_dir: str, metrics: dict[str, Any]) -> None:

@@ -30,7 +30,8 @@ import threading
 import types
 from typing import Any
 
-from multihead._boundary import read_json, temp_file
+from multihead._boundary import BoundaryError, read_json, temp_file
+from multihead._checks import check_int, describe
 from multihead.training.callbacks import Callback
 
 LOCK_FILE = ".lock"
@@ -178,6 +179,28 @@ def _rewrite_in_place(path: str, tree: dict[str, Any], error: str | None) -> boo
         return False
     finally:
         os.close(fd)
+
+
+#: The values of `status.json`'s `status`.
+STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+def check_status(record: dict[str, Any], where: str) -> None:
+    """Raises `BoundaryError` unless `record` is a `status.json` this module writes: `status`
+    one of `STATUSES`, `step` a step count or null, `checkpoint` and `error` text or null.
+
+    Args:
+        record: the file's JSON object.
+        where: the file's path, for the message.
+    """
+    if record.get("status") not in STATUSES:
+        raise BoundaryError(f"{where}: status must be one of {', '.join(STATUSES)}, got "
+                            f"{describe(record.get('status'))}")
+    if record.get("step") is not None:
+        check_int(record["step"], f"{where}: step", minimum=0, error=BoundaryError)
+    for key in ("checkpoint", "error"):
+        if not isinstance(record.get(key), (str, type(None))):
+            raise BoundaryError(f"{where}: {key} must be text or null, got {describe(record[key])}")
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

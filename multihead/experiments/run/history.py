@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from multihead._boundary import BoundaryError, read_json, write_atomic
+from multihead._checks import check_float, check_int, describe
 from multihead.training.callbacks import Callback, Metrics
 
 #: The run's history file, in the run directory.
@@ -79,7 +80,7 @@ class RunHistory(Callback):
         evals: list[tuple[int, Metrics]] = []
         segments: list[dict[str, Any]] = []
         if resumed_from is not None and os.path.lexists(path):
-            evals, segments = _read(run_dir)
+            evals, segments = read_history(run_dir)
             evals = [(step, metrics) for step, metrics in evals if step <= start_step]
         return cls(path if write else None, evals, segments, start_step, resumed_from)
 
@@ -132,26 +133,73 @@ class RunHistory(Callback):
         write_atomic(self.path, json.dumps(tree, indent=1) + "\n")
 
 
-def _read(run_dir: str) -> tuple[list[tuple[int, Metrics]], list[dict[str, Any]]]:
-    """The evaluations and segments of `RUN_DIR/history.json`."""
+def read_history(run_dir: str, heads: Sequence[str] | None = None,
+                 ) -> tuple[list[tuple[int, Metrics]], list[dict[str, Any]]]:
+    """The evaluations and segments of `RUN_DIR/history.json`, checked field by field:
+    evaluations at increasing steps of `heads` only (when given), with finite values;
+    segments that end at or after they start, start in order, and took a finite,
+    non-negative wall time.
+
+    Raises:
+        HistoryError: one line naming the file and the field.
+    """
     where = os.path.join(run_dir, HISTORY_FILE)
     try:
         tree = read_json(run_dir, HISTORY_FILE)
-        evals = [(_int(e["step"]), {str(h): {str(m): float(v) for m, v in values.items()}
-                                    for h, values in e["eval"].items()})
-                 for e in tree["evals"]]
-        segments = [{"start_step": _int(s["start_step"]), "resumed_from": s["resumed_from"],
-                     "end_step": _int(s["end_step"]), "wall_time_s": float(s["wall_time_s"])}
-                    for s in tree["segments"]]
+        return _evals(tree, where, heads), _segments(tree, where)
     except BoundaryError as err:
         raise HistoryError(str(err)) from None
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise HistoryError(f"{where}: not a run history written by multihead ({err}); "
-                           "remove it to resume without the earlier evaluations") from None
-    return evals, segments
 
 
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"step {value!r} is not an integer")
+def _list(tree: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = tree.get(key)
+    if not isinstance(value, list):
+        raise BoundaryError(f"{where}: {key} must be a list, got {describe(value)}")
     return value
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BoundaryError(f"{field} must be an object, got {describe(value)}")
+    return value
+
+
+def _evals(tree: dict[str, Any], where: str, heads: Sequence[str] | None,
+           ) -> list[tuple[int, Metrics]]:
+    evals, last = [], 0
+    for i, entry in enumerate(_list(tree, "evals", where)):
+        field = f"{where}: evals[{i}]"
+        entry = _object(entry, field)
+        last = check_int(entry.get("step"), f"{field}.step", minimum=last + 1,
+                         hint="steps in order", error=BoundaryError)
+        metrics = {}
+        for head, values in _object(entry.get("eval"), f"{field}.eval").items():
+            if heads is not None and head not in heads:
+                raise BoundaryError(f"{field}.eval: head {head!r} is not a head of this run "
+                                    f"({', '.join(heads)})")
+            metrics[head] = {str(name): check_float(value, f"{field}.eval.{head}.{name}",
+                                                    error=BoundaryError)
+                             for name, value in _object(values, f"{field}.eval.{head}").items()}
+        evals.append((last, metrics))
+    return evals
+
+
+def _segments(tree: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    segments, last = [], 0
+    for i, entry in enumerate(_list(tree, "segments", where)):
+        field = f"{where}: segments[{i}]"
+        entry = _object(entry, field)
+        start = check_int(entry.get("start_step"), f"{field}.start_step", minimum=last,
+                          hint="segments in order", error=BoundaryError)
+        end = check_int(entry.get("end_step"), f"{field}.end_step", minimum=start,
+                        hint="a segment ends at or after its start_step", error=BoundaryError)
+        resumed_from = entry.get("resumed_from")
+        if not isinstance(resumed_from, (str, type(None))):
+            raise BoundaryError(f"{field}.resumed_from must be a checkpoint path or null, got "
+                                f"{describe(resumed_from)}")
+        wall = check_float(entry.get("wall_time_s"), f"{field}.wall_time_s", minimum=0,
+                           error=BoundaryError)
+        segments.append({"start_step": start, "resumed_from": resumed_from, "end_step": end,
+                         "wall_time_s": wall})
+        last = start
+    return segments

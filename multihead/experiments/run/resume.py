@@ -1,5 +1,6 @@
 """What `--resume RUN_DIR` checks before it writes anything: the config matches the run's,
-the run's folders and checkpoint files are its own, and a checkpoint to resume from exists.
+the run's folders and checkpoint files are its own, its records are sound
+(`multihead.experiments.run.records`), and a checkpoint to resume from exists.
 
 Every refusal is a `RunInputError` (one line, exit 2 in the CLI); nothing here writes.
 
@@ -13,6 +14,7 @@ import os
 from typing import Any
 
 from multihead.experiments.config.schema import ExperimentConfig, to_dict
+from multihead.experiments.run.records import RecordError, check_records
 
 
 class RunInputError(ValueError):
@@ -80,6 +82,10 @@ def check_resume(run_dir: str, config: ExperimentConfig, runner: Any, source: st
             raise RunInputError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
                                 "folders must be inside it (copy the target in its place)")
     _check_own_files(run_dir)
+    try:
+        check_records(run_dir, list(config.model.heads))  # what the resume would adopt
+    except RecordError as err:
+        raise RunInputError(f"--resume: {err}") from None
     latest = latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if latest is None:
         raise RunInputError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to "
@@ -94,11 +100,7 @@ def check_resume(run_dir: str, config: ExperimentConfig, runner: Any, source: st
 
 
 def _check_own_files(run_dir: str) -> None:
-    """No symlink among the checkpoint files (a save would write through it) and a
-    `best/best.json` that names a checkpoint of the run."""
-    from multihead._boundary import BoundaryError
-    from multihead.io.best_checkpoint import BestCheckpoint
-
+    """No symlink among the checkpoint files (a save would write through it)."""
     for name in ("checkpoints", "best"):
         folder = os.path.join(run_dir, name)
         if not os.path.isdir(folder):
@@ -108,10 +110,6 @@ def _check_own_files(run_dir: str) -> None:
             raise RunInputError(f"--resume {run_dir!r}: {name}/{links[0]} is a symlink; a run's "
                                 "checkpoints must be inside it (remove it or copy the target in "
                                 "its place)")
-    try:
-        BestCheckpoint.read(os.path.join(run_dir, "best"))
-    except BoundaryError as err:
-        raise RunInputError(f"--resume: {err}") from None
 
 
 def latest_checkpoint(directory: str) -> str | None:
