@@ -181,3 +181,61 @@ def test_the_cli_says_a_bad_record_in_one_line_with_exit_2(finished, tmp_path, c
     assert err.count("\n") == 1 and err.startswith("multihead: error: --resume: ") and \
         "best.json: value" in err, err
     assert _files(run) == before
+
+
+# -- segments: a failed first segment is kept, to the last step it ran ------------------------
+
+
+def test_a_disk_full_first_segment_is_kept_to_its_last_step(tmp_path, monkeypatch):
+    """No new file can be created from the first checkpoint step on, and the evaluation at
+    step 20 fails with ENOSPC: the run fails at step 20 with history.json rewritten in its own
+    blocks, and the resumed run's metrics count the first segment's 20 steps and its time."""
+    import errno
+    import time
+
+    import multihead.experiments.run.history as history
+    from multihead.training.trainer import Trainer
+
+    config = tmp_path / "exp.yaml"
+    config.write_text(CONFIG.replace("every: 10, keep: 5", "every: 5, keep: 5")
+                      .replace("train: {steps: 20", "train: {steps: 30"))
+    write_atomic, evaluate, calls = history.write_atomic, Trainer.evaluate, {"eval": 0}
+
+    def disk_full_once_created(path, data):  # the history file's first write finds room
+        if os.path.exists(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_atomic(path, data)
+
+    def failing_second_evaluation(self, *args, **kwargs):
+        calls["eval"] += 1
+        if calls["eval"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(history, "write_atomic", disk_full_once_created)
+    monkeypatch.setattr(Trainer, "evaluate", failing_second_evaluation)
+    run = tmp_path / "run"
+    started = time.perf_counter()
+    failed = run_experiment(str(config), run_dir=str(run), quiet=True)
+    first_call = time.perf_counter() - started
+    monkeypatch.undo()
+    assert (failed.status, failed.exit_code) == ("failed", 1) and "disk full" in failed.message
+    status = json.loads((run / "status.json").read_text())
+    [kept] = json.loads((run / "history.json").read_text())["segments"]
+    # The guard's own record of the last step done, independent of the history.
+    assert status["step"] == 20 and status["checkpoint"] == "checkpoints/ckpt-15"
+    assert (kept["start_step"], kept["end_step"]) == (0, status["step"])
+    assert 0 < kept["wall_time_s"] < first_call
+
+    started = time.perf_counter()
+    resumed = run_experiment(str(config), resume=str(run), quiet=True)
+    second_call = time.perf_counter() - started
+    assert resumed.exit_code == 0, resumed.message
+    first, second = resumed.metrics["segments"]
+    assert first == kept
+    assert (second["start_step"], second["resumed_from"], second["end_step"]) == (
+        15, "checkpoints/ckpt-15", 30)
+    assert 0 < second["wall_time_s"] < second_call
+    # 20 steps in the first segment, 30 - 15 in the second (the steps 16..20 were run twice)
+    assert resumed.metrics["steps_per_s"] == pytest.approx(
+        (20 + 15) / (kept["wall_time_s"] + second["wall_time_s"]))

@@ -30,7 +30,7 @@ import threading
 import types
 from typing import Any
 
-from multihead._boundary import BoundaryError, read_json, temp_file
+from multihead._boundary import BoundaryError, read_json, rewrite_in_place, temp_file
 from multihead._checks import check_int, describe
 from multihead.training.callbacks import Callback
 
@@ -155,30 +155,13 @@ def write_status(run_dir: str, status: str, *, step: int | None = None,
 
 def _rewrite_in_place(path: str, tree: dict[str, Any], error: str | None) -> bool:
     """No space for a new file: overwrites the existing status file within the blocks it
-    already has (a file takes whole blocks, so rewriting up to them needs no new one), with
-    the fields that fit: no traceback, the error cut short."""
+    already has, with the fields that fit: no traceback, the error cut short."""
     small = {k: v for k, v in tree.items() if k != "traceback"}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        info = os.fstat(fd)
-        room = max(info.st_size, info.st_blocks * 512)
-        for cut in (_STATUS_ERROR_MAX, 64, 0):
-            small["error"] = (error or "")[:cut] or None
-            data = json.dumps(small).encode()
-            if len(data) <= room:
-                break
-        else:
-            return False
-        written = os.pwrite(fd, data, 0) == len(data)
-        os.ftruncate(fd, len(data))  # shrinking needs no space
-        return written
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    for cut in (_STATUS_ERROR_MAX, 64, 0):
+        small["error"] = (error or "")[:cut] or None
+        if rewrite_in_place(path, json.dumps(small)):
+            return True
+    return False
 
 
 #: The values of `status.json`'s `status`.
