@@ -9,9 +9,9 @@ SIGINT/SIGTERM, nothing deleted that a step wrote. Bad input raises (`ConfigErro
 `RunResult` whose `exit_code` and one-line `message` say so.
 
 Example:
-    >>> result = run_experiment("experiments/quickstart.yaml", run_dir="runs/q")  # doctest: +SKIP
+    >>> result = mh.run_experiment("experiments/quickstart.yaml", run_dir="runs/q")  # doctest: +SKIP
     >>> result.exit_code, result.metrics["steps"]                                   # doctest: +SKIP
-    >>> run_experiment("experiments/quickstart.yaml", resume="runs/q",              # doctest: +SKIP
+    >>> mh.run_experiment("experiments/quickstart.yaml", resume="runs/q",              # doctest: +SKIP
     ...                overrides=["train.steps=2000"])
 """
 
