@@ -19,6 +19,7 @@ from tensorflow.core.util import event_pb2
 
 import multihead as mh
 from multihead.experiments.results.compare import load_result
+from multihead.experiments.run.experiment import run_experiment
 from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
@@ -239,7 +240,7 @@ def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG.replace("steps: 1000000", "steps: 30"))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     capsys.readouterr()
 
     def files():
