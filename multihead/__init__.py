@@ -86,6 +86,9 @@ _EXPORTS = {
     "impressions": "multihead.datasets.impressions",
     "LoadedRun": "multihead.experiments.run.load",
     "load_run": "multihead.experiments.run.load",
+    "run_experiment": "multihead.experiments.run.experiment",
+    "RunResult": "multihead.experiments.run.experiment",
+    "RunInputError": "multihead.experiments.run.resume",
     "Comparison": "multihead.experiments.results.compare",
     "compare": "multihead.experiments.results.compare",
 }
@@ -160,6 +163,9 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.datasets.impressions import impressions
     from multihead.experiments.run.load import LoadedRun
     from multihead.experiments.run.load import load_run
+    from multihead.experiments.run.experiment import RunResult
+    from multihead.experiments.run.experiment import run_experiment
+    from multihead.experiments.run.resume import RunInputError
     from multihead.experiments.results.compare import Comparison
     from multihead.experiments.results.compare import compare
 
@@ -230,6 +236,8 @@ __all__ = [
     "TerminateOnNonFinite",
     "Trainer",
     "TrainingState",
+    "RunInputError",
+    "RunResult",
     "TrunkPolicy",
     "TrunkRule",
     "__version__",
@@ -250,6 +258,7 @@ __all__ = [
     "mmoe_synthetic",
     "multidigits",
     "restore_checkpoint",
+    "run_experiment",
     "save_checkpoint",
     "variable_addresses",
 ]

@@ -16,7 +16,8 @@ the checkpoint files, `inputs.json`, `config.yaml`, event files) goes through th
   `open_append` opens a log for appending under the rules of `open_regular`;
 * `write_atomic` writes a result file (temp file in the same directory, fsync,
   `os.replace`), refusing a symlink at the target, readable as the umask allows (`temp_file`,
-  `temp_dir`: mkstemp/mkdtemp with the modes `open` and `os.mkdir` give); `unlink_symlinks` clears symlinks planted
+  `temp_dir`: mkstemp/mkdtemp with the modes `open` and `os.mkdir` give), and
+  `rewrite_in_place` rewrites a small record within its own blocks on a full disk; `unlink_symlinks` clears symlinks planted
   at names a writer (TensorFlow's checkpoint writer) would follow.
 
 `base` itself is trusted as given (the user named it); only what lies below it is not.
@@ -356,3 +357,29 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def rewrite_in_place(path: str | os.PathLike[str], data: str | bytes) -> bool:
+    """Overwrites the regular file `path` with `data` within the disk blocks it already has
+    (a file takes whole blocks, so rewriting up to them needs no new one), for a record that
+    must survive a full disk. Not atomic: for a small record, as a last resort.
+
+    Returns:
+        False, writing nothing, when `path` is missing, a symlink, or `data` does not fit.
+    """
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or len(data) > max(info.st_size, info.st_blocks * 512):
+            return False
+        written = os.pwrite(fd, data, 0) == len(data)
+        os.ftruncate(fd, len(data))  # shrinking needs no space
+        return written
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

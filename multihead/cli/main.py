@@ -5,7 +5,8 @@ this package; its module-level imports load no TensorFlow, so `--help` answers a
 Exit codes: 0 success, 2 bad input (config, overrides, paths, a run directory in use)
 with a one-line error on stderr and nothing written, 1 a run that failed (its directory,
 logs and `status.json` kept), 130 / 143 a run stopped by SIGINT / SIGTERM (checkpointed,
-resumable with `--resume`). `multihead.experiments.run.guard` has the run-directory rules.
+resumable with `--resume`). `train` is one call of `multihead.experiments.run.experiment.run_experiment`;
+`multihead.experiments.run.guard` has the run-directory rules.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import argparse
 import importlib.metadata
 import json
 import os
-import shutil
 import sys
 from typing import Any, Sequence
 
 
 from multihead.cli import quiet
-from multihead.experiments.config.schema import ConfigError, ExperimentConfig, load_config, to_dict
-from multihead.experiments.run.directory import default_run_dir
+from multihead.experiments.config.schema import ConfigError, ExperimentConfig
+from multihead.experiments.run.resume import RunInputError
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS
 
 EXIT_BAD_INPUT = 2
@@ -29,40 +29,6 @@ EXIT_BAD_INPUT = 2
 
 class UsageError(Exception):
     """Bad input given on the command line (exit code 2)."""
-
-
-def _write_atomic(path: str, text: str) -> None:
-    from multihead._boundary import write_atomic
-
-    write_atomic(path, text)
-
-
-def _load(args: argparse.Namespace) -> ExperimentConfig:
-    config = load_config(args.config, args.set or [], allow_import=args.allow_import or (),
-                         inside=getattr(args, "config_inside", None))
-    if getattr(args, "only_head", None):  # train --only-head: the single-task baseline
-        from multihead.experiments.run.single_task import only_head
-
-        config = only_head(config, args.only_head, source=f"{args.config}: --only-head",
-                           allow_import=args.allow_import or ())
-    return config
-
-
-def _prepare(args: argparse.Namespace, config: ExperimentConfig) -> Any:
-    """The task runner with every object built, so bad input fails before anything is written."""
-    from multihead.experiments.run import runner as tasks
-
-    try:
-        runner = tasks.prepare(config)
-        runner.check()  # validate runs what train would run first
-        return runner
-    except ConfigError as err:
-        raise ConfigError(f"{args.config}: {err}") from None
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
-        # A rule no check states yet: still one line, exit 2, nothing written.
-        line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ConfigError(f"{args.config}: cannot build the run from this config: "
-                          f"{type(err).__name__}: {line}") from None
 
 
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
@@ -84,235 +50,22 @@ def _print_table(metrics: dict[str, Any], stream: Any) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
 
 
-def _print_parameters(runner: Any, stream: Any) -> None:
-    """The parameters of the trunk and of each head of the runner's model, if it has one."""
-    counts = getattr(getattr(runner, "model", None), "parameter_counts", None)
-    if counts is not None and runner.model.built:
-        print(f"parameters:\n{counts().table()}", file=stream)
-        config = getattr(runner, "config", None)
-        heads = config.model.heads if isinstance(config, ExperimentConfig) else {}
-        blocks = runner.model.blocks_table({h: head.trains_trunk for h, head in heads.items()})
-        if blocks is not None:  # trunk taps: which blocks each head trains
-            print(f"trunk blocks:\n{blocks}", file=stream)
-
-
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config = _load(args)
-    runner = _prepare(args, config)
+    from multihead.experiments.run.experiment import (
+        load_experiment, prepare_runner, print_parameters)
+
+    config = load_experiment(args.config, args.set or [], args.allow_import or (),
+                             only_head=getattr(args, "only_head", None))
+    runner = prepare_runner(config, args.config)
     heads = ", ".join(config.model.heads)
     length = f"{config.train.epochs} epochs" if config.train.epochs else f"{config.train.steps} steps"
     print(f"{args.config}: ok (task {config.task}, heads {heads}, {length})")
-    _print_parameters(runner, sys.stdout)
+    print_parameters(runner, sys.stdout)
     return 0
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: tree}
-
-
-#: Config keys that may change when a run is resumed (the rest must equal the run's config).
-_RESUMABLE_CHANGES = ("train.steps", "train.epochs", "checkpoint.every", "checkpoint.keep",
-                      "distribute.strategy", "distribute.devices")
-
-
-def _check_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> str:
-    """The run directory to resume, after checking it matches CONFIG; nothing is written."""
-    from multihead.io.checkpoints import CheckpointManager
-
-    run_dir = args.resume
-    if args.run_dir and os.path.abspath(args.run_dir) != os.path.abspath(run_dir):
-        raise UsageError("--run-dir and --resume name different directories; --resume RUN_DIR "
-                         "continues RUN_DIR in place")
-    saved = os.path.join(run_dir, "config.yaml")
-    if not os.path.isdir(run_dir) or not os.path.lexists(saved):
-        raise UsageError(f"--resume {run_dir!r}: no config.yaml there; is it a multihead run directory?")
-    from multihead._boundary import BoundaryError, read_text
-    from multihead.experiments.config.schema import parse_yaml
-    from multihead.experiments.config.yaml12 import MAX_BYTES
-
-    try:
-        before = _flat(parse_yaml(read_text(run_dir, "config.yaml", limit=MAX_BYTES), saved) or {})
-    except BoundaryError as err:
-        raise UsageError(f"--resume: {err}") from None
-    now = _flat(to_dict(config))
-    for key in sorted(set(before) | set(now)):
-        if key not in _RESUMABLE_CHANGES and before.get(key) != now.get(key):
-            raise UsageError(
-                f"--resume: {args.config} differs from {saved} at {key} ({before.get(key)!r} -> "
-                f"{now.get(key)!r}); only {', '.join(_RESUMABLE_CHANGES)} may change on resume"
-            )
-    if not runner.resumable:
-        raise UsageError(f"--resume: task {config.task!r} does not support resuming yet")
-    for name in ("checkpoints", "train", "eval", "best"):  # a run's folders are its own
-        if os.path.islink(os.path.join(run_dir, name)):
-            raise UsageError(f"--resume {run_dir!r}: {name} is a symlink; a run directory's "
-                             "folders must be inside it (copy the target in its place)")
-    _check_own_files(run_dir)
-    latest = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
-    if latest is None:
-        raise UsageError(f"--resume {run_dir!r}: no checkpoint in {run_dir}/checkpoints to resume from")
-    # With train.epochs the runner checks the length, once it knows the data's.
-    if config.train.steps is not None and CheckpointManager.step_of(latest) > config.train.steps:
-        raise UsageError(
-            f"--resume: train.steps is {config.train.steps} but the latest checkpoint is at step "
-            f"{CheckpointManager.step_of(latest)}; set --set train.steps=N with N >= that"
-        )
-    return run_dir
-
-
-def _check_own_files(run_dir: str) -> None:
-    """Before a resume writes anything: no symlink among the checkpoint files (a save would
-    write through it) and a `best/best.json` that names a checkpoint of the run."""
-    from multihead._boundary import BoundaryError
-    from multihead.io.best_checkpoint import BestCheckpoint
-
-    for name in ("checkpoints", "best"):
-        folder = os.path.join(run_dir, name)
-        if not os.path.isdir(folder):
-            continue
-        links = sorted(e.name for e in os.scandir(folder) if e.is_symlink())
-        if links:
-            raise UsageError(f"--resume {run_dir!r}: {name}/{links[0]} is a symlink; a run's "
-                             "checkpoints must be inside it (remove it or copy the target in its place)")
-    try:
-        BestCheckpoint.read(os.path.join(run_dir, "best"))
-    except BoundaryError as err:
-        raise UsageError(f"--resume: {err}") from None
-
-
-def _latest_checkpoint(directory: str) -> str | None:
-    """The newest periodic checkpoint in `directory` (found by scanning it: the state file
-    is not trusted), or None."""
-    from multihead.io.manager import scan_checkpoints
-
-    found = scan_checkpoints(directory)
-    return found[-1] if found else None
-
-
-def _train_resume(args: argparse.Namespace, config: ExperimentConfig, runner: Any) -> int:
-    run_dir = _check_resume(args, config, runner)  # reads only: a refusal changes nothing
-    with _lock(run_dir):
-        if not args.quiet:
-            print(f"resuming {run_dir}", file=sys.stderr)
-        return _guarded_run(args, config, run_dir, runner, resume=True)
-
-
-def _lock(run_dir: str) -> Any:
-    from multihead.experiments.run.guard import RunLock, RunLocked, RunLockError
-
-    try:
-        return RunLock(run_dir)
-    except (RunLocked, RunLockError) as err:
-        raise UsageError(str(err)) from None
-
-
-def _disposable(run_dir: str, watch: Any) -> bool:
-    """True when a fresh run wrote nothing worth keeping: no step done (as far as the
-    runner reports steps) and no checkpoint, or nothing but its setup files."""
-    from multihead.experiments.run.guard import LOCK_FILE, STATUS_FILE
-
-    setup = {"config.yaml", LOCK_FILE, STATUS_FILE, "inputs.json"}
-    if set(os.listdir(run_dir)) <= setup:
-        return True
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    return watch.tracks_steps and watch.step is None and \
-        not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir))
-
-
-def _guarded_run(args: argparse.Namespace, config: ExperimentConfig, run_dir: str, runner: Any,
-                 resume: bool = False) -> int:
-    """Runs `runner` in `run_dir` (locked by the caller) under the run-directory rules:
-    status.json, a stop at a step boundary on SIGINT/SIGTERM, and nothing deleted that a
-    step wrote."""
-    import traceback
-
-    from multihead.experiments.run.guard import (
-        RunInterrupted, RunWatch, is_disk_full, read_status, write_status)
-
-    takes = runner.resumable  # it stops at a step boundary and can be resumed
-    watch = RunWatch(immediate=not takes)
-    kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
-    if resume:
-        kwargs["resume"] = True
-    before = read_status(run_dir)
-    resume_hint = f"multihead train {args.config} --resume {run_dir}"
-    try:
-        with watch:  # the handlers are in place once the status says running
-            write_status(run_dir, "running", step=watch.step)
-            metrics = runner.run(run_dir, verbose=not args.quiet, **kwargs)
-            if resume:
-                _write_config(run_dir, config)  # train.steps may have grown
-            _log_hparams(args, run_dir, config, runner, metrics)
-            code = _finish(run_dir, metrics)
-    except RunInterrupted as stop:
-        step = stop.step if stop.step is not None else watch.step
-        checkpoint = stop.checkpoint or _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
-        name = signal_name(stop.signum)
-        write_status(run_dir, "interrupted", step=step, checkpoint=checkpoint,
-                     error=f"stopped by {name}", signal=name, exit_code=128 + stop.signum)
-        saved = f"checkpoint {os.path.relpath(checkpoint, run_dir)}" if checkpoint else "no checkpoint"
-        how = f"resume with: {resume_hint}" if checkpoint and takes else "start it again to rerun"
-        print(f"multihead: interrupted by {name} at step {step}; kept {run_dir} ({saved}); {how}",
-              file=sys.stderr)
-        return 128 + stop.signum
-    except (ConfigError, UsageError):
-        if not resume and _disposable(run_dir, watch):
-            shutil.rmtree(run_dir, ignore_errors=True)
-        elif resume and watch.step is None and before is not None:
-            write_status(run_dir, **{k: v for k, v in before.items()
-                                     if k in ("status", "step", "checkpoint", "error")})
-        else:
-            write_status(run_dir, "failed", step=watch.step, error="bad input")
-        raise
-    except Exception as err:  # noqa: BLE001 - any failure: keep the run, say what happened
-        line = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-        if is_disk_full(err):
-            line = f"disk full ({line})"
-        if not resume and _disposable(run_dir, watch) and not is_disk_full(err):
-            shutil.rmtree(run_dir, ignore_errors=True)
-            print(f"multihead: error: the run failed before its first step: {line}", file=sys.stderr)
-            return 1
-        checkpoint = _latest_checkpoint(os.path.join(run_dir, "checkpoints"))
-        written = write_status(run_dir, "failed", step=watch.step, checkpoint=checkpoint, error=line,
-                               traceback=traceback.format_exc())
-        kept = f"kept {run_dir}" + (" (status.json)" if written else " (status.json not written)")
-        how = f"; resume with: {resume_hint}" if checkpoint and takes else ""
-        print(f"multihead: error: run failed at step {watch.step}: {line}; {kept}{how}",
-              file=sys.stderr)
-        return 1
-    write_status(run_dir, "completed", step=metrics.get("steps", watch.step),
-                 checkpoint=_default_checkpoint(run_dir),
-                 stopped=metrics.get("stopped"), stopped_heads=_stopped_heads(metrics))
-    return code
-
-
-def _stopped_heads(metrics: dict[str, Any]) -> dict[str, Any] | None:
-    """The heads per-head early stopping froze, `{head: {"step", "reason"}}`, or None."""
-    watches = metrics.get("head_early_stopping")
-    if not watches:
-        return None
-    return {h: {"step": w["stopped_step"], "reason": w["reason"]}
-            for h, w in watches.items() if w["stopped_step"] is not None}
-
-
-def _default_checkpoint(run_dir: str) -> str | None:
-    """The checkpoint `predict`, `export` and `load_run` restore by default (`final`, else
-    the newest periodic one), so `status.json` names the same one they print."""
-    from multihead.experiments.run.load import run_checkpoint
-
-    try:
-        return run_checkpoint(run_dir)
-    except ConfigError:
-        return None
 
 
 def _checkpoint_name(run_dir: str, path: str) -> str:
@@ -320,36 +73,6 @@ def _checkpoint_name(run_dir: str, path: str) -> str:
     run directory (`checkpoints/final`), or the path given when it lies outside."""
     relative = os.path.relpath(os.path.abspath(path), os.path.abspath(run_dir))
     return path if relative.startswith("..") else relative
-
-
-def signal_name(signum: int) -> str:
-    """`SIGINT` for 2."""
-    import signal
-
-    return signal.Signals(signum).name
-
-
-def _write_config(run_dir: str, config: ExperimentConfig) -> None:
-    from multihead.experiments.config.yaml12 import dump_yaml
-
-    _write_atomic(os.path.join(run_dir, "config.yaml"), dump_yaml(to_dict(config)))
-
-
-def _log_hparams(args: argparse.Namespace, run_dir: str, config: ExperimentConfig, runner: Any,
-                 metrics: dict[str, Any]) -> None:
-    """The run's hyperparameters (with its --set overrides) and final metrics for the HParams dashboard."""
-    from multihead.experiments.run.hparams import log_run_hparams
-
-    log_run_hparams(run_dir, config, runner, metrics, args.set or [])
-
-
-def _finish(run_dir: str, metrics: dict[str, Any]) -> int:
-    """Writes `metrics.json` and prints the summary of a finished run."""
-    _write_atomic(os.path.join(run_dir, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
-    if "eval" in metrics:
-        _print_table(metrics, sys.stdout)
-    print(f"wrote {run_dir} (tensorboard --logdir {run_dir})")
-    return 0
 
 
 def _heads_arg(args: argparse.Namespace, model: Any) -> list[str]:
@@ -382,7 +105,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         path = run_checkpoint(run_dir, _export_checkpoint(args, config))  # predict's, load_run's rule
         model = build_model(config, run_input_shape(run_dir))
     else:
-        model = getattr(_prepare(argparse.Namespace(config=saved), config), "model", None)
+        from multihead.experiments.run.experiment import prepare_runner
+
+        model = getattr(prepare_runner(config, saved), "model", None)
     if model is None:
         raise UsageError(f"task {config.task!r} has no model to export")
     chosen = _heads_arg(args, model)
@@ -456,29 +181,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    config = _load(args)
-    runner = _prepare(args, config)
-    if args.resume:
-        return _train_resume(args, config, runner)
-    run_dir = args.run_dir or default_run_dir(args.config)
-    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
-        raise UsageError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
-    if os.path.exists(run_dir) and os.listdir(run_dir):
-        raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
-    from multihead.experiments.run.guard import LOCK_FILE
+    from multihead.experiments.run.experiment import run_experiment
 
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"--run-dir {run_dir!r}: cannot create it ({err.strerror})") from None
-    with _lock(run_dir):
-        if set(os.listdir(run_dir)) - {LOCK_FILE}:  # another process wrote it meanwhile
-            raise UsageError(f"--run-dir {run_dir!r} exists and is not empty; choose another directory")
-        _write_config(run_dir, config)
-        if not args.quiet:
-            print(f"run directory: {run_dir}", file=sys.stderr)
-            _print_parameters(runner, sys.stderr)
-        return _guarded_run(args, config, run_dir, runner)
+    result = run_experiment(args.config, run_dir=args.run_dir, resume=args.resume,
+                            overrides=args.set or [], allow_import=args.allow_import or (),
+                            only_head=args.only_head, quiet=args.quiet,
+                            config_inside=getattr(args, "config_inside", None))
+    if result.message is not None:
+        print(f"multihead: {result.message}", file=sys.stderr)
+    if result.metrics is not None:
+        if "eval" in result.metrics:
+            _print_table(result.metrics, sys.stdout)
+        print(f"wrote {result.run_dir} (tensorboard --logdir {result.run_dir})")
+    return result.exit_code
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -703,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.tensorflow:
             quiet.import_tensorflow(args.verbose)
         return args.func(args)
-    except (ConfigError, UsageError) as err:
+    except (ConfigError, UsageError, RunInputError) as err:
         print(f"multihead: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -14,6 +14,7 @@ only that checkpoint's own regular files there, never what a path outside names.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -102,11 +103,13 @@ class BestCheckpoint(Callback):
             raise BoundaryError(f"{pointer}: path must name a best-<step> checkpoint in "
                                 f"{directory!r}, got {name!r}")
         step = record.get("step")
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise BoundaryError(f"{pointer}: step must be an integer, got {step!r}")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise BoundaryError(f"{pointer}: step must be an integer >= 0, got {step!r}")
         value = record.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise BoundaryError(f"{pointer}: value must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
+            # -Infinity would be a best no evaluation can beat: the run would never save again
+            raise BoundaryError(f"{pointer}: value must be a finite number, got {value!r}")
         record["path"] = os.path.join(directory, name)
         return record
 

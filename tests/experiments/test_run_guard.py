@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.run.guard import RunLock, read_status
 from multihead.io.manager import scan_checkpoints
 
@@ -64,11 +65,17 @@ def _train(*args):
     return main(["train", *map(str, args), "--quiet"])
 
 
+def _run(config, run_dir, *overrides):
+    """A run reached through the library call (the tests of the CLI itself use `_train`)."""
+    return run_experiment(str(config), run_dir=str(run_dir), overrides=overrides,
+                          quiet=True).exit_code
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """A 40-step run with checkpoints every 10 steps: what every resume must end equal to."""
     tmp = tmp_path_factory.mktemp("reference")
-    assert _train(_config(tmp, steps=40, every=10), "--run-dir", tmp / "run") == 0
+    assert _run(_config(tmp, steps=40, every=10), tmp / "run") == 0
     return tmp / "run" / "checkpoints" / "ckpt-40"
 
 
@@ -76,7 +83,7 @@ def reference(tmp_path_factory):
 def stopped_at_30(tmp_path_factory):
     """The same run, ended at step 30 (checkpoints 10, 20, 30)."""
     tmp = tmp_path_factory.mktemp("stopped")
-    assert _train(_config(tmp, steps=30, every=10), "--run-dir", tmp / "run") == 0
+    assert _run(_config(tmp, steps=30, every=10), tmp / "run") == 0
     return tmp / "run"
 
 
@@ -356,8 +363,8 @@ def test_every_file_of_a_run_directory_is_readable_as_the_umask_allows(tmp_path,
     run = tmp_path / "run"
     previous = os.umask(umask)  # the process's umask, as a user's shell sets it
     try:
-        assert _train(_config(tmp_path, steps=20, every=10), "--run-dir", run, "--set",
-                      "callbacks.best_checkpoint.monitor=eval/mean_loss") == 0
+        assert _run(_config(tmp_path, steps=20, every=10), run,
+                    "callbacks.best_checkpoint.monitor=eval/mean_loss") == 0
     finally:
         os.umask(previous)
     modes = {}

@@ -19,6 +19,7 @@ from tensorflow.core.util import event_pb2
 
 import multihead as mh
 from multihead.experiments.results.compare import load_result
+from multihead.experiments.run.experiment import run_experiment
 from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
@@ -239,7 +240,7 @@ def test_resume_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG.replace("steps: 1000000", "steps: 30"))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     capsys.readouterr()
 
     def files():
@@ -395,6 +396,34 @@ def test_sigkill_then_two_resumes_keep_one_history_equal_to_the_uninterrupted_ru
     ran = sum(s["end_step"] - s["start_step"] for s in segments)
     assert resumed["steps_per_s"] == pytest.approx(ran / resumed["wall_time_s"])
     assert [s["start_step"] for s in uninterrupted["segments"]] == [0]
+
+
+def test_a_sigkilled_segment_ends_at_or_past_the_checkpoint_its_resume_starts_from(tmp_path):
+    """Evaluations too rare to be reached before the kill: the killed segment's record still
+    ends at or past its newest checkpoint (the history is rewritten at checkpoint steps and
+    every few seconds), with no more wall time than the process lived, and the resumed run's
+    steps per second count both segments' steps over both segments' time."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(CONFIG.replace("eval_every: 25", "eval_every: 100000"))
+    stopped = tmp_path / "stopped"
+    started = time.monotonic()
+    killed_at = _killed_after_a_checkpoint(config, stopped)
+    lived = time.monotonic() - started
+    [killed] = json.loads((stopped / "history.json").read_text())["segments"]
+    assert killed["start_step"] == 0 and killed["end_step"] >= killed_at
+    assert 0 < killed["wall_time_s"] < lived
+
+    total = killed_at + 25
+    started = time.monotonic()
+    _cli("train", str(config), "--resume", str(stopped), "--set", f"train.steps={total}", "--quiet")
+    took = time.monotonic() - started
+    metrics = json.loads((stopped / "metrics.json").read_text())
+    first, second = metrics["segments"]
+    assert first == killed
+    assert (second["start_step"], second["end_step"]) == (killed_at, total)
+    assert 0 < second["wall_time_s"] < took
+    ran = killed["end_step"] + (total - killed_at)  # steps run, counted from the two records
+    assert metrics["steps_per_s"] == pytest.approx(ran / (killed["wall_time_s"] + second["wall_time_s"]))
 
 
 # Head a's loss weight makes its float16 gradient overflow at the first steps: its loss

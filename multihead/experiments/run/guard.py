@@ -30,7 +30,8 @@ import threading
 import types
 from typing import Any
 
-from multihead._boundary import read_json, temp_file
+from multihead._boundary import BoundaryError, read_json, rewrite_in_place, temp_file
+from multihead._checks import check_int, describe
 from multihead.training.callbacks import Callback
 
 LOCK_FILE = ".lock"
@@ -154,30 +155,35 @@ def write_status(run_dir: str, status: str, *, step: int | None = None,
 
 def _rewrite_in_place(path: str, tree: dict[str, Any], error: str | None) -> bool:
     """No space for a new file: overwrites the existing status file within the blocks it
-    already has (a file takes whole blocks, so rewriting up to them needs no new one), with
-    the fields that fit: no traceback, the error cut short."""
+    already has, with the fields that fit: no traceback, the error cut short."""
     small = {k: v for k, v in tree.items() if k != "traceback"}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        info = os.fstat(fd)
-        room = max(info.st_size, info.st_blocks * 512)
-        for cut in (_STATUS_ERROR_MAX, 64, 0):
-            small["error"] = (error or "")[:cut] or None
-            data = json.dumps(small).encode()
-            if len(data) <= room:
-                break
-        else:
-            return False
-        written = os.pwrite(fd, data, 0) == len(data)
-        os.ftruncate(fd, len(data))  # shrinking needs no space
-        return written
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    for cut in (_STATUS_ERROR_MAX, 64, 0):
+        small["error"] = (error or "")[:cut] or None
+        if rewrite_in_place(path, json.dumps(small)):
+            return True
+    return False
+
+
+#: The values of `status.json`'s `status`.
+STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+def check_status(record: dict[str, Any], where: str) -> None:
+    """Raises `BoundaryError` unless `record` is a `status.json` this module writes: `status`
+    one of `STATUSES`, `step` a step count or null, `checkpoint` and `error` text or null.
+
+    Args:
+        record: the file's JSON object.
+        where: the file's path, for the message.
+    """
+    if record.get("status") not in STATUSES:
+        raise BoundaryError(f"{where}: status must be one of {', '.join(STATUSES)}, got "
+                            f"{describe(record.get('status'))}")
+    if record.get("step") is not None:
+        check_int(record["step"], f"{where}: step", minimum=0, error=BoundaryError)
+    for key in ("checkpoint", "error"):
+        if not isinstance(record.get(key), (str, type(None))):
+            raise BoundaryError(f"{where}: {key} must be text or null, got {describe(record[key])}")
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

@@ -84,7 +84,8 @@ class SupervisedRunner:
                       file=sys.stderr)
         try:
             history = RunHistory.begin(run_dir, trainer.global_step, resumed_from,
-                                       write=trainer.is_chief)
+                                       write=trainer.is_chief,
+                                       checkpoint_every=cfg.checkpoint.every)
         except HistoryError as err:
             raise ConfigError(f"--resume: {err}") from None
         remaining = total - trainer.global_step

@@ -87,18 +87,7 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
         sampler=optuna.samplers.TPESampler(seed=index["search_seed"]),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
     )
-    requeue = []
-    for entry in index["trials"]:  # a resumed search: what is known goes back into the study
-        steps = {int(k): v for k, v in (entry.get("intermediate") or {}).items()}
-        if entry["status"] == "done":
-            study.add_trial(optuna.trial.create_trial(params=entry["overrides"], distributions=dists,
-                                                      value=entry["objective"], intermediate_values=steps))
-        elif entry["status"] == "pruned":
-            study.add_trial(optuna.trial.create_trial(params=entry["overrides"], distributions=dists,
-                                                      state=optuna.trial.TrialState.PRUNED,
-                                                      intermediate_values=steps))
-        else:
-            requeue.append(entry)  # failed, or running when the sweep was killed: run again
+    requeue = _known_trials(optuna, study, index["trials"], dists)
     os.makedirs(expect_kind(sweep.sweep_dir, LOGS, directory=True), exist_ok=True)
     running: list[tuple[dict[str, Any], Any, Any]] = []
     sweep.report_progress()
@@ -122,30 +111,8 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
                 sweep.report_progress()
             time.sleep(poll_s)
             for item in list(running):
-                entry, trial, handle = item
-                run_dir = sweep.run_dir(entry)
-                for step, value in intermediate_values(run_dir, sweep.objective.name).items():
-                    if str(step) not in entry["intermediate"]:
-                        entry["intermediate"][str(step)] = value
-                        trial.report(value, step)
-                        if trial.should_prune():
-                            backend.stop(handle)
-                            running.remove(item)
-                            entry.update(status="pruned", error=f"pruned at step {step}")
-                            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                            sweep.save()
-                            sweep.report_progress()
-                            break
-                else:
-                    code = backend.poll(handle)
-                    if code is None:
-                        continue
+                if _follow(optuna, study, sweep, backend, item):
                     running.remove(item)
-                    entry.update(trial_outcome(run_dir, code, sweep.log_text(entry), sweep.objective))
-                    if entry["status"] == "done" and entry["objective"] is not None:
-                        study.tell(trial, entry["objective"])
-                    else:
-                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     sweep.save()
                     sweep.report_progress()
     finally:
@@ -154,3 +121,46 @@ def run_optuna(sweep: Sweep, backend: Any, jobs: int, poll_s: float = 0.25) -> d
         backend.close()
     sweep.finish()
     return index
+
+
+def _known_trials(optuna: Any, study: Any, trials: list[dict[str, Any]], dists: Any) -> list[dict[str, Any]]:
+    """A resumed search: the done and pruned trials go back into the study; returns the others
+    (failed, or running when the sweep was killed), to run again."""
+    requeue = []
+    for entry in trials:
+        steps = {int(k): v for k, v in (entry.get("intermediate") or {}).items()}
+        if entry["status"] == "done":
+            study.add_trial(optuna.trial.create_trial(params=entry["overrides"], distributions=dists,
+                                                      value=entry["objective"], intermediate_values=steps))
+        elif entry["status"] == "pruned":
+            study.add_trial(optuna.trial.create_trial(params=entry["overrides"], distributions=dists,
+                                                      state=optuna.trial.TrialState.PRUNED,
+                                                      intermediate_values=steps))
+        else:
+            requeue.append(entry)
+    return requeue
+
+
+def _follow(optuna: Any, study: Any, sweep: Sweep, backend: Any, item: tuple[dict[str, Any], Any, Any]) -> bool:
+    """Reports a running trial's new evaluations to Optuna; prunes it, or records its outcome
+    when it ended. True when the trial is over (pruned or ended)."""
+    entry, trial, handle = item
+    run_dir = sweep.run_dir(entry)
+    for step, value in intermediate_values(run_dir, sweep.objective.name).items():
+        if str(step) not in entry["intermediate"]:
+            entry["intermediate"][str(step)] = value
+            trial.report(value, step)
+            if trial.should_prune():
+                backend.stop(handle)
+                entry.update(status="pruned", error=f"pruned at step {step}")
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                return True
+    code = backend.poll(handle)
+    if code is None:
+        return False
+    entry.update(trial_outcome(run_dir, code, sweep.log_text(entry), sweep.objective))
+    if entry["status"] == "done" and entry["objective"] is not None:
+        study.tell(trial, entry["objective"])
+    else:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return True
