@@ -150,7 +150,7 @@ def from_registered(spec: Mapping[str, Any], base: type, what: str) -> Any:
         raise ValueError(
             f"{what}: {class_name!r} is not a registered {base.__name__} subclass; decorate the "
             "class with @keras.saving.register_keras_serializable(package='pkg'), import it "
-            "before the config is loaded, and name it 'pkg>ClassName'")
+            "before the config is loaded (multihead --import MODULE), and name it 'pkg>ClassName'")
     try:
         return cls.from_config(dict(config))
     except TypeError as err:

@@ -242,6 +242,28 @@ def _command(sub: Any, name: str, tensorflow: bool, **kwargs: Any) -> argparse.A
     return command
 
 
+def user_modules(p: argparse.ArgumentParser) -> None:
+    """`--import MODULE`: a user module imported before the config is read."""
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="import MODULE (from the working directory or the Python path) before the "
+                        "config is read, so the Keras classes and aggregation methods it registers "
+                        "resolve by name (repeatable; passed on to a sweep's trials)")
+
+
+def import_user_modules(modules: Sequence[str]) -> None:
+    """Imports each `--import` module, in order; a failure is one line (exit 2)."""
+    import importlib
+
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the console script's path lacks it; python -m has it
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - the user's module: any failure is its own line
+            line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise UsageError(f"--import {module}: {type(err).__name__}: {line}") from None
+
+
 def _add_commands(sub: Any) -> None:
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", help="experiment YAML file, e.g. experiments/quickstart.yaml")
@@ -254,6 +276,7 @@ def _add_commands(sub: Any) -> None:
         p.add_argument("--allow-import", action="append", metavar="MODULE",
                        help="let env.id 'MODULE:Env' or data.function 'MODULE:function' "
                             "(data.kind: python) import MODULE (repeatable)")
+        user_modules(p)
 
     train = _command(sub, "train", True, help="train from an experiment config and write a run directory")
     with_config(train)
@@ -321,6 +344,7 @@ def _add_sweep_parser(sub: Any) -> None:
                        help="let the trials' env.id 'MODULE:Env' or data.function "
                             "'MODULE:function' import MODULE (repeatable; give it again with "
                             "--resume)")
+    user_modules(sweep)
     sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2",
                        help="an axis: one trial per value, product with the other axes (repeatable)")
     sweep.add_argument("--sample", action="append", metavar="KEY=KIND:...",
@@ -417,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.tensorflow:
             quiet.import_tensorflow(args.verbose)
+        import_user_modules(getattr(args, "imports", None) or ())
         return args.func(args)
     except (ConfigError, UsageError, RunInputError) as err:
         print(f"multihead: error: {err}", file=sys.stderr)

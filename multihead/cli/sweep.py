@@ -51,14 +51,16 @@ def resolve_threads(text: str, jobs: int) -> int | None:
 
 
 def make_backend(name: str, threads: int | None, address: str | None = None,
-                 num_cpus: int | None = None, allow_import: Sequence[str] = ()) -> Any:
+                 num_cpus: int | None = None, allow_import: Sequence[str] = (),
+                 imports: Sequence[str] = ()) -> Any:
     if name == "local":
         if address:
             raise ConfigError("--ray-address: only used with --backend ray")
-        return LocalBackend(threads, allow_import)
+        return LocalBackend(threads, allow_import, imports)
     from multihead.experiments.sweep.ray_backend import RayBackend  # imports ray: only when used
 
-    return RayBackend(threads, address=address, num_cpus=num_cpus, allow_import=allow_import)
+    return RayBackend(threads, address=address, num_cpus=num_cpus, allow_import=allow_import,
+                      imports=imports)
 
 
 def _heads(base: Mapping[str, Any]) -> list[str]:
@@ -197,7 +199,8 @@ def _run(args: Any, sweep: Sweep, search: str, threads: int | None, stream: Any,
         print(f"sweep directory: {sweep.sweep_dir} ({args.jobs} jobs, "
               f"{threads or 'default'} threads each)", file=stream)
     sweep.allow_import = allow_import
-    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus, allow_import)
+    backend = make_backend(args.backend, threads, args.ray_address, args.ray_cpus, allow_import,
+                           tuple(getattr(args, "imports", None) or ()))
     if search == "optuna":
         from multihead.experiments.sweep.search import run_optuna
 

@@ -44,7 +44,8 @@ class RayBackend:
     """
 
     def __init__(self, threads: int | None, address: str | None = None,
-                 num_cpus: int | None = None, allow_import: Sequence[str] = ()) -> None:
+                 num_cpus: int | None = None, allow_import: Sequence[str] = (),
+                 imports: Sequence[str] = ()) -> None:
         try:
             import ray
         except ImportError:
@@ -52,6 +53,7 @@ class RayBackend:
         self._ray = ray
         self.threads = threads
         self.allow_import = tuple(allow_import)
+        self.imports = tuple(imports)
         self._owns = not ray.is_initialized()
         if self._owns:
             if address is None:
@@ -66,7 +68,7 @@ class RayBackend:
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
         command = trial_command(os.path.abspath(base), os.path.abspath(run_dir), overrides, resume,
-                                self.allow_import)
+                                self.allow_import, self.imports)
         return self._task.options(num_cpus=self.threads or 1).remote(
             command, self._env, os.path.abspath(log_path))
 

@@ -229,15 +229,17 @@ def thread_env(threads: int | None) -> dict[str, str]:
 
 
 def trial_command(base_config: str, run_dir: str, overrides: Mapping[str, Any],
-                  resume: bool, allow_import: Sequence[str] = ()) -> list[str]:
-    """The `multihead train` command line of one trial (`allow_import`: the sweep's own
-    `--allow-import` modules, passed on). The trial reads `base_config` as a file inside the
+                  resume: bool, allow_import: Sequence[str] = (), imports: Sequence[str] = ()) -> list[str]:
+    """The `multihead train` command line of one trial (`allow_import`, `imports`: the sweep's
+    own `--allow-import` and `--import` modules, passed on). The trial reads `base_config` as a file inside the
     sweep directory (`--config-inside`): no symlink followed, no FIFO opened."""
     cmd = [sys.executable, "-m", "multihead", "train", base_config, "--quiet",
            "--config-inside", os.path.dirname(base_config) or "."]
     cmd += ["--resume", run_dir] if resume else ["--run-dir", run_dir]
     for module in allow_import:
         cmd += ["--allow-import", module]
+    for module in imports:
+        cmd += ["--import", module]
     for assignment in as_sets(overrides):
         cmd += ["--set", assignment]
     return cmd
@@ -321,13 +323,15 @@ class _Running:
 class LocalBackend:
     """Runs each trial as a `multihead train` process on this machine."""
 
-    def __init__(self, threads: int | None, allow_import: Sequence[str] = ()) -> None:
+    def __init__(self, threads: int | None, allow_import: Sequence[str] = (),
+                 imports: Sequence[str] = ()) -> None:
         self.threads = threads
         self.allow_import = tuple(allow_import)
+        self.imports = tuple(imports)
 
     def start(self, base: str, run_dir: str, log_path: str, overrides: Mapping[str, Any],
               resume: bool) -> Any:
-        command = trial_command(base, run_dir, overrides, resume, self.allow_import)
+        command = trial_command(base, run_dir, overrides, resume, self.allow_import, self.imports)
         log = os.fdopen(open_append(log_path), "a", encoding="utf-8")
         log.write(f"$ {shlex.join(command)}\n")
         log.flush()
