@@ -46,26 +46,6 @@ from multihead.step.applier import not_converted
 
 _LOG = logging.getLogger("multihead")
 
-#: The values of `Trainer(batched_backward=...)` / `train.batched_backward`.
-CHOICES = ("auto", True, False)
-
-
-def resolve(option: Any) -> bool:
-    """Whether the step takes the heads' trunk gradients in one batched pass.
-
-    `"auto"` is on only where the batched pass was measured faster than one pass per
-    head: no device so far (docs/performance.md), so it resolves to False.
-
-    Raises:
-        ValueError: `option` is not one of `CHOICES`.
-    """
-    if option is True or option is False:
-        return option
-    if option == "auto":
-        return False
-    raise ValueError(f"batched_backward: expected 'auto', True or False, got {option!r}")
-
-
 @not_converted
 def head_gradients(heads: Sequence[Any], heads_pass: Any) -> dict[str, list[Any]]:
     """The gradients of the heads that can be batched (see the module docstring), each

@@ -38,6 +38,7 @@ from multihead.step.applier import Applier, HeadsDone, PlannedUpdate, all_finite
 from multihead.step.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.step.freezing import FrozenHeads
 from multihead.step.loss_scales import LossScales
+from multihead.step.options import SCHEDULES, StepOptions
 from multihead.model.model_view import HeadsModel
 from multihead.objectives.objective import present_labels, split_weighted
 from multihead.step.trunk_rule import (
@@ -53,9 +54,6 @@ from multihead.monitoring.monitor import Monitor, write_scalar
 
 __all__ = ["SCHEDULES", "Forward", "HeadSpec", "HeadsDone", "PlannedUpdate", "StepOutput",
            "StepsOutput", "TrainStep", "all_finite"]
-
-SCHEDULES = ("simultaneous", "sequential")
-
 
 def regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
     """The sum of `layer`'s regularization losses, or 0.0 if it has none."""
@@ -100,12 +98,12 @@ class TrainStep:
     Args:
         model: the built model.
         heads: the heads, in order.
-        schedule: `"simultaneous"` or `"sequential"` (checked by `Trainer`; trunk
-            aggregation needs `"simultaneous"`, checked by `TrunkUpdate.create`).
+        options: how the step runs (its schedule; trunk aggregation needs
+            `"simultaneous"`, checked by `TrunkUpdate.create`), handed on whole to the
+            compiled loops and the applier.
         step: the step counter variable.
         rule: the trunk rule.
         monitor: the TensorBoard monitor, or None.
-        jit_compile: XLA-compile the step.
         strategy: a `tf.distribute` strategy, or None.
         target_networks: objects whose `update()` runs after each step's updates.
         addresses: id of a variable -> its address in the model (for the monitor's tags).
@@ -113,8 +111,6 @@ class TrainStep:
             it: see `multihead.step.freezing`) and, when the trunk rule needs it, on the
             host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
             None: no head is ever frozen.
-        fused_updates: plain Adam / SGD updates through TF1's fused kernels (see
-            `multihead.step.adam_sgd_ops`).
         loss_scales: each head's dynamic loss scale (float16): a head's objective is
             scaled in `forward`, its gradient unscaled by the applier; None: none.
     """
@@ -123,23 +119,21 @@ class TrainStep:
         self,
         model: HeadsModel,
         heads: Sequence[HeadSpec],
-        schedule: str,
+        options: StepOptions,
         step: tf.Variable,
         rule: TrunkRule,
         monitor: Monitor | None = None,
-        jit_compile: bool = False,
         strategy: tf.distribute.Strategy | None = None,
         target_networks: Sequence[Any] = (),
         addresses: Mapping[int, str] | None = None,
         frozen: FrozenHeads | None = None,
-        fused_updates: bool = False,
         loss_scales: LossScales | None = None,
     ) -> None:
         self._model = model
         self._loss_scales = loss_scales
         self._frozen = frozen
         self._heads = tuple(heads)
-        self._schedule = schedule
+        self._schedule = options.schedule
         self._step = step
         self._rule = rule
         self._monitor = monitor
@@ -152,7 +146,7 @@ class TrainStep:
                          {h.name: h.optimizer for h in self._heads}, addresses=addresses,
                          other_tags=rule.summary_tags() + [
                              tags.loss_scale(h) for h in (loss_scales.scales if loss_scales else ())])
-        self._applier = Applier(monitor, distributed=strategy is not None, fused=fused_updates,
+        self._applier = Applier(monitor, options, distributed=strategy is not None,
                                 loss_scales=loss_scales)
         self.trace_count = 0
         #: Per head, in head order: steps whose update was dropped as non-finite.
@@ -162,7 +156,7 @@ class TrainStep:
         self.missing_label_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64),
                                                trainable=False, name="missing_label_skips")
         #: The compiled variants, keyed (monitored, heads, own batches).
-        self.loops = StepLoops(self._body_for, step, len(self._heads), jit_compile)
+        self.loops = StepLoops(self._body_for, step, len(self._heads), options)
 
     @property
     def head_names(self) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ import pytest
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
+from multihead.objectives.objective import resolve_loss
 
 NAN = float("nan")
 HEADS = ("a", "b", "c")
@@ -57,7 +58,7 @@ def test_a_masked_heads_loss_gradient_and_metrics_equal_numpy_over_the_present_r
 
 
 def test_a_marker_number_masks_class_labels():
-    loss = mh.core.objectives.resolve_loss("sparse_categorical_crossentropy", "k", missing_label=-1)
+    loss = resolve_loss("sparse_categorical_crossentropy", "k", missing_label=-1)
     labels = np.array([0, -1, 2, -1], "int64")
     logits = np.random.default_rng(0).standard_normal((4, 3)).astype("float32")
     expected = keras.losses.SparseCategoricalCrossentropy(from_logits=False)(
