@@ -1,18 +1,19 @@
 """`Trainer`: per-head optimizers on exact var_lists, driven step by step or by `fit`.
 
-The trainer drives; what it drives lives beside it: `streams` (the batches of the
-user's data), `labels` (label checks), `results` (`StepResult`, `History`),
-`execution` (steps per compiled call), `loss_weights`, `rules` (rules between
-settings) and `training_state` (what a checkpoint holds).
+The trainer holds the training state and drives; what it drives lives beside it: the
+step is assembled by `multihead.step.assemble` from the objectives and the step's
+options (`multihead.step.options`) and run on checked batches by `step_runner`;
+`fit_loop` is `fit`'s loop over compiled calls, `callbacks` what it calls around
+them; `streams` (the batches of the user's data), `evaluation`, `results`
+(`StepResult`, `History`), `execution` (steps per compiled call) and
+`training_state` (what a checkpoint holds).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
-import time
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -22,21 +23,21 @@ from multihead._checks import check_int
 from multihead.datasets.multitask import DataPosition
 from multihead.model.model_view import HeadsModel
 from multihead.monitoring.monitor import Monitor
-from multihead.objectives.labels import LabelCheck, split_batch
-from multihead.objectives.loss_weights import LossWeight, sync_weights
-from multihead.objectives.objective import Objective, claim_optimizers, with_sample_weights
+from multihead.objectives.labels import LabelCheck
+from multihead.objectives.objective import Objective, claim_optimizers
 from multihead.objectives.parts import prediction_fn
 from multihead.step import distribute
 from multihead.step.assemble import StepAssembly
 from multihead.step.options import StepOptions
-from multihead.step.train_step import TrainStep
 from multihead.step.trunk_policy import TrunkPolicy
 from multihead.training.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
-from multihead.training.evaluation import Evaluator
-from multihead.training.execution import ExecutionSize
-from multihead.training.results import History, StepResult, step_result
+from multihead.training.evaluation import Evaluations
+from multihead.training.execution import ExecutionSize, fit_length
+from multihead.training.fit_loop import run_fit
+from multihead.training.results import History, StepResult
 from multihead.training.sampling import TaskSampling
-from multihead.training.streams import DataFeed, batches_per_epoch, zeros_for_spec
+from multihead.training.step_runner import StepRunner
+from multihead.training.streams import DataFeed
 from multihead.training.training_state import TrainingState
 
 __all__ = ["History", "SavesCheckpoints", "StepResult", "Trainer"]
@@ -139,9 +140,7 @@ class Trainer:
         self.trunk_update = parts.trunk_update
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
-        # Built now so a bad metric name fails at construction.
-        self._predictions = {n: prediction_fn(model, n, o) for n, o in self.objectives.items()}
-        self._evaluator = self._evaluator_of(self.names)
+        predictions = {n: prediction_fn(model, n, o) for n, o in self.objectives.items()}
         self.step_variable = parts.step_variable
         with distribute.scope(strategy):
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
@@ -151,13 +150,15 @@ class Trainer:
         self.loss_scales = parts.loss_scales
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
-        self.monitor = self._monitor(log_dir, log_every, histograms_every, log_variable_norms)
-        self._labels = LabelCheck(model, self.objectives, self.loss_fns, self._predictions)
-        self._train_step: TrainStep | None = None
-        self._weights: dict[str, LossWeight] = parts.weights
-        self._feed = DataFeed(model, self.names, self._labels, self._ensure_built, self.data_position,
-                              self.step_variable, strategy, parts.rep_grad)
-        self._head_evaluators: dict[str, Evaluator] = {}
+        labels = LabelCheck(model, self.objectives, self.loss_fns, predictions)
+        self._runner = StepRunner(parts, labels)
+        self._feed = DataFeed(model, self.names, labels, self._runner.ensure_built,
+                              self.data_position, self.step_variable, strategy, parts.rep_grad)
+        # Built now so a bad metric name fails at construction.
+        self._evaluations = Evaluations(model, self.objectives, self.loss_fns, predictions, self._feed)
+        self.monitor, self._scratch_logs = _monitor(log_dir, self.is_chief, log_every,
+                                                    histograms_every, log_variable_norms)
+        self._runner.monitor = self.monitor
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
         #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
@@ -167,23 +168,7 @@ class Trainer:
         # Last: a trainer whose construction failed claims no optimizer.
         claim_optimizers(self, self.optimizers, self.trunk_optimizer)
         if model.built:
-            self._build()
-
-    def _monitor(self, log_dir: str | os.PathLike[str] | None, every: int, histograms_every: int,
-                 variable_norms: bool) -> Monitor | None:
-        """The TensorBoard monitor, or None without `log_dir`.
-
-        Every worker of a multi-worker run monitors, so all of them trace the same step
-        variants at the same steps (their all-reduces pair up only then); the others
-        write to a scratch directory removed by `close`, as Keras' TensorBoard callback does.
-        """
-        self._scratch_logs: str | None = None
-        if log_dir is None:
-            return None
-        if not self.is_chief:
-            log_dir = self._scratch_logs = tempfile.mkdtemp(prefix="multihead-worker-logs-")
-        return Monitor(os.fspath(log_dir), every=every, histograms_every=histograms_every,
-                       variable_norms=variable_norms)
+            self._runner.ensure_built(None)
 
     @property
     def schedule(self) -> str:
@@ -195,10 +180,9 @@ class Trainer:
     def build_optimizers(self) -> None:
         """Builds every optimizer on its var_list now (the model must be built), so their
         slots exist, e.g. before restoring a checkpoint into them. Idempotent."""
-        if self._train_step is None:
-            if not self.model.built:
-                raise ValueError("build the model first (model.build(input_shape) or one call)")
-            self._build()
+        if not self.model.built:
+            raise ValueError("build the model first (model.build(input_shape) or one call)")
+        self._runner.ensure_built(None)
 
     def checkpoint_state(self) -> TrainingState:
         """What a checkpoint holds of this trainer (see `TrainingState`); the optimizers'
@@ -212,20 +196,6 @@ class Trainer:
             flush_logs=monitor.flush if monitor is not None else _nothing,
             loss_scales=self.loss_scales)
 
-    def _build(self) -> None:
-        """Partitions the variables and builds each optimizer eagerly on its var_list."""
-        self._train_step = self._assembly.build(self.monitor)
-
-    def _ensure_built(self, inputs: Any) -> TrainStep:
-        if self._train_step is None:
-            if not self.model.built:
-                with distribute.scope(self.strategy):
-                    self.model(inputs)  # eager call creates the variables before any trace
-            self._build()
-        assert self._train_step is not None
-        return self._train_step
-
-
     # -- training -----------------------------------------------------------------------
 
     @property
@@ -236,7 +206,8 @@ class Trainer:
     @property
     def trace_count(self) -> int:
         """How many times the train step was traced (stays small: no per-step retracing)."""
-        return self._train_step.trace_count if self._train_step else 0
+        step = self._runner.train_step
+        return step.trace_count if step is not None else 0
 
     def step(self, batch: Any, heads: Sequence[str] | None = None) -> StepResult:
         """Runs one compiled update on `batch = (inputs, targets)`.
@@ -251,20 +222,8 @@ class Trainer:
             The per-head losses of the heads that were due.
         """
         if heads is not None:
-            heads = self._check_head_subset(heads)
-        inputs, targets, sample_weight = split_batch(batch)
-        targets = self._labels.as_dict(targets)
-        if sample_weight is not None:
-            targets = with_sample_weights(targets, self._labels.as_dict(sample_weight))
-        if tf.nest.flatten(inputs) and np.shape(tf.nest.flatten(inputs)[0])[:1] == (0,):
-            raise ValueError("the batch is empty (its inputs have 0 examples); give a batch "
-                             "with at least one example")
-        train_step = self._ensure_built(inputs)
-        self._labels(targets, heads, inputs)
-        sync_weights(self._weights, self.objectives)
-        output = train_step(inputs, targets, heads)
-        return step_result(self.names, int(output.step), output.losses.numpy(),
-                           output.updated.numpy(), output.skipped.numpy())
+            heads = _head_subset(heads, self.names)
+        return self._runner.step(batch, heads)
 
     @property
     def frozen(self) -> tuple[str, ...]:
@@ -286,12 +245,12 @@ class Trainer:
             >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP
             ('b',)
         """
-        self._check_head_subset([head])
+        _head_subset([head], self.names)
         self._frozen.set(head, True)
 
     def unfreeze(self, head: str) -> None:
         """Lets a frozen `head` update again from the next step on (see `freeze`)."""
-        self._check_head_subset([head])
+        _head_subset([head], self.names)
         self._frozen.set(head, False)
 
     def run_steps(self, iterator: Any, max_steps: int) -> list[StepResult]:
@@ -310,47 +269,18 @@ class Trainer:
             One `StepResult` per step run: fewer than `max_steps` at the end of the
             data, none when it was exhausted already.
         """
-        inputs_spec, targets_spec = iterator.element_spec
-        zeros = tf.nest.map_structure(zeros_for_spec, inputs_spec)
-        train_step = self._ensure_built(zeros)
-        self._labels(targets_spec, None, zeros)
-        sync_weights(self._weights, self.objectives)
-        out = train_step.run(iterator, max_steps)
-        first, losses, updated, skipped = (int(out.first_step), out.losses.numpy(),
-                                           out.updated.numpy(), out.skipped.numpy())
-        return [step_result(self.names, first + i, losses[i], updated[i], skipped[i])
-                for i in range(int(out.count))]
+        return self._runner.run(iterator, max_steps)
 
     @property
     def max_nonfinite_steps(self) -> int:
         """Non-finite steps in a row of one head after which `fit` stops with an error."""
         return self._nonfinite_limit
 
-    def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
-        if isinstance(heads, str) or not heads:
-            raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
-        unknown = [h for h in heads if h not in self.names]
-        if unknown:
-            raise ValueError(f"heads names head {unknown[0]!r}, but the model's heads are "
-                             f"{list(self.names)}")
-        return tuple(heads)
-
-    def fit(
-        self,
-        data: Any,
-        steps: int | None = None,
-        *,
-        epochs: int | None = None,
-        batch_size: int | None = None,
-        eval_data: Any = None,
-        eval_every: int | None = None,
-        verbose: bool = True,
-        seed: int | None = 0,
-        checkpoints: SavesCheckpoints | None = None,
-        steps_per_execution: int | str = "auto",
-        callbacks: Sequence[Callback] = (),
-        sampling: str | TaskSampling | Mapping[str, Any] = "all",
-    ) -> History:
+    def fit(self, data: Any, steps: int | None = None, *, epochs: int | None = None,
+            batch_size: int | None = None, eval_data: Any = None, eval_every: int | None = None,
+            verbose: bool = True, seed: int | None = 0, checkpoints: SavesCheckpoints | None = None,
+            steps_per_execution: int | str = "auto", callbacks: Sequence[Callback] = (),
+            sampling: str | TaskSampling | Mapping[str, Any] = "all") -> History:
         """Trains for `steps` more steps (or `epochs` more epochs), cycling through `data`
         as often as needed.
 
@@ -399,23 +329,15 @@ class Trainer:
         Returns:
             The per-head history of training losses and evaluations of this call.
         """
-        per_epoch = None
-        if (steps is None) == (epochs is None):
-            raise ValueError(f"fit: give exactly one of steps and epochs, got steps={steps!r} "
-                             f"and epochs={epochs!r}")
-        if epochs is not None:
-            epochs = check_int(epochs, "epochs", minimum=1)
-            per_epoch = batches_per_epoch(data, batch_size)
-            steps = epochs * per_epoch
-        steps = check_int(steps, "steps", minimum=1)
+        steps, per_epoch = fit_length(data, steps, epochs, batch_size)
         call_size = ExecutionSize(steps_per_execution)
         if eval_every is not None:
             eval_every = check_int(eval_every, "eval_every", minimum=1, hint="or None: only at the end")
         stream = self._feed.stream(data, batch_size, seed, sampling)
+        evaluate = None
         if eval_data is not None:  # a metric that cannot be computed fails before the first step
-            for evaluator, dataset in self._evaluations(eval_data, batch_size):
-                evaluator.check_dataset(dataset)
-        history = History(train={h: [] for h in self.objectives})
+            self._evaluations.check(eval_data, batch_size)
+            evaluate = lambda: self.evaluate(eval_data, batch_size=batch_size)  # noqa: E731
         extra: list[Any] = [NonFiniteGuard(self._nonfinite_limit)]
         if checkpoints is not None:
             extra.append(checkpoints.callback())
@@ -423,43 +345,8 @@ class Trainer:
             extra.append(ProgressCallback(self.global_step + steps, start=self.global_step,
                                           per_epoch=per_epoch))
         hooks = CallbackList([*callbacks, *extra], self)
-        periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
-        self.stop_training, self.stop_reason, self.notices = False, None, []
-        if self.monitor:  # the last step is logged, whatever the cadence
-            self.monitor.log_last(self.global_step + steps)
-        start = time.perf_counter()
-        done = 0
-        hooks.on_train_begin()
-        try:
-            while done < steps and not self.stop_training:
-                chunk = min([steps - done, call_size.next]
-                            + [p - self.global_step % p for p in periods])
-                sync_weights(self._weights, self.objectives)
-                called = time.perf_counter()
-                out = stream.run(chunk)
-                count = out.count
-                call_size.observe(count, time.perf_counter() - called)
-                if count == 0:
-                    continue  # the end of an epoch
-                for i in range(count):
-                    result = step_result(self.names, out.first + i, out.losses[i],
-                                         out.updated[i], out.skipped[i])
-                    for head in result.updated:
-                        history.train[head].append((result.step, result.losses[head]))
-                    hooks.on_step_end(result.step + 1, result)
-                done += count
-                if eval_data is not None and (
-                        done == steps or (eval_every and self.global_step % eval_every == 0)):
-                    metrics = self.evaluate(eval_data, batch_size=batch_size)
-                    history.eval.append((self.global_step, metrics))
-                    hooks.on_eval_end(self.global_step, metrics)
-                hooks.on_call_end(self.global_step)
-        finally:
-            hooks.on_train_end()
-            history.wall_time = time.perf_counter() - start
-            if self.monitor:
-                self.monitor.flush()
-        return history
+        return run_fit(self, stream, steps, call_size, hooks, self._runner.sync_weights, evaluate,
+                       eval_every)
 
     # -- evaluation ---------------------------------------------------------------------
 
@@ -482,9 +369,7 @@ class Trainer:
         Returns:
             `{head: {"loss": value, <metric name>: value, ...}}`.
         """
-        results: dict[str, dict[str, float]] = {}
-        for evaluator, dataset in self._evaluations(data, batch_size):
-            results.update(evaluator.evaluate(dataset))
+        results = self._evaluations.evaluate(data, batch_size)
         if self.monitor and log:
             self.monitor.write_eval(self.global_step, results)
         return results
@@ -503,29 +388,6 @@ class Trainer:
             data = data[0]
         return self.model.predict(data, batch_size=batch_size, heads=heads)
 
-    def _evaluations(self, data: Any, batch_size: int | None,
-                     ) -> list[tuple[Evaluator, tf.data.Dataset]]:
-        """What evaluating `data` runs: the evaluator of every head on `data`, or, for a
-        dict head -> data, each head's own evaluator on its own data."""
-        if not isinstance(data, Mapping):
-            return [(self._evaluator, self._feed.eval_dataset(data, batch_size))]
-        self._feed.check_head_data(data, "eval_data")
-        runs = []
-        for head in self.names:
-            evaluator = self._head_evaluators.get(head)
-            if evaluator is None:
-                evaluator = self._head_evaluators[head] = self._evaluator_of((head,))
-            runs.append((evaluator, self._feed.head_dataset(head, data[head], batch_size or 1024,
-                                                            False, None)))
-        return runs
-
-    def _evaluator_of(self, names: Sequence[str]) -> Evaluator:
-        """The evaluator of the objectives `names`."""
-        return Evaluator(self.model, {n: self.loss_fns[n] for n in names},
-                         metrics={n: self.objectives[n].metrics for n in names},
-                         loss_specs={n: self.objectives[n].loss for n in names},
-                         predictions={n: self._predictions[n] for n in names})
-
     def close(self) -> None:
         """Flushes and closes the TensorBoard writers and ends the last `fit`'s data
         iterators. A later `fit` continues from the data position, as after a restore:
@@ -540,3 +402,32 @@ class Trainer:
 
 def _nothing() -> None:
     """Flushes no logs (a trainer without TensorBoard)."""
+
+
+def _monitor(log_dir: str | os.PathLike[str] | None, is_chief: bool, every: int,
+             histograms_every: int, variable_norms: bool) -> tuple[Monitor | None, str | None]:
+    """The TensorBoard monitor (None without `log_dir`), and the scratch directory it writes
+    to on a non-chief worker (`close` removes it), or None.
+
+    Every worker of a multi-worker run monitors, so all of them trace the same step
+    variants at the same steps (their all-reduces pair up only then); the others write
+    to a scratch directory, as Keras' TensorBoard callback does.
+    """
+    if log_dir is None:
+        return None, None
+    scratch = None if is_chief else tempfile.mkdtemp(prefix="multihead-worker-logs-")
+    monitor = Monitor(os.fspath(scratch or log_dir), every=every, histograms_every=histograms_every,
+                      variable_norms=variable_norms)
+    return monitor, scratch
+
+
+def _head_subset(heads: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
+    """`heads`, checked to be a non-empty list of the objectives `names`."""
+    if isinstance(heads, str) or not heads:
+        raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
+    unknown = [h for h in heads if h not in names]
+    if unknown:
+        raise ValueError(f"heads names head {unknown[0]!r}, but the model's heads are "
+                         f"{list(names)}")
+    return tuple(heads)
+

@@ -97,7 +97,7 @@ def test_a_batch_without_labels_for_a_head_leaves_it_unchanged_and_the_rest_as_w
     for h in ("a", "c"):
         for x, y in zip(weights(with_b.model.heads[h].weights), weights(without_b.model.heads[h].weights)):
             np.testing.assert_array_equal(x, y)
-    assert with_b._train_step.missing_label_skips.numpy().tolist() == [0, 3, 0]
+    assert with_b._runner.train_step.missing_label_skips.numpy().tolist() == [0, 3, 0]
 
 
 def test_skipped_batches_are_counted_and_logged(tmp_path):
