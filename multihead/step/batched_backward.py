@@ -12,7 +12,7 @@ instead (`tf.vectorized_map`, i.e. pfor), as torchjd does in PyTorch:
 2. the K cotangents stacked, one vectorised VJP of the trunk:
    `vectorized_map(lambda c: gradient(features, trunk, output_gradients=c), C)`;
 3. plus the gradient of the trunk's regularization, which every per-head
-   objective carries once (`multihead.step.train_step.Forward.objectives`).
+   objective carries once (`multihead.step.forward.Forward.objectives`).
 
 A head's gradient equals its own backward pass to float32 rounding (the sums of
 the chain rule happen in another order; tests/step/test_batched_backward.py
