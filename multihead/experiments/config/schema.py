@@ -43,6 +43,7 @@ from multihead.experiments.config.objective_section import (
 from multihead.experiments.config.fields import build as _build
 from multihead.experiments.config.fields import field as _field
 from multihead.experiments.config.fields import join as _join
+from multihead.experiments.config.step_section import StepSection, step_options
 from multihead.experiments.config.rl_section import (
     ActorCriticConfig,
     DQNConfig,
@@ -51,7 +52,7 @@ from multihead.experiments.config.rl_section import (
     TD3Config,
 )
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
-from multihead.step.options import StepOptions, config_fields, config_options, options_of
+from multihead.step.options import config_options
 
 
 class _ConfigSpelling:
@@ -144,22 +145,8 @@ class TrunkConfig:
     dtype: str = _field("float32", doc="float32, or float64 for analysis (Gramian, solve, state)")
 
 
-#: The `train:` keys that are the step's options: `StepOptions`' fields, by name, with their
-#: defaults, choices and documentation.
-_StepSection = dataclasses.make_dataclass(
-    "_StepSection",
-    [(f.name, f.type, _field(f.default, choices=f.metadata["choices"], doc=f.metadata["doc"]))
-     for f in config_fields()],
-    namespace={"__module__": __name__, "__doc__": "`train:` the step's options."})
-
-
-def _step_options(config: ExperimentConfig) -> StepOptions:
-    """The step's options `config.train` sets."""
-    return StepOptions(**options_of(config.train))
-
-
 @dataclasses.dataclass
-class TrainConfig(_StepSection):
+class TrainConfig(StepSection):
     """`train:` how long and how."""
 
     steps: Union[int, None] = _field(None, minimum=1, doc="training steps; default 1000 when "
@@ -326,8 +313,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
                                 bool(config.data.per_head), _CONFIG)
             check_rep_grad_trunk(isinstance(trunk, TrunkConfig) and trunk.rep_grad, "", False,
                                  _CONFIG, tapped=list(config.model.taps))
-            _step_options(config).check(logging=config.log.tensorboard, strategy=None,
-                                        spell=_CONFIG)
+            step_options(config.train).check(logging=config.log.tensorboard, strategy=None,
+                                             spell=_CONFIG)
             check_loss_scaling(config.train.mixed_precision == "float16",
                                isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
@@ -531,8 +518,8 @@ def _check_distribute(config: ExperimentConfig) -> None:
             weighting = (trunk.loss_weighting if isinstance(trunk.loss_weighting, str)
                          else str(trunk.loss_weighting.get("class_name")))
     try:
-        _step_options(config).check(logging=False, strategy=f"distribute.strategy {dist.strategy}",
-                                    spell=_CONFIG)
+        step_options(config.train).check(
+            logging=False, strategy=f"distribute.strategy {dist.strategy}", spell=_CONFIG)
         check_strategy_limits(f"distribute.strategy {dist.strategy}",
                               rep_grad=isinstance(trunk, TrunkConfig) and trunk.rep_grad,
                               loss_weighting=weighting, spell=_CONFIG)
