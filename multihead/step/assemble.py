@@ -4,8 +4,8 @@
 of: each objective's loss and optimizer (created in the strategy's scope when given
 by name), the aggregated trunk update, the loss scales, the step counter and the
 freeze flags. `build` makes the compiled step once the model is built: each
-optimizer built on its var_list, the trunk rule, the `TrainStep` with the options
-passed whole. The Trainer keeps only the loop (`multihead.training.trainer`).
+optimizer built on its var_list, the trunk rule, the monitor bound to the heads'
+variables, the `TrainStep` with the options passed whole. The Trainer keeps only the loop (`multihead.training.trainer`).
 """
 
 from __future__ import annotations
@@ -123,16 +123,28 @@ class StepAssembly:
             with distribute.scope(strategy):
                 self.trunk_update.build(model.trunk_variables)
             rule = self.trunk_update
-        addresses = {id(v): a for a, v in variable_addresses(model).items()}
+        if monitor is not None:
+            self._bind(monitor, heads, rule)
         step = TrainStep(model, heads, self.options, self.step_variable, rule, monitor,
                          strategy=strategy, target_networks=self.target_networks,
-                         addresses=addresses, frozen=self.frozen, loss_scales=self.loss_scales)
+                         frozen=self.frozen, loss_scales=self.loss_scales)
         # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
         blocks = blocks_table(model.trunk, {
             n: p.var_list for n, p in resolve_parts(model, self.objectives).items()})
         if blocks is not None and monitor is not None:
             monitor.write_text(tags.TRUNK_BLOCKS, blocks)
         return step
+
+    def _bind(self, monitor: Monitor, heads: Sequence[HeadSpec], rule: Any) -> None:
+        """Binds `monitor` to the heads' variables and optimizers and to the tags the step
+        writes: its buffers must exist before the first trace."""
+        if self.strategy is not None:
+            monitor.distributed = True  # see Monitor.distributed
+        scales = self.loss_scales.scales if self.loss_scales else ()
+        monitor.bind({h.name: h.var_list for h in heads}, self.model.trunk_variables,
+                     {h.name: h.optimizer for h in heads},
+                     addresses={id(v): a for a, v in variable_addresses(self.model).items()},
+                     other_tags=rule.summary_tags() + [tags.loss_scale(h) for h in scales])
 
     def _head_specs(self) -> list[HeadSpec]:
         """Each objective's spec, its optimizer built on its var_list."""

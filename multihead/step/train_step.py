@@ -72,10 +72,10 @@ class TrainStep:
             compiled loops and the applier.
         step: the step counter variable.
         rule: the trunk rule.
-        monitor: the TensorBoard monitor, or None.
+        monitor: the TensorBoard monitor, bound to the heads' variables before (its
+            buffers must exist before the first trace: `StepAssembly.build`), or None.
         strategy: a `tf.distribute` strategy, or None.
         target_networks: objects whose `update()` runs after each step's updates.
-        addresses: id of a variable -> its address in the model (for the monitor's tags).
         frozen: the heads' freeze flags, read in the step (a frozen head takes no part in
             it: see `multihead.step.freezing`) and, when the trunk rule needs it, on the
             host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
@@ -87,8 +87,7 @@ class TrainStep:
     def __init__(self, model: HeadsModel, heads: Sequence[HeadSpec], options: StepOptions,
                  step: tf.Variable, rule: TrunkRule, monitor: Monitor | None = None,
                  strategy: tf.distribute.Strategy | None = None, target_networks: Sequence[Any] = (),
-                 addresses: Mapping[int, str] | None = None, frozen: FrozenHeads | None = None,
-                 loss_scales: LossScales | None = None) -> None:
+                 frozen: FrozenHeads | None = None, loss_scales: LossScales | None = None) -> None:
         self._model = model
         self._loss_scales = loss_scales
         self._frozen = frozen
@@ -100,13 +99,6 @@ class TrainStep:
         self._strategy = strategy
         self._target_networks = tuple(target_networks)
         self._forward = ForwardPass(model, rule, strategy, loss_scales)
-        if monitor is not None and strategy is not None:
-            monitor.distributed = True  # see Monitor.distributed
-        if monitor is not None:  # its buffers must exist before the first trace
-            monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
-                         {h.name: h.optimizer for h in self._heads}, addresses=addresses,
-                         other_tags=rule.summary_tags() + [
-                             tags.loss_scale(h) for h in (loss_scales.scales if loss_scales else ())])
         self._applier = Applier(monitor, options, distributed=strategy is not None,
                                 loss_scales=loss_scales)
         self.trace_count = 0
