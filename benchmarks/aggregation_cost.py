@@ -110,7 +110,7 @@ def trainer_step(k: int, trunk):
     model = make_model(k)
     trainer = mh.Trainer(model, {f"h{i}": mh.Objective("mse", keras.optimizers.Adam(1e-3))
                                  for i in range(k)}, trunk=trunk)
-    return trainer._ensure_built(None)  # noqa: SLF001 - the compiled step Trainer.step calls
+    return trainer._runner.ensure_built(None)  # noqa: SLF001 - the compiled step Trainer.step calls
 
 
 def time_per_call(fn, args, calls: int) -> float:

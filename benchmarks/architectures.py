@@ -114,7 +114,7 @@ def matched_width(name: str, target: int) -> int:
 
 def compiled_step(model: mh.MultiHeadModel):
     trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-3)) for h in HEADS})
-    return trainer._ensure_built(None)  # noqa: SLF001 - the compiled step Trainer.step calls
+    return trainer._runner.ensure_built(None)  # noqa: SLF001 - the compiled step Trainer.step calls
 
 
 def main() -> None:

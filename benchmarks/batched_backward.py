@@ -32,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
 from multihead.objectives.objective import resolve_loss  # noqa: E402
+from multihead.step.options import StepOptions  # noqa: E402
 from multihead.step.train_step import HeadSpec, TrainStep  # noqa: E402
 from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadTrunk, head_plans  # noqa: E402
 from step_throughput import IN_DIM, constant_batch, initial_weights, keras_parts  # noqa: E402
@@ -55,7 +56,7 @@ def gradients_function(init, width, batched):
     specs = tuple(HeadSpec(h, resolve_loss("mse", h), keras.optimizers.SGD(),
                            tuple(model.var_list(h)), lambda step: tf.constant(1.0), 1, True)
                   for h in heads)
-    step = TrainStep(model, specs, "simultaneous", tf.Variable(0, dtype=tf.int64),
+    step = TrainStep(model, specs, StepOptions(), tf.Variable(0, dtype=tf.int64),
                      PerHeadTrunk(batched))
 
     @tf.function(autograph=False)

@@ -62,7 +62,7 @@ iterator = iter(strategy.experimental_distribute_dataset(data) if strategy else 
 calls = []
 for _ in range(steps // 10):  # steady state: one compiled call of 10 steps on a live iterator
     start = time.perf_counter()
-    trainer._train_step.run(iterator, 10)  # noqa: SLF001 - what fit calls per chunk
+    trainer._runner.train_step.run(iterator, 10)  # noqa: SLF001 - what fit calls per chunk
     calls.append(time.perf_counter() - start)
 if trainer.is_chief:
     print(json.dumps({"mode": mode, "fit_seconds": sorted(fits)[2],

@@ -137,7 +137,7 @@ def main() -> None:
             for _ in range(repeats):
                 names = list(trainers)
                 order.shuffle(names)  # no variant always runs first or right after another
-                seconds = {name: window_seconds(lambda t=trainers[name]: t._train_step(x, y),  # noqa: SLF001
+                seconds = {name: window_seconds(lambda t=trainers[name]: t._runner.train_step(x, y),  # noqa: SLF001
                                                 window, clock) for name in names}
                 base = (seconds["off"] + seconds["off twin"]) / 2
                 off_times.append(base)

@@ -62,6 +62,7 @@ _EXPORTS = {
     "Monitor": "multihead.monitoring.monitor",
     "Objective": "multihead.objectives.objective",
     "DynamicLossScale": "multihead.step.loss_scales",
+    "StepOptions": "multihead.step.options",
     "Partition": "multihead.model.partition",
     "RunReport": "multihead.monitoring.report",
     "load_report": "multihead.monitoring.report",
@@ -139,6 +140,7 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.monitoring.monitor import Monitor
     from multihead.objectives.objective import Objective
     from multihead.step.loss_scales import DynamicLossScale
+    from multihead.step.options import StepOptions
     from multihead.model.partition import Partition
     from multihead.monitoring.report import RunReport
     from multihead.monitoring.report import load_report
@@ -230,6 +232,7 @@ __all__ = [
     "ReplayBuffer",
     "RunReport",
     "SettingError",
+    "StepOptions",
     "StepResult",
     "TargetNetwork",
     "TaskSampling",

@@ -1,20 +1,21 @@
 """Rules between settings, written once for the Python API and the configs.
 
-A rule names the setting that breaks it by a *field* (`"jit_compile"`,
+A rule names the setting that breaks it by a *field* (`"trunk"`,
 `"trunk.rep_grad"`, `"objectives.every"` with a head) and raises `SettingError`,
 whose `.field` (and `.head`) say which one. The text is spelled by a `Spelling`:
-`PYTHON` writes the Trainer's argument names (`jit_compile=False`); the config layer
+`PYTHON` writes the Trainer's argument names (`trunk='per_head'`); the config layer
 passes its own spelling, which maps each field to its key path
-(`train.jit_compile: false`), so one rule gives both wordings and no layer has to
-recognise another's message.
+(`train.trunk: per_head`), so one rule gives both wordings and no layer has to
+recognise another's message. The rules of the step's own options sit with their
+fields (`multihead.step.options`) and use the same spellings.
 
 This module imports neither TensorFlow nor Keras: the config layer calls it while
 validating a file.
 
 Example:
-    >>> check_jit_logging(jit_compile=True, logging=True, spell=PYTHON)
+    >>> check_loss_scaling(loss_scaling=True, aggregated=True, spell=PYTHON)
     Traceback (most recent call last):
-    multihead.settings.SettingError: jit_compile: XLA cannot compile the summary ops that TensorBoard logging adds to the step; set log_dir=None to train with XLA
+    multihead.settings.SettingError: trunk: trunk aggregation does not support float16 loss scaling (a scale per head) yet; set trunk='per_head', or compute in bfloat16, which needs no loss scale
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Spelling(Protocol):
 
 
 class PythonSpelling:
-    """The Trainer's argument names: `jit_compile=False`, `objectives['b'].every`."""
+    """The Trainer's argument names: `trunk='per_head'`, `objectives['b'].every`."""
 
     def key(self, field: str, head: str | None = None) -> str:
         if head is not None and field.startswith("objectives."):
@@ -96,14 +97,6 @@ REFUSED_OPTIMIZERS = {
 }
 
 
-def check_jit_logging(jit_compile: bool, logging: bool, spell: Spelling) -> None:
-    """XLA cannot compile summary ops: `jit_compile` needs TensorBoard logging off."""
-    if jit_compile and logging:
-        raise SettingError("jit_compile", (
-            f"{spell.key('jit_compile')}: XLA cannot compile the summary ops that TensorBoard "
-            f"logging adds to the step; set {spell.setting('log_dir', None)} to train with XLA"))
-
-
 def check_loss_scaling(loss_scaling: bool, aggregated: bool, spell: Spelling) -> None:
     """Per-head loss scales (float16) need each head's optimizer to apply its own gradient:
     trunk aggregation is refused with them.
@@ -120,14 +113,13 @@ def check_loss_scaling(loss_scaling: bool, aggregated: bool, spell: Spelling) ->
             "bfloat16, which needs no loss scale"))
 
 
-def check_strategy_limits(strategy: str | None, *, jit_compile: bool, rep_grad: bool,
+def check_strategy_limits(strategy: str | None, *, rep_grad: bool,
                           loss_weighting: str | None, spell: Spelling) -> None:
-    """What a `tf.distribute` strategy does not support: XLA, and trunk aggregation at
-    the trunk output (`rep_grad`) or by a loss weighting.
+    """What a `tf.distribute` strategy does not support: trunk aggregation at the trunk
+    output (`rep_grad`) or by a loss weighting (XLA: `multihead.step.options`).
 
     Args:
         strategy: how the message names the strategy, or None for one device.
-        jit_compile: whether the step is XLA-compiled.
         rep_grad: whether the trunk aggregates at its output.
         loss_weighting: the trunk's loss weighting, or None for a gradient aggregator
             (or no trunk aggregation).
@@ -135,10 +127,6 @@ def check_strategy_limits(strategy: str | None, *, jit_compile: bool, rep_grad: 
     """
     if strategy is None:
         return
-    if jit_compile:
-        raise SettingError("jit_compile", (
-            f"{spell.key('jit_compile')}: {spell.value(True)} is not supported with {strategy}; "
-            f"set {spell.setting('jit_compile', False)}"))
     if rep_grad:
         raise SettingError("trunk.rep_grad", (
             f"{spell.key('trunk.rep_grad')}: {spell.value(True)} is not supported with "

@@ -20,7 +20,7 @@ arithmetic mirrors Keras' `update_step` as of Keras 3.15; tests/step/test_adam_s
 checks it against the installed Keras, so a Keras release that changes it fails
 the tests instead of drifting silently.
 
-With `fused=True` (`Trainer(fused_updates=True)`), the same plain cases run TF1's
+With `fused=True` (the step's option, `multihead.step.options`), the same plain cases run TF1's
 fused kernels instead, one op per variable on the optimizer's own slots:
 `ResourceApplyAdam` (`ResourceApplyAdamWithAmsgrad`), `ResourceApplyKerasMomentum`,
 `ResourceApplyGradientDescent`. Their formulas are Keras' (Adam's epsilon sits where

@@ -29,6 +29,7 @@ import tensorflow as tf
 from multihead import _keras_internals as internals
 from multihead.step import adam_sgd_ops
 from multihead.step.loss_scales import LossScales
+from multihead.step.options import StepOptions
 from multihead.monitoring.monitor import Monitor
 
 Gradients = Sequence[Union[tf.Tensor, tf.IndexedSlices, None]]
@@ -102,17 +103,17 @@ class Applier:
         monitor: the TensorBoard monitor (its `head_update` logs each head's update),
             or None.
         distributed: the step runs under a `tf.distribute` strategy.
-        fused: plain Adam and SGD optimizers update through TF1's fused kernels
-            (`Trainer(fused_updates=True)`; see `multihead.step.adam_sgd_ops`).
+        options: the step's options; with `fused_updates`, plain Adam and SGD optimizers
+            update through TF1's fused kernels (see `multihead.step.adam_sgd_ops`).
         loss_scales: the heads' loss scales, whose heads' gradients arrive scaled; None:
             no loss scaling.
     """
 
-    def __init__(self, monitor: Monitor | None = None, distributed: bool = False,
-                 fused: bool = False, loss_scales: LossScales | None = None) -> None:
+    def __init__(self, monitor: Monitor | None = None, options: StepOptions = StepOptions(),
+                 distributed: bool = False, loss_scales: LossScales | None = None) -> None:
         self._monitor = monitor
         self._distributed = distributed
-        self._fused = fused
+        self._fused = options.fused_updates
         self._loss_scales = loss_scales
 
     def apply_all(self, plans: Sequence[PlannedUpdate], step: tf.Tensor,

@@ -12,7 +12,7 @@ instead (`tf.vectorized_map`, i.e. pfor), as torchjd does in PyTorch:
 2. the K cotangents stacked, one vectorised VJP of the trunk:
    `vectorized_map(lambda c: gradient(features, trunk, output_gradients=c), C)`;
 3. plus the gradient of the trunk's regularization, which every per-head
-   objective carries once (`multihead.step.train_step.Forward.objectives`).
+   objective carries once (`multihead.step.forward.Forward.objectives`).
 
 A head's gradient equals its own backward pass to float32 rounding (the sums of
 the chain rule happen in another order; tests/step/test_batched_backward.py
@@ -45,26 +45,6 @@ import tensorflow as tf
 from multihead.step.applier import not_converted
 
 _LOG = logging.getLogger("multihead")
-
-#: The values of `Trainer(batched_backward=...)` / `train.batched_backward`.
-CHOICES = ("auto", True, False)
-
-
-def resolve(option: Any) -> bool:
-    """Whether the step takes the heads' trunk gradients in one batched pass.
-
-    `"auto"` is on only where the batched pass was measured faster than one pass per
-    head: no device so far (docs/performance.md), so it resolves to False.
-
-    Raises:
-        ValueError: `option` is not one of `CHOICES`.
-    """
-    if option is True or option is False:
-        return option
-    if option == "auto":
-        return False
-    raise ValueError(f"batched_backward: expected 'auto', True or False, got {option!r}")
-
 
 @not_converted
 def head_gradients(heads: Sequence[Any], heads_pass: Any) -> dict[str, list[Any]]:

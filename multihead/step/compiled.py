@@ -21,6 +21,8 @@ from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import tensorflow as tf
 
+from multihead.step.options import StepOptions
+
 
 class StepOutput(NamedTuple):
     """What one compiled step returns, per head in head order.
@@ -135,16 +137,16 @@ class StepLoops:
         body_for: variant key -> the step body `(inputs, targets) -> Rows`.
         counter: the step counter (read before the step(s) for the outputs).
         width: the length of each row (the number of heads).
-        jit_compile: XLA-compile the step (the loop around it stays plain: XLA
-            cannot compile the data iterator).
+        options: the step's options; with `jit_compile`, the step is XLA-compiled (the
+            loop around it stays plain: XLA cannot compile the data iterator).
     """
 
     def __init__(self, body_for: Callable[[Hashable], Callable[[Any, Any], Rows]],
-                 counter: tf.Variable, width: int, jit_compile: bool = False) -> None:
+                 counter: tf.Variable, width: int, options: StepOptions = StepOptions()) -> None:
         self._body_for = body_for
         self._counter = counter
         self._width = width
-        self._jit_compile = jit_compile
+        self._jit_compile = options.jit_compile
         self._functions: dict[Hashable, tuple[Callable[..., Any], Callable[..., Any]]] = {}
         self._cache = ConcreteCache()
         self._step_counts: dict[int, tf.Tensor] = {}

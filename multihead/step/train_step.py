@@ -12,8 +12,8 @@ Two schedules:
 A head with `every=n` is due on steps where `step % n == 0`; the test is made in
 the graph on the step variable, so mixed cadences never retrace the step.
 
-The step's math is here: the forward pass (`forward`), the schedules, the
-distributed pass. What the heads' gradients become is the trunk rule's plan
+The step's math is here: the schedules and the distributed pass; the forward pass
+is `multihead.step.forward`'s. What the heads' gradients become is the trunk rule's plan
 (`multihead.step.trunk_rule`); every optimizer write is the applier's
 (`multihead.step.applier`); compiling the step, one step or many per call, is
 `multihead.step.compiled`'s.
@@ -28,7 +28,7 @@ context and applied in cross-replica context (see `multihead.step.distribute`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
@@ -36,56 +36,23 @@ import tensorflow as tf
 from multihead.step import distribute
 from multihead.step.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
 from multihead.step.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
+from multihead.step.forward import Forward, ForwardPass
 from multihead.step.freezing import FrozenHeads
 from multihead.step.loss_scales import LossScales
+from multihead.step.options import SCHEDULES, StepOptions
 from multihead.model.model_view import HeadsModel
-from multihead.objectives.objective import present_labels, split_weighted
 from multihead.step.trunk_rule import (
     Backward,
     HeadSpec,
     HeadsPass,
     LossScaling,
     TrunkRule,
-    scale_gradient,
 )
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
 
 __all__ = ["SCHEDULES", "Forward", "HeadSpec", "HeadsDone", "PlannedUpdate", "StepOutput",
            "StepsOutput", "TrainStep", "all_finite"]
-
-SCHEDULES = ("simultaneous", "sequential")
-
-
-def regularization(layer: keras.layers.Layer) -> tf.Tensor | float:
-    """The sum of `layer`'s regularization losses, or 0.0 if it has none."""
-    losses = layer.losses
-    return tf.add_n(losses) if losses else 0.0
-
-
-class Forward(NamedTuple):
-    """One forward pass of some heads, recorded on the caller's tape.
-
-    Attributes:
-        features: the trunk output (with own batches: head -> the trunk output on
-            the head's batch).
-        losses: head -> unweighted loss (float32 scalar).
-        objectives: head -> what the head's gradient is taken of: weight x loss
-            (x the loss weighting's factor, for aggregated heads), plus the head's
-            regularization, plus the trunk's when the head's optimizer updates the trunk.
-        trunk_reg: the trunk's regularization (0.0 when it has none).
-        scaling: what the trunk rule's loss weighting computed in the pass.
-        counts: head -> its rows with a present label (float32), for the heads with a
-            missing-label marker (`HeadSpec.missing_label`).
-    """
-
-    features: Any
-    losses: dict[str, tf.Tensor]
-    objectives: dict[str, tf.Tensor]
-    trunk_reg: tf.Tensor | float
-    scaling: LossScaling
-    counts: dict[str, tf.Tensor]
-
 
 class TrainStep:
     """One compiled update of the due heads: `step(inputs, targets)` or `step.run(iterator, n)`.
@@ -100,59 +67,39 @@ class TrainStep:
     Args:
         model: the built model.
         heads: the heads, in order.
-        schedule: `"simultaneous"` or `"sequential"` (checked by `Trainer`; trunk
-            aggregation needs `"simultaneous"`, checked by `TrunkUpdate.create`).
+        options: how the step runs (its schedule; trunk aggregation needs
+            `"simultaneous"`, checked by `TrunkUpdate.create`), handed on whole to the
+            compiled loops and the applier.
         step: the step counter variable.
         rule: the trunk rule.
-        monitor: the TensorBoard monitor, or None.
-        jit_compile: XLA-compile the step.
+        monitor: the TensorBoard monitor, bound to the heads' variables before (its
+            buffers must exist before the first trace: `StepAssembly.build`), or None.
         strategy: a `tf.distribute` strategy, or None.
         target_networks: objects whose `update()` runs after each step's updates.
-        addresses: id of a variable -> its address in the model (for the monitor's tags).
         frozen: the heads' freeze flags, read in the step (a frozen head takes no part in
             it: see `multihead.step.freezing`) and, when the trunk rule needs it, on the
             host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
             None: no head is ever frozen.
-        fused_updates: plain Adam / SGD updates through TF1's fused kernels (see
-            `multihead.step.adam_sgd_ops`).
         loss_scales: each head's dynamic loss scale (float16): a head's objective is
             scaled in `forward`, its gradient unscaled by the applier; None: none.
     """
 
-    def __init__(
-        self,
-        model: HeadsModel,
-        heads: Sequence[HeadSpec],
-        schedule: str,
-        step: tf.Variable,
-        rule: TrunkRule,
-        monitor: Monitor | None = None,
-        jit_compile: bool = False,
-        strategy: tf.distribute.Strategy | None = None,
-        target_networks: Sequence[Any] = (),
-        addresses: Mapping[int, str] | None = None,
-        frozen: FrozenHeads | None = None,
-        fused_updates: bool = False,
-        loss_scales: LossScales | None = None,
-    ) -> None:
+    def __init__(self, model: HeadsModel, heads: Sequence[HeadSpec], options: StepOptions,
+                 step: tf.Variable, rule: TrunkRule, monitor: Monitor | None = None,
+                 strategy: tf.distribute.Strategy | None = None, target_networks: Sequence[Any] = (),
+                 frozen: FrozenHeads | None = None, loss_scales: LossScales | None = None) -> None:
         self._model = model
         self._loss_scales = loss_scales
         self._frozen = frozen
         self._heads = tuple(heads)
-        self._schedule = schedule
+        self._schedule = options.schedule
         self._step = step
         self._rule = rule
         self._monitor = monitor
         self._strategy = strategy
         self._target_networks = tuple(target_networks)
-        if monitor is not None and strategy is not None:
-            monitor.distributed = True  # see Monitor.distributed
-        if monitor is not None:  # its buffers must exist before the first trace
-            monitor.bind({h.name: h.var_list for h in self._heads}, model.trunk_variables,
-                         {h.name: h.optimizer for h in self._heads}, addresses=addresses,
-                         other_tags=rule.summary_tags() + [
-                             tags.loss_scale(h) for h in (loss_scales.scales if loss_scales else ())])
-        self._applier = Applier(monitor, distributed=strategy is not None, fused=fused_updates,
+        self._forward = ForwardPass(model, rule, strategy, loss_scales)
+        self._applier = Applier(monitor, options, distributed=strategy is not None,
                                 loss_scales=loss_scales)
         self.trace_count = 0
         #: Per head, in head order: steps whose update was dropped as non-finite.
@@ -162,7 +109,7 @@ class TrainStep:
         self.missing_label_skips = tf.Variable(tf.zeros([len(self._heads)], tf.int64),
                                                trainable=False, name="missing_label_skips")
         #: The compiled variants, keyed (monitored, heads, own batches).
-        self.loops = StepLoops(self._body_for, step, len(self._heads), jit_compile)
+        self.loops = StepLoops(self._body_for, step, len(self._heads), options)
 
     @property
     def head_names(self) -> tuple[str, ...]:
@@ -318,86 +265,11 @@ class TrainStep:
 
     # -- the forward pass: every head's objective, one code path -------------------------
 
-    def _head_loss(self, head: HeadSpec, inputs: Any, targets: Any, output: Any) -> tf.Tensor:
-        loss = tf.convert_to_tensor(head.loss(inputs, targets, output, training=True))
-        if loss.shape.rank != 0:
-            raise ValueError(
-                f"the loss of {head.label} must be a scalar, got shape {loss.shape}; "
-                "reduce it (e.g. tf.reduce_mean) inside the loss function"
-            )
-        if self._strategy is not None and getattr(head.loss, "elementwise", False):
-            # A Keras Loss object in replica context already divides its batch mean by the
-            # number of replicas; undo it: `distribute.replica_scale` does the scaling.
-            loss = loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype)
-        return tf.cast(loss, tf.float32)
-
     def forward(self, inputs: Any, targets: Any, heads: Sequence[HeadSpec], step: tf.Tensor,
                 own_batches: bool = False) -> Forward:
-        """One forward pass of `heads` (inside the caller's tape).
-
-        Each objective's loss sees its prediction from the outputs it reads
-        (`HeadSpec.prediction`). A head read by an objective that does not train the
-        trunk reads the trunk output through `stop_gradient` (a trunk that routes heads:
-        see `MultiHeadModel.stop_shared`); with a `trunk_scale`, through an identity
-        whose gradient is scaled. Each head runs once per way it is read.
-        With `own_batches`, `inputs` and `targets` are dicts objective -> its own
-        batch: the trunk runs once per objective, on its batch, and
-        `Forward.features` is the dict objective -> trunk output.
-        """
-        model = self._model
-        taps = {"taps": [r for h in heads for r in h.reads if r.startswith("trunk/")]}
-        taps = taps if taps["taps"] else {}  # trunk taps an objective reads (`trunk/<block>`)
-        if own_batches:
-            features = {h.name: model.features(inputs[h.name], training=True, **taps) for h in heads}
-        else:
-            features = model.features(inputs, training=True, **taps)
-        cache: dict[tuple[Any, ...], Any] = {}
-
-        def read(head: HeadSpec, name: str, seen: Any, how: Any) -> Any:
-            if name == "trunk" or name.startswith("trunk/"):  # with taps, `seen` holds several
-                return model.tap_output(seen, name) if hasattr(model, "tap_output") else seen
-            key = (name, how, head.name if own_batches else None)
-            if key not in cache:
-                cache[key] = model.head_output(name, seen, training=True)
-            return cache[key]
-
-        losses, weighted, counts = {}, {}, {}
-        for head in heads:
-            x, y = inputs, targets
-            plain = features[head.name] if own_batches else features
-            if own_batches:
-                x, y = x[head.name], y[head.name]
-            if not head.trains_trunk:
-                seen, how = model.stop_shared(plain), "stopped"
-            elif head.trunk_scale is None:
-                seen, how = plain, "plain"
-            else:
-                seen, how = scale_gradient(plain, head.trunk_scale(step)), head.name
-            outputs = {name: read(head, name, seen, how) for name in head.reads}
-            losses[head.name] = self._head_loss(head, x, y, head.prediction(outputs, x))
-            weighted[head.name] = head.weight(step) * losses[head.name]
-            if head.missing_label is not None:
-                present, _ = present_labels(split_weighted(y[head.name])[0], head.missing_label)
-                counts[head.name] = tf.reduce_sum(tf.cast(present, tf.float32))
-        # A routing trunk's per-head layers (gates) regularize their own head's objective.
-        shared_losses, owned_losses = model.trunk_losses()
-        trunk_reg = tf.add_n(shared_losses) if shared_losses else 0.0
-        scaling = self._rule.scale_losses(weighted)
-        objectives = {}
-        for head in heads:
-            objective = weighted[head.name]
-            if head.name in scaling.factors:
-                objective = objective * scaling.factors[head.name]
-            for trained in head.trained_heads:
-                objective = objective + regularization(model.heads[trained])
-                if owned_losses.get(trained):
-                    objective = objective + tf.add_n(owned_losses[trained])
-            if head.trains_trunk and self._rule.heads_update_trunk:
-                objective = objective + trunk_reg
-            if self._loss_scales is not None:  # float16: the applier unscales the gradient
-                objective = self._loss_scales.scale(head.name, objective)
-            objectives[head.name] = objective
-        return Forward(features, losses, objectives, trunk_reg, scaling, counts)
+        """One forward pass of `heads` (inside the caller's tape; see
+        `multihead.step.forward.ForwardPass`)."""
+        return self._forward(inputs, targets, heads, step, own_batches)
 
     def _pass(self, heads: tuple[HeadSpec, ...], losses: dict[str, tf.Tensor], step: tf.Tensor,
               fwd: Forward | None = None, tape: tf.GradientTape | None = None,

@@ -1,4 +1,5 @@
-"""`Evaluator`: per-head losses and metrics over a whole dataset in one compiled call.
+"""`Evaluator`: per-head losses and metrics over a whole dataset in one compiled call;
+`Evaluations`: which evaluators a trainer runs on which data.
 
 A head's evaluation loss is the example-weighted mean of its batch losses:
 `sum_b loss_b * n_b / sum_b n_b`, where `loss_b` is the head's loss (a batch
@@ -341,3 +342,61 @@ def _split(batch: Any) -> tuple[Any, Any]:
         return batch[0], batch[1]
     raise TypeError("a batch must be a pair (inputs, targets) with targets a dict head -> labels, "
                     f"got {type(batch).__name__}")
+
+
+class Evaluations:
+    """What evaluating data runs for a trainer: every objective's evaluator on one dataset,
+    or, for a dict head -> data, each head's own evaluator on its own data.
+
+    The evaluator of every objective is built at construction, so a bad metric name fails
+    there; each head's own evaluator is built when first used.
+
+    Args:
+        model: the model.
+        objectives: name -> `Objective`, in order.
+        loss_fns: name -> its resolved loss.
+        predictions: name -> what its loss and metrics see of the outputs.
+        feed: turns data into checked datasets (`multihead.training.streams.DataFeed`).
+    """
+
+    def __init__(self, model: HeadsModel, objectives: Mapping[str, Any],
+                 loss_fns: Mapping[str, HeadLoss], predictions: Mapping[str, Any],
+                 feed: Any) -> None:
+        self._model, self._objectives, self._feed = model, objectives, feed
+        self._loss_fns, self._predictions = loss_fns, predictions
+        self._names = tuple(objectives)
+        self._all = self._evaluator_of(self._names)
+        self._heads: dict[str, Evaluator] = {}
+
+    def _evaluator_of(self, names: Sequence[str]) -> Evaluator:
+        """The evaluator of the objectives `names`."""
+        return Evaluator(self._model, {n: self._loss_fns[n] for n in names},
+                         metrics={n: self._objectives[n].metrics for n in names},
+                         loss_specs={n: self._objectives[n].loss for n in names},
+                         predictions={n: self._predictions[n] for n in names})
+
+    def runs(self, data: Any, batch_size: int | None) -> list[tuple[Evaluator, tf.data.Dataset]]:
+        """Each evaluator `data` runs, with its dataset."""
+        if not isinstance(data, Mapping):
+            return [(self._all, self._feed.eval_dataset(data, batch_size))]
+        self._feed.check_head_data(data, "eval_data")
+        runs = []
+        for head in self._names:
+            evaluator = self._heads.get(head)
+            if evaluator is None:
+                evaluator = self._heads[head] = self._evaluator_of((head,))
+            runs.append((evaluator, self._feed.head_dataset(head, data[head], batch_size or 1024,
+                                                            False, None)))
+        return runs
+
+    def check(self, data: Any, batch_size: int | None) -> None:
+        """Fails now if a loss or metric cannot be computed on `data`."""
+        for evaluator, dataset in self.runs(data, batch_size):
+            evaluator.check_dataset(dataset)
+
+    def evaluate(self, data: Any, batch_size: int | None) -> EvalResults:
+        """Per-head loss and metrics on `data` (see `Trainer.evaluate`)."""
+        results: EvalResults = {}
+        for evaluator, dataset in self.runs(data, batch_size):
+            results.update(evaluator.evaluate(dataset))
+        return results

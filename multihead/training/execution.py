@@ -1,8 +1,11 @@
-"""How many steps `fit` runs in one compiled call (`steps_per_execution`)."""
+"""How many steps `fit` runs (`fit_length`), and in one compiled call (`steps_per_execution`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from multihead._checks import check_int
+from multihead.training.streams import batches_per_epoch
 
 
 class ExecutionSize:
@@ -33,3 +36,18 @@ class ExecutionSize:
             per_step = seconds / steps
             fits = int(self.TARGET_SECONDS / per_step) if per_step > 0 else self.MAX_STEPS
             self.next = max(1, min(self.MAX_STEPS, fits))
+
+
+def fit_length(data: Any, steps: int | None, epochs: int | None,
+               batch_size: int | None) -> tuple[int, int | None]:
+    """The steps of `fit(steps=...)` or `fit(epochs=...)` (exactly one given), and the steps
+    of an epoch (None for `steps`)."""
+    if (steps is None) == (epochs is None):
+        raise ValueError(f"fit: give exactly one of steps and epochs, got steps={steps!r} "
+                         f"and epochs={epochs!r}")
+    per_epoch = None
+    if epochs is not None:
+        epochs = check_int(epochs, "epochs", minimum=1)
+        per_epoch = batches_per_epoch(data, batch_size)
+        steps = epochs * per_epoch
+    return check_int(steps, "steps", minimum=1), per_epoch

@@ -1,71 +1,44 @@
 """`Trainer`: per-head optimizers on exact var_lists, driven step by step or by `fit`.
 
-The trainer drives; what it drives lives beside it: `streams` (the batches of the
-user's data), `labels` (label checks), `results` (`StepResult`, `History`),
-`execution` (steps per compiled call), `loss_weights`, `rules` (rules between
-settings) and `training_state` (what a checkpoint holds).
+The trainer holds the training state and drives; what it drives lives beside it: the
+step is assembled by `multihead.step.assemble` from the objectives and the step's
+options (`multihead.step.options`) and run on checked batches by `step_runner`;
+`fit_loop` is `fit`'s loop over compiled calls, `callbacks` what it calls around
+them; `streams` (the batches of the user's data), `evaluation`, `results`
+(`StepResult`, `History`), `execution` (steps per compiled call) and
+`training_state` (what a checkpoint holds).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
-import time
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from multihead import _keras_internals as internals
-from multihead._checks import check_choice, check_int
-from multihead.step import distribute
-from multihead.model.addresses import variable_addresses
-from multihead.step.batched_backward import resolve as batched_backward_option
-from multihead.training.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
+from multihead._checks import check_int
 from multihead.datasets.multitask import DataPosition
-from multihead.training.evaluation import Evaluator
-from multihead.training.execution import ExecutionSize
-from multihead.step.freezing import FrozenHeads
-from multihead.objectives.labels import LabelCheck, split_batch
-from multihead.step.loss_scales import DynamicLossScale, LossScales, computes_in_float16
-from multihead.objectives.loss_weights import LossWeight, sync_weights
 from multihead.model.model_view import HeadsModel
-from multihead.objectives.objective import (
-    Objective,
-    check_created_in_scope,
-    check_distinct_optimizers,
-    claim_optimizers,
-    resolve_loss,
-    resolve_optimizer,
-    with_sample_weights,
-)
-from multihead.objectives.parts import (
-    check_objectives,
-    declares_trunk,
-    objective_order,
-    prediction_fn,
-    resolve_parts,
-)
-from multihead.training.results import History, StepResult, step_result
-from multihead.settings import (
-    PYTHON,
-    check_jit_logging,
-    check_loss_scaling,
-    check_rep_grad_trunk,
-    check_strategy_limits,
-)
-from multihead.training.sampling import TaskSampling
-from multihead.step.train_step import SCHEDULES, TrainStep
-from multihead.model.taps import blocks_table
-from multihead.training.streams import DataFeed, batches_per_epoch, zeros_for_spec
-from multihead.training.training_state import TrainingState
-from multihead.step.trunk_rule import HeadSpec, PerHeadTrunk, trunk_scale
-from multihead.step.trunk_policy import TrunkPolicy
-from multihead.step.trunk_update import TrunkUpdate
-from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor
+from multihead.objectives.labels import LabelCheck
+from multihead.objectives.objective import Objective, claim_optimizers
+from multihead.objectives.parts import prediction_fn
+from multihead.step import distribute
+from multihead.step.assemble import StepAssembly
+from multihead.step.options import StepOptions
+from multihead.step.trunk_policy import TrunkPolicy
+from multihead.training.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
+from multihead.training.evaluation import Evaluations
+from multihead.training.execution import ExecutionSize, fit_length
+from multihead.training.fit_loop import run_fit
+from multihead.training.results import History, StepResult
+from multihead.training.sampling import TaskSampling
+from multihead.training.step_runner import StepRunner
+from multihead.training.streams import DataFeed
+from multihead.training.training_state import TrainingState
 
 __all__ = ["History", "SavesCheckpoints", "StepResult", "Trainer"]
 
@@ -97,12 +70,11 @@ class Trainer:
     Args:
         model: the model; it may be unbuilt (the first batch builds it).
         objectives: head name -> `Objective`, one for every head of the model.
-        schedule: `"simultaneous"` or `"sequential"` (see `multihead.step.train_step`).
+        schedule: `"simultaneous"` or `"sequential"` (`StepOptions.schedule`).
         log_dir: TensorBoard log directory; None disables logging.
         log_every: write scalars every this many steps.
         histograms_every: write gradient histograms every this many steps (0: never).
         log_variable_norms: also write each variable's gradient norm.
-        jit_compile: XLA-compile the step (off by default: slower on CPU).
         trunk: `"per_head"` (each head's optimizer updates the trunk with its own
             slots), or a `TrunkPolicy` (or a dict of its fields): one trunk
             optimizer applies an aggregate of the heads' trunk gradients and each
@@ -116,31 +88,16 @@ class Trainer:
             the scope. Each batch is the *global* batch, split across replicas;
             losses are batch means, so results match single-device training on
             the same global batch. Only the chief logs to TensorBoard and writes
-            checkpoints. Not supported with a strategy: `jit_compile`, trunk
-            aggregation with `rep_grad` or a loss weighting.
+            checkpoints. Not supported with a strategy: XLA, trunk aggregation with
+            `rep_grad` or a loss weighting.
         target_networks: `multihead.TargetNetwork`s whose `update()` runs inside the
             compiled train step, after the optimizers applied (never in `evaluate`).
         max_nonfinite_steps: `fit` stops with an error naming the head when a head's
             loss or gradient is non-finite this many steps in a row (its updates
             were skipped meanwhile, see `Objective(on_nonfinite=...)`).
-        batched_backward: with the per-head trunk, take the heads' trunk gradients
-            in one vectorised backward pass (`True`), equal to one pass per head to
-            float32 rounding, or one pass per head (`False`); `"auto"`: off, as the
-            batched pass was measured slower on CPU (see
-            `multihead.step.batched_backward`).
-        fused_updates: plain Adam and SGD optimizers (the heads' and the trunk
-            optimizer's) update each variable with one fused TF1 kernel
-            (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`) on their own slots:
-            faster, TF1's numerics rather than bitwise Keras' (see
-            docs/training.md); other optimizers, and steps under a strategy,
-            keep Keras' update.
-        loss_scale: each head's dynamic loss scale, for a model that computes in
-            float16 (`dtype=keras.DTypePolicy("mixed_float16")` on its layers): `"auto"`
-            gives every head a `DynamicLossScale()` when some layer computes in float16,
-            none otherwise; a `DynamicLossScale` gives every head one with these options;
-            None: no loss scaling. A head whose scaled gradient overflows skips the step
-            (whatever its `on_nonfinite`) and halves its scale, the other heads and the
-            trunk proceed (see `multihead.step.loss_scales`). Not with trunk aggregation.
+        **options: the step's options, each keyword the field of its name of
+            `multihead.StepOptions` (XLA, fused updates, the batched backward pass, loss
+            scaling), documented there; an unknown keyword is a `TypeError`.
     """
 
     def __init__(
@@ -150,97 +107,58 @@ class Trainer:
         schedule: str = "simultaneous",
         log_dir: str | os.PathLike[str] | None = None,
         log_every: int = 100,
-        jit_compile: bool = False,
+        *,
         histograms_every: int = 1000,
         log_variable_norms: bool = False,
         trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
         strategy: tf.distribute.Strategy | None = None,
         max_nonfinite_steps: int = 10,
         target_networks: Sequence[Any] = (),
-        batched_backward: bool | str = "auto",
-        fused_updates: bool = False,
-        loss_scale: DynamicLossScale | str | None = "auto",
+        **options: Any,
     ) -> None:
         if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
-        check_choice(schedule, "schedule", SCHEDULES)
+        #: How the step runs (`StepOptions`), built once from the keywords.
+        self.options = StepOptions.from_keywords(schedule=schedule, **options)
         check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
         self._nonfinite_limit = check_int(max_nonfinite_steps, "max_nonfinite_steps", minimum=1)
-        self._batched_backward = batched_backward_option(batched_backward)
-        self._fused_updates = check_choice(fused_updates, "fused_updates", (False, True))
-        check_objectives(model, objectives)
-        for target in target_networks:
-            if not callable(getattr(target, "update", None)):
-                raise TypeError(f"target_networks must have an update() method, got {target!r}")
-        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
-            raise TypeError(f"strategy must be a tf.distribute.Strategy or None, got {strategy!r}")
-        where = None if strategy is None else f"a strategy ({type(strategy).__name__})"
-        check_strategy_limits(where, jit_compile=jit_compile, rep_grad=False, loss_weighting=None,
-                              spell=PYTHON)
-        check_jit_logging(jit_compile, log_dir is not None, PYTHON)
-        #: Updated inside each compiled train step, after the optimizers.
-        self.target_networks = tuple(target_networks)
+        self._assembly = parts = StepAssembly(
+            model, objectives, self.options, trunk=trunk, strategy=strategy,
+            target_networks=target_networks, logging=log_dir is not None)
         self.model = model
+        #: Updated inside each compiled train step, after the optimizers.
+        self.target_networks = parts.target_networks
         #: Objective name -> objective: those named for heads in head order, then the others.
-        self.objectives = {n: objectives[n] for n in objective_order(model, objectives)}
+        self.objectives = parts.objectives
         #: The objectives' names, in the order steps report them.
         self.names = tuple(self.objectives)
-        self.schedule = schedule
-        self.loss_fns = {h: resolve_loss(o.loss, h, o.missing_label)
-                         for h, o in self.objectives.items()}
+        self.loss_fns = parts.loss_fns
         #: The `tf.distribute` strategy, or None.
         self.strategy = strategy
-        with distribute.scope(strategy):  # optimizers given by name are created in the scope
-            self.optimizers = {h: resolve_optimizer(o.optimizer, h) for h, o in self.objectives.items()}
-            check_distinct_optimizers(self.optimizers)
-            #: The aggregated trunk update (trunk optimizer, loss weighting, RNG), None for per_head.
-            self.trunk_update = TrunkUpdate.create(
-                trunk, {n: dataclasses.replace(o, trains_trunk=declares_trunk(o))
-                        for n, o in self.objectives.items()}, schedule, self.optimizers)
-        policy = self.trunk_update.policy if self.trunk_update is not None else None
-        rep_grad = bool(policy and policy.rep_grad)
-        if strategy is not None:
-            check_created_in_scope(self.optimizers, strategy)
-            check_strategy_limits(
-                where, jit_compile=False, rep_grad=rep_grad, spell=PYTHON,
-                loss_weighting=policy.loss_weighting_label if policy and policy.is_loss_weighting
-                else None)
-        check_rep_grad_trunk(rep_grad, type(model.trunk).__name__, model.routes_heads, PYTHON,
-                             tapped=list(getattr(model, "taps", None) or ()))
-        options = _loss_scale_options(loss_scale, model)
-        check_loss_scaling(options is not None, self.trunk_update is not None, PYTHON)
+        self.optimizers = parts.optimizers
+        #: The aggregated trunk update (trunk optimizer, loss weighting, RNG), None for per_head.
+        self.trunk_update = parts.trunk_update
         #: The trunk optimizer under trunk aggregation, None for per_head.
         self.trunk_optimizer = self.trunk_update.optimizer if self.trunk_update else None
-        # Built now so a bad metric name fails at construction.
-        self._predictions = {n: prediction_fn(model, n, o) for n, o in self.objectives.items()}
-        self._evaluator = self._evaluator_of(self.names)
+        predictions = {n: prediction_fn(model, n, o) for n, o in self.objectives.items()}
+        self.step_variable = parts.step_variable
         with distribute.scope(strategy):
-            self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             #: Position of `fit` in its data stream (checkpointed, so a resume sees the same batches).
             self.data_position = DataPosition(heads=self.names)
-            self._frozen = FrozenHeads(self.names)
-            #: Each objective's dynamic loss scale (float16), or None.
-            self.loss_scales = None if options is None else LossScales(self.names, options)
+        self._frozen = parts.frozen
+        #: Each objective's dynamic loss scale (float16), or None.
+        self.loss_scales = parts.loss_scales
         #: False on the non-chief workers of a multi-worker run (they neither log nor save).
         self.is_chief = distribute.is_chief(strategy)
-        # Every worker of a multi-worker run monitors, so all of them trace the same step
-        # variants at the same steps (their all-reduces pair up only then); the others
-        # write to a scratch directory removed by `close`, as Keras' TensorBoard callback does.
-        self._scratch_logs: str | None = None
-        if log_dir is not None and not self.is_chief:
-            log_dir = self._scratch_logs = tempfile.mkdtemp(prefix="multihead-worker-logs-")
-        self.monitor = (
-            Monitor(os.fspath(log_dir), every=log_every, histograms_every=histograms_every,
-                    variable_norms=log_variable_norms)
-            if log_dir is not None else None
-        )
-        self._jit_compile = jit_compile
-        self._labels = LabelCheck(model, self.objectives, self.loss_fns, self._predictions)
-        self._train_step: TrainStep | None = None
-        self._weights: dict[str, LossWeight] = {}
-        self._feed = DataFeed(model, self.names, self._labels, self._ensure_built, self.data_position,
-                              self.step_variable, strategy, rep_grad)
-        self._head_evaluators: dict[str, Evaluator] = {}
+        labels = LabelCheck(model, self.objectives, self.loss_fns, predictions)
+        self._runner = StepRunner(parts, labels)
+        self._feed = DataFeed(model, self.names, labels, self._runner.ensure_built,
+                              self.data_position, self.step_variable, strategy, parts.rep_grad)
+        # Built now so a bad metric name fails at construction.
+        self._evaluations = Evaluations(model, self.objectives, self.loss_fns, predictions, self._feed)
+        self.monitor, self._scratch_logs = _monitor(log_dir, self.is_chief, log_every,
+                                                    histograms_every, log_variable_norms)
+        self._runner.monitor = self.monitor
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
         #: Why the last `fit` stopped early (set through `Callback.request_stop`), or None.
@@ -250,17 +168,21 @@ class Trainer:
         # Last: a trainer whose construction failed claims no optimizer.
         claim_optimizers(self, self.optimizers, self.trunk_optimizer)
         if model.built:
-            self._build()
+            self._runner.ensure_built(None)
+
+    @property
+    def schedule(self) -> str:
+        """`"simultaneous"` or `"sequential"` (`StepOptions.schedule`)."""
+        return self.options.schedule
 
     # -- construction -------------------------------------------------------------------
 
     def build_optimizers(self) -> None:
         """Builds every optimizer on its var_list now (the model must be built), so their
         slots exist, e.g. before restoring a checkpoint into them. Idempotent."""
-        if self._train_step is None:
-            if not self.model.built:
-                raise ValueError("build the model first (model.build(input_shape) or one call)")
-            self._build()
+        if not self.model.built:
+            raise ValueError("build the model first (model.build(input_shape) or one call)")
+        self._runner.ensure_built(None)
 
     def checkpoint_state(self) -> TrainingState:
         """What a checkpoint holds of this trainer (see `TrainingState`); the optimizers'
@@ -274,71 +196,6 @@ class Trainer:
             flush_logs=monitor.flush if monitor is not None else _nothing,
             loss_scales=self.loss_scales)
 
-    def _build(self) -> None:
-        """Partitions the variables and builds each optimizer eagerly on its var_list."""
-        if self.strategy is not None:
-            distribute.check_created_in_scope(self.strategy, self.model.weights, "model")
-        with distribute.scope(self.strategy):  # optimizer slots become mirrored variables
-            heads = self._build_heads()
-        rule: Any = PerHeadTrunk(self._batched_backward)
-        if self.trunk_update is not None:
-            with distribute.scope(self.strategy):
-                self.trunk_update.build(self.model.trunk_variables)
-            rule = self.trunk_update
-        addresses = {id(v): a for a, v in variable_addresses(self.model).items()}
-        self._train_step = TrainStep(
-            self.model, heads, self.schedule, self.step_variable, rule, self.monitor,
-            self._jit_compile, strategy=self.strategy, target_networks=self.target_networks,
-            addresses=addresses, frozen=self._frozen, fused_updates=self._fused_updates,
-            loss_scales=self.loss_scales,
-        )
-        # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
-        blocks = blocks_table(self.model.trunk, {
-            n: p.var_list for n, p in resolve_parts(self.model, self.objectives).items()})
-        if blocks is not None and self.monitor is not None:
-            self.monitor.write_text(tags.TRUNK_BLOCKS, blocks)
-
-    def _build_heads(self) -> list[HeadSpec]:
-        parts = resolve_parts(self.model, self.objectives, aggregated=self.trunk_update is not None)
-        heads = []
-        for name, objective in self.objectives.items():
-            var_list = parts[name].var_list
-            optimizer = self.optimizers[name]
-            if optimizer.built:
-                built_on = [id(v) for v in internals.built_variables(optimizer)]
-                if built_on != [id(v) for v in var_list]:
-                    raise ValueError(
-                        f"the optimizer of objective {name!r} was already built on other "
-                        "variables; pass a fresh optimizer")
-            else:
-                optimizer.build(list(var_list))
-            self._weights[name] = LossWeight(name, objective.weight)
-            heads.append(HeadSpec(
-                name=name,
-                loss=self.loss_fns[name],
-                optimizer=optimizer,
-                var_list=tuple(var_list),
-                weight=self._weights[name],
-                every=objective.every,
-                trains_trunk=parts[name].trains_trunk,
-                # An overflow of a scaled gradient is skipped: the scale relies on it.
-                guarded=objective.on_nonfinite != "apply" or self.loss_scales is not None,
-                missing_label=objective.missing_label,
-                parts=parts[name],
-                trunk_scale=trunk_scale(objective.trunk_scale),
-            ))
-        return heads
-
-    def _ensure_built(self, inputs: Any) -> TrainStep:
-        if self._train_step is None:
-            if not self.model.built:
-                with distribute.scope(self.strategy):
-                    self.model(inputs)  # eager call creates the variables before any trace
-            self._build()
-        assert self._train_step is not None
-        return self._train_step
-
-
     # -- training -----------------------------------------------------------------------
 
     @property
@@ -349,7 +206,8 @@ class Trainer:
     @property
     def trace_count(self) -> int:
         """How many times the train step was traced (stays small: no per-step retracing)."""
-        return self._train_step.trace_count if self._train_step else 0
+        step = self._runner.train_step
+        return step.trace_count if step is not None else 0
 
     def step(self, batch: Any, heads: Sequence[str] | None = None) -> StepResult:
         """Runs one compiled update on `batch = (inputs, targets)`.
@@ -364,20 +222,8 @@ class Trainer:
             The per-head losses of the heads that were due.
         """
         if heads is not None:
-            heads = self._check_head_subset(heads)
-        inputs, targets, sample_weight = split_batch(batch)
-        targets = self._labels.as_dict(targets)
-        if sample_weight is not None:
-            targets = with_sample_weights(targets, self._labels.as_dict(sample_weight))
-        if tf.nest.flatten(inputs) and np.shape(tf.nest.flatten(inputs)[0])[:1] == (0,):
-            raise ValueError("the batch is empty (its inputs have 0 examples); give a batch "
-                             "with at least one example")
-        train_step = self._ensure_built(inputs)
-        self._labels(targets, heads, inputs)
-        sync_weights(self._weights, self.objectives)
-        output = train_step(inputs, targets, heads)
-        return step_result(self.names, int(output.step), output.losses.numpy(),
-                           output.updated.numpy(), output.skipped.numpy())
+            heads = _head_subset(heads, self.names)
+        return self._runner.step(batch, heads)
 
     @property
     def frozen(self) -> tuple[str, ...]:
@@ -399,12 +245,12 @@ class Trainer:
             >>> trainer.freeze("b"); trainer.frozen                      # doctest: +SKIP
             ('b',)
         """
-        self._check_head_subset([head])
+        _head_subset([head], self.names)
         self._frozen.set(head, True)
 
     def unfreeze(self, head: str) -> None:
         """Lets a frozen `head` update again from the next step on (see `freeze`)."""
-        self._check_head_subset([head])
+        _head_subset([head], self.names)
         self._frozen.set(head, False)
 
     def run_steps(self, iterator: Any, max_steps: int) -> list[StepResult]:
@@ -423,47 +269,18 @@ class Trainer:
             One `StepResult` per step run: fewer than `max_steps` at the end of the
             data, none when it was exhausted already.
         """
-        inputs_spec, targets_spec = iterator.element_spec
-        zeros = tf.nest.map_structure(zeros_for_spec, inputs_spec)
-        train_step = self._ensure_built(zeros)
-        self._labels(targets_spec, None, zeros)
-        sync_weights(self._weights, self.objectives)
-        out = train_step.run(iterator, max_steps)
-        first, losses, updated, skipped = (int(out.first_step), out.losses.numpy(),
-                                           out.updated.numpy(), out.skipped.numpy())
-        return [step_result(self.names, first + i, losses[i], updated[i], skipped[i])
-                for i in range(int(out.count))]
+        return self._runner.run(iterator, max_steps)
 
     @property
     def max_nonfinite_steps(self) -> int:
         """Non-finite steps in a row of one head after which `fit` stops with an error."""
         return self._nonfinite_limit
 
-    def _check_head_subset(self, heads: Sequence[str]) -> tuple[str, ...]:
-        if isinstance(heads, str) or not heads:
-            raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
-        unknown = [h for h in heads if h not in self.names]
-        if unknown:
-            raise ValueError(f"heads names head {unknown[0]!r}, but the model's heads are "
-                             f"{list(self.names)}")
-        return tuple(heads)
-
-    def fit(
-        self,
-        data: Any,
-        steps: int | None = None,
-        *,
-        epochs: int | None = None,
-        batch_size: int | None = None,
-        eval_data: Any = None,
-        eval_every: int | None = None,
-        verbose: bool = True,
-        seed: int | None = 0,
-        checkpoints: SavesCheckpoints | None = None,
-        steps_per_execution: int | str = "auto",
-        callbacks: Sequence[Callback] = (),
-        sampling: str | TaskSampling | Mapping[str, Any] = "all",
-    ) -> History:
+    def fit(self, data: Any, steps: int | None = None, *, epochs: int | None = None,
+            batch_size: int | None = None, eval_data: Any = None, eval_every: int | None = None,
+            verbose: bool = True, seed: int | None = 0, checkpoints: SavesCheckpoints | None = None,
+            steps_per_execution: int | str = "auto", callbacks: Sequence[Callback] = (),
+            sampling: str | TaskSampling | Mapping[str, Any] = "all") -> History:
         """Trains for `steps` more steps (or `epochs` more epochs), cycling through `data`
         as often as needed.
 
@@ -512,23 +329,15 @@ class Trainer:
         Returns:
             The per-head history of training losses and evaluations of this call.
         """
-        per_epoch = None
-        if (steps is None) == (epochs is None):
-            raise ValueError(f"fit: give exactly one of steps and epochs, got steps={steps!r} "
-                             f"and epochs={epochs!r}")
-        if epochs is not None:
-            epochs = check_int(epochs, "epochs", minimum=1)
-            per_epoch = batches_per_epoch(data, batch_size)
-            steps = epochs * per_epoch
-        steps = check_int(steps, "steps", minimum=1)
+        steps, per_epoch = fit_length(data, steps, epochs, batch_size)
         call_size = ExecutionSize(steps_per_execution)
         if eval_every is not None:
             eval_every = check_int(eval_every, "eval_every", minimum=1, hint="or None: only at the end")
         stream = self._feed.stream(data, batch_size, seed, sampling)
+        evaluate = None
         if eval_data is not None:  # a metric that cannot be computed fails before the first step
-            for evaluator, dataset in self._evaluations(eval_data, batch_size):
-                evaluator.check_dataset(dataset)
-        history = History(train={h: [] for h in self.objectives})
+            self._evaluations.check(eval_data, batch_size)
+            evaluate = lambda: self.evaluate(eval_data, batch_size=batch_size)  # noqa: E731
         extra: list[Any] = [NonFiniteGuard(self._nonfinite_limit)]
         if checkpoints is not None:
             extra.append(checkpoints.callback())
@@ -536,43 +345,8 @@ class Trainer:
             extra.append(ProgressCallback(self.global_step + steps, start=self.global_step,
                                           per_epoch=per_epoch))
         hooks = CallbackList([*callbacks, *extra], self)
-        periods = hooks.periods() + ([eval_every] if eval_data is not None and eval_every else [])
-        self.stop_training, self.stop_reason, self.notices = False, None, []
-        if self.monitor:  # the last step is logged, whatever the cadence
-            self.monitor.log_last(self.global_step + steps)
-        start = time.perf_counter()
-        done = 0
-        hooks.on_train_begin()
-        try:
-            while done < steps and not self.stop_training:
-                chunk = min([steps - done, call_size.next]
-                            + [p - self.global_step % p for p in periods])
-                sync_weights(self._weights, self.objectives)
-                called = time.perf_counter()
-                out = stream.run(chunk)
-                count = out.count
-                call_size.observe(count, time.perf_counter() - called)
-                if count == 0:
-                    continue  # the end of an epoch
-                for i in range(count):
-                    result = step_result(self.names, out.first + i, out.losses[i],
-                                         out.updated[i], out.skipped[i])
-                    for head in result.updated:
-                        history.train[head].append((result.step, result.losses[head]))
-                    hooks.on_step_end(result.step + 1, result)
-                done += count
-                if eval_data is not None and (
-                        done == steps or (eval_every and self.global_step % eval_every == 0)):
-                    metrics = self.evaluate(eval_data, batch_size=batch_size)
-                    history.eval.append((self.global_step, metrics))
-                    hooks.on_eval_end(self.global_step, metrics)
-                hooks.on_call_end(self.global_step)
-        finally:
-            hooks.on_train_end()
-            history.wall_time = time.perf_counter() - start
-            if self.monitor:
-                self.monitor.flush()
-        return history
+        return run_fit(self, stream, steps, call_size, hooks, self._runner.sync_weights, evaluate,
+                       eval_every)
 
     # -- evaluation ---------------------------------------------------------------------
 
@@ -595,9 +369,7 @@ class Trainer:
         Returns:
             `{head: {"loss": value, <metric name>: value, ...}}`.
         """
-        results: dict[str, dict[str, float]] = {}
-        for evaluator, dataset in self._evaluations(data, batch_size):
-            results.update(evaluator.evaluate(dataset))
+        results = self._evaluations.evaluate(data, batch_size)
         if self.monitor and log:
             self.monitor.write_eval(self.global_step, results)
         return results
@@ -616,29 +388,6 @@ class Trainer:
             data = data[0]
         return self.model.predict(data, batch_size=batch_size, heads=heads)
 
-    def _evaluations(self, data: Any, batch_size: int | None,
-                     ) -> list[tuple[Evaluator, tf.data.Dataset]]:
-        """What evaluating `data` runs: the evaluator of every head on `data`, or, for a
-        dict head -> data, each head's own evaluator on its own data."""
-        if not isinstance(data, Mapping):
-            return [(self._evaluator, self._feed.eval_dataset(data, batch_size))]
-        self._feed.check_head_data(data, "eval_data")
-        runs = []
-        for head in self.names:
-            evaluator = self._head_evaluators.get(head)
-            if evaluator is None:
-                evaluator = self._head_evaluators[head] = self._evaluator_of((head,))
-            runs.append((evaluator, self._feed.head_dataset(head, data[head], batch_size or 1024,
-                                                            False, None)))
-        return runs
-
-    def _evaluator_of(self, names: Sequence[str]) -> Evaluator:
-        """The evaluator of the objectives `names`."""
-        return Evaluator(self.model, {n: self.loss_fns[n] for n in names},
-                         metrics={n: self.objectives[n].metrics for n in names},
-                         loss_specs={n: self.objectives[n].loss for n in names},
-                         predictions={n: self._predictions[n] for n in names})
-
     def close(self) -> None:
         """Flushes and closes the TensorBoard writers and ends the last `fit`'s data
         iterators. A later `fit` continues from the data position, as after a restore:
@@ -651,15 +400,34 @@ class Trainer:
             shutil.rmtree(self._scratch_logs, ignore_errors=True)
 
 
-def _loss_scale_options(loss_scale: DynamicLossScale | str | None, model: HeadsModel,
-                        ) -> DynamicLossScale | None:
-    """The heads' loss scale options `Trainer(loss_scale=...)` asks for, or None."""
-    if loss_scale == "auto":
-        return DynamicLossScale() if computes_in_float16([model.trunk, *model.heads.values()]) else None
-    if loss_scale is None or isinstance(loss_scale, DynamicLossScale):
-        return loss_scale
-    raise TypeError(f"loss_scale must be 'auto', a DynamicLossScale or None, got {loss_scale!r}")
-
-
 def _nothing() -> None:
     """Flushes no logs (a trainer without TensorBoard)."""
+
+
+def _monitor(log_dir: str | os.PathLike[str] | None, is_chief: bool, every: int,
+             histograms_every: int, variable_norms: bool) -> tuple[Monitor | None, str | None]:
+    """The TensorBoard monitor (None without `log_dir`), and the scratch directory it writes
+    to on a non-chief worker (`close` removes it), or None.
+
+    Every worker of a multi-worker run monitors, so all of them trace the same step
+    variants at the same steps (their all-reduces pair up only then); the others write
+    to a scratch directory, as Keras' TensorBoard callback does.
+    """
+    if log_dir is None:
+        return None, None
+    scratch = None if is_chief else tempfile.mkdtemp(prefix="multihead-worker-logs-")
+    monitor = Monitor(os.fspath(scratch or log_dir), every=every, histograms_every=histograms_every,
+                      variable_norms=variable_norms)
+    return monitor, scratch
+
+
+def _head_subset(heads: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
+    """`heads`, checked to be a non-empty list of the objectives `names`."""
+    if isinstance(heads, str) or not heads:
+        raise ValueError(f"heads must be a non-empty list of head names, got {heads!r}")
+    unknown = [h for h in heads if h not in names]
+    if unknown:
+        raise ValueError(f"heads names head {unknown[0]!r}, but the model's heads are "
+                         f"{list(names)}")
+    return tuple(heads)
+

@@ -253,10 +253,10 @@ def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
     # Steps that do not log run a variant without a single summary op, and no flush.
     x, y = make_batch(("a", "b"), seed=0)
     # the compiled variants, keyed (monitored, heads, own batches) -> (one step, many)
-    variant = on._train_step.loops.functions  # noqa: SLF001
+    variant = on._runner.train_step.loops.functions  # noqa: SLF001
     quiet = _op_types(variant((False, ("a", "b"), False))[0].get_concrete_function(x, y).graph)
     monitored = variant((True, ("a", "b"), False))[0].get_concrete_function(x, y).graph
-    plain = _op_types(off._train_step.loops.functions((False, ("a", "b"), False))[0]  # noqa: SLF001
+    plain = _op_types(off._runner.train_step.loops.functions((False, ("a", "b"), False))[0]  # noqa: SLF001
                       .get_concrete_function(x, y).graph)
     assert not {"WriteSummary", "FlushSummaryWriter"} & quiet
     assert quiet == plain  # the monitor adds no op type (no cond) to a step that does not log

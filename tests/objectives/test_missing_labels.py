@@ -9,6 +9,7 @@ import pytest
 
 import multihead as mh
 from conftest import make_batch, make_model, weights
+from multihead.objectives.objective import resolve_loss
 
 NAN = float("nan")
 HEADS = ("a", "b", "c")
@@ -57,7 +58,7 @@ def test_a_masked_heads_loss_gradient_and_metrics_equal_numpy_over_the_present_r
 
 
 def test_a_marker_number_masks_class_labels():
-    loss = mh.objectives.objective.resolve_loss("sparse_categorical_crossentropy", "k", missing_label=-1)
+    loss = resolve_loss("sparse_categorical_crossentropy", "k", missing_label=-1)
     labels = np.array([0, -1, 2, -1], "int64")
     logits = np.random.default_rng(0).standard_normal((4, 3)).astype("float32")
     expected = keras.losses.SparseCategoricalCrossentropy(from_logits=False)(
@@ -96,7 +97,7 @@ def test_a_batch_without_labels_for_a_head_leaves_it_unchanged_and_the_rest_as_w
     for h in ("a", "c"):
         for x, y in zip(weights(with_b.model.heads[h].weights), weights(without_b.model.heads[h].weights)):
             np.testing.assert_array_equal(x, y)
-    assert with_b._train_step.missing_label_skips.numpy().tolist() == [0, 3, 0]
+    assert with_b._runner.train_step.missing_label_skips.numpy().tolist() == [0, 3, 0]
 
 
 def test_skipped_batches_are_counted_and_logged(tmp_path):

@@ -47,7 +47,7 @@ def test_a_standalone_objective_reads_two_heads_and_trains_exactly_its_parts():
     trainer = _esmm(model)
     x, y = _batch()
     trainer.build_optimizers()
-    parts = trainer._train_step._heads  # the resolved objectives, in order
+    parts = trainer._runner.train_step._heads  # the resolved objectives, in order
     assert [h.name for h in parts] == ["ctr", "ctcvr"]
     expected = model.trunk_variables + model.head_variables("ctr") + model.head_variables("cvr")
     assert [id(v) for v in parts[1].var_list] == [id(v) for v in expected]

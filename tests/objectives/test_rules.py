@@ -10,6 +10,7 @@ import multihead as mh
 from conftest import make_model
 from multihead import settings as rules
 from multihead.settings import PYTHON, SettingError
+from multihead.step.options import check_jit_logging, check_jit_strategy
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict
 
 
@@ -94,14 +95,18 @@ def test_a_rule_names_its_field_in_python_and_its_key_path_in_a_config(
 
 def test_the_strategy_limits_name_their_fields():
     where = "a strategy (MirroredStrategy)"
-    for kwargs, field in [(dict(jit_compile=True), "jit_compile"),
-                          (dict(rep_grad=True), "trunk.rep_grad"),
+    for kwargs, field in [(dict(rep_grad=True), "trunk.rep_grad"),
                           (dict(loss_weighting="uw"), "trunk.aggregator")]:
-        args = {**dict(jit_compile=False, rep_grad=False, loss_weighting=None), **kwargs}
+        args = {**dict(rep_grad=False, loss_weighting=None), **kwargs}
         with pytest.raises(SettingError) as err:
             rules.check_strategy_limits(where, spell=PYTHON, **args)
         assert err.value.field == field and str(err.value).startswith(f"{field}: ")
         rules.check_strategy_limits(None, spell=PYTHON, **args)  # one device: no limit
+    # XLA's limit sits with its option (multihead.step.options), worded the same way
+    with pytest.raises(SettingError) as err:
+        check_jit_strategy(True, where, PYTHON)
+    assert err.value.field == "jit_compile" and str(err.value).startswith("jit_compile: ")
+    check_jit_strategy(True, None, PYTHON)
 
 
 def test_strategy_limits_in_a_config_name_the_key_path():
@@ -130,8 +135,8 @@ def test_rep_grad_with_per_head_data_is_refused_by_the_config_as_by_fit():
 
 
 def test_no_rule_passes_when_settings_agree():
-    rules.check_jit_logging(jit_compile=True, logging=False, spell=PYTHON)
-    rules.check_jit_logging(jit_compile=False, logging=True, spell=PYTHON)
+    check_jit_logging(True, logging=False, spell=PYTHON)
+    check_jit_logging(False, logging=True, spell=PYTHON)
     rules.check_trunk_aggregation("simultaneous", {"a": (True, 1), "b": (False, 3)}, PYTHON)
     rules.check_rep_grad_trunk(True, "Sequential", routes_heads=False, spell=PYTHON)
     rules.check_rep_grad_data(False, per_head_data=True, spell=PYTHON)

@@ -17,6 +17,7 @@ import tensorflow as tf
 import multihead as mh
 from multihead.step import batched_backward
 from multihead.objectives.objective import resolve_loss
+from multihead.step.options import StepOptions
 from multihead.step.train_step import HeadSpec, TrainStep
 from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadTrunk, head_plans
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
@@ -79,7 +80,7 @@ def _gradients(model, batches, own_batches=False, losses=None):
     specs = tuple(HeadSpec(h, resolve_loss(losses.get(h, "mse"), h), keras.optimizers.SGD(),
                            tuple(model.var_list(h)), lambda step: tf.constant(1.0), 1, True)
                   for h in HEADS)
-    step = TrainStep(model, specs, "simultaneous", tf.Variable(0, dtype=tf.int64),
+    step = TrainStep(model, specs, StepOptions(), tf.Variable(0, dtype=tf.int64),
                      PerHeadTrunk(True))
 
     @tf.function
@@ -215,7 +216,8 @@ def test_the_fallback_trains_exactly_as_one_pass_per_head():
 
 
 def test_auto_is_off_and_bad_values_name_the_argument():
-    assert batched_backward.resolve("auto") is False and batched_backward.resolve(True) is True
+    assert StepOptions(batched_backward="auto").batched is False
+    assert StepOptions(batched_backward=True).batched is True
     with pytest.raises(ValueError, match=r"^batched_backward: expected 'auto', True or False, "
                                          r"got 'yes'$"):
         mh.Trainer(_model(_dense_trunk), {h: mh.Objective("mse", "sgd") for h in HEADS},

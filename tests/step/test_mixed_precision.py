@@ -109,7 +109,7 @@ def test_an_overflowing_head_skips_and_halves_its_scale_the_other_head_matches_f
     assert int(trainer.optimizers["b"].iterations) == 0
     for now, before in zip(_values(model.head_variables("b")), b_before):
         np.testing.assert_array_equal(now, before)  # b's update was skipped, every time
-    np.testing.assert_array_equal(trainer._train_step.nonfinite_skips.numpy(), [0, 3])
+    np.testing.assert_array_equal(trainer._runner.train_step.nonfinite_skips.numpy(), [0, 3])
     # a (and the trunk, which only a updated) moved as head a alone in float32, to float16
     # precision: each update within 1% of the largest update of the variable
     reference = _float32_reference(initial, x, y, steps=3)

@@ -176,13 +176,13 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
 def test_auto_steps_per_execution_runs_a_small_model_in_few_calls():
     trainer = mh.Trainer(make_model(), _objectives())
     calls = []
-    run = trainer._ensure_built(make_batch(n=8)[0]).run  # noqa: SLF001
+    run = trainer._runner.ensure_built(make_batch(n=8)[0]).run  # noqa: SLF001
 
     def counted(iterator, max_steps):
         calls.append(max_steps)
         return run(iterator, max_steps)
 
-    trainer._train_step.run = counted  # noqa: SLF001
+    trainer._runner.train_step.run = counted  # noqa: SLF001
     # 100 batches per epoch; the default is "auto"
     trainer.fit(make_batch(n=800), steps=400, batch_size=8, verbose=False)
     assert trainer.global_step == 400 and trainer.trace_count == 1

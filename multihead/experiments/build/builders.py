@@ -31,6 +31,7 @@ from multihead.training.head_early_stopping import HeadEarlyStopping
 from multihead.datasets.multitask import MultiTaskData
 from multihead.training.keras_model import MultiHeadModel
 from multihead.model.taps import resolve_taps
+from multihead.step.options import options_of
 from multihead.objectives.objective import Objective, resolve_loss, resolve_metric, resolve_optimizer
 from multihead.training.trainer import Trainer
 from multihead.io.best_checkpoint import BestCheckpoint
@@ -338,7 +339,7 @@ def build_data(config: ExperimentConfig) -> MultiTaskData | dict[str, MultiTaskD
 def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: Mapping[str, Objective],
                   run_dir: str | None, trunk: Any = "per_head", strategy: Any = None,
                   write_config: bool = True, target_networks: Sequence[Any] = ()) -> Trainer:
-    """The `Trainer` of a run: schedule, logging, XLA and non-finite settings from `config`.
+    """The `Trainer` of a run: the step's options, logging and non-finite settings from `config`.
 
     TensorBoard events go to `run_dir` (unless `log.tensorboard` is false or
     `run_dir` is None); with `write_config`, the resolved config is written as the
@@ -346,15 +347,14 @@ def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: M
     compiled train step, after the optimizers (`Trainer(target_networks=...)`).
     """
     cfg = config
-    trainer = Trainer(model, objectives, schedule=cfg.train.schedule,
+    # The step's options are the `train:` keys of the same names (`StepOptions`).
+    trainer = Trainer(model, objectives,
                       log_dir=run_dir if cfg.log.tensorboard else None, log_every=cfg.log.every,
                       histograms_every=cfg.log.histograms_every,
                       log_variable_norms=cfg.log.variable_norms,
-                      jit_compile=cfg.train.jit_compile, trunk=trunk, strategy=strategy,
-                      fused_updates=cfg.train.fused_updates,
+                      trunk=trunk, strategy=strategy,
                       max_nonfinite_steps=cfg.train.max_nonfinite_steps,
-                      batched_backward=cfg.train.batched_backward,
-                      target_networks=list(target_networks))
+                      target_networks=list(target_networks), **options_of(cfg.train))
     if trainer.monitor is not None and write_config:
         trainer.monitor.write_config(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return trainer

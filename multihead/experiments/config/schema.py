@@ -25,7 +25,6 @@ from multihead._checks import (
 )
 from multihead.settings import (
     SettingError,
-    check_jit_logging,
     check_loss_scaling,
     check_rep_grad_data,
     check_rep_grad_trunk,
@@ -46,6 +45,7 @@ from multihead.experiments.config.objective_section import (
 from multihead.experiments.config.fields import build as _build
 from multihead.experiments.config.fields import field as _field
 from multihead.experiments.config.fields import join as _join
+from multihead.experiments.config.step_section import StepSection, step_options
 from multihead.experiments.config.rl_section import (
     ActorCriticConfig,
     DQNConfig,
@@ -56,14 +56,15 @@ from multihead.experiments.config.rl_section import (
     TD3Config,
 )
 from multihead.monitoring.metric_key import FORMS, MEAN_LOSS, MetricKey
+from multihead.step.options import config_options
 
 
 class _ConfigSpelling:
     """The key paths and YAML values of the core's setting fields (`multihead.settings`),
     so a rule written once in the core words its error for a config."""
 
-    _KEYS = {"jit_compile": "train.jit_compile", "log_dir": "log.tensorboard",
-             "schedule": "train.schedule", "trunk": "train.trunk",
+    _KEYS = {**{name: f"train.{name}" for name in config_options()},
+             "log_dir": "log.tensorboard", "trunk": "train.trunk",
              "trunk.rep_grad": "train.trunk.rep_grad", "trunk.aggregator": "train.trunk.aggregator",
              "trunk.dtype": "train.trunk.dtype", "trunk.options": "train.trunk.options",
              "trunk.loss_weighting": "train.trunk.loss_weighting",
@@ -149,7 +150,7 @@ class TrunkConfig:
 
 
 @dataclasses.dataclass
-class TrainConfig:
+class TrainConfig(StepSection):
     """`train:` how long and how."""
 
     steps: Union[int, None] = _field(None, minimum=1, doc="training steps; default 1000 when "
@@ -159,11 +160,7 @@ class TrainConfig:
                              "data, ceil(rows / batch_size) steps each; with data.per_head, over "
                              "the largest head's data")
     batch_size: int = _field(128, minimum=1)
-    schedule: str = _field("simultaneous", choices=("simultaneous", "sequential"))
     eval_every: Union[int, None] = _field(None, minimum=1, doc="default: only at the end")
-    jit_compile: bool = _field(False, doc="XLA; measured slower on CPU")
-    fused_updates: bool = _field(False, doc="plain Adam/SGD through TF1's fused kernels: faster, "
-                                            "TF1's numerics (not bitwise Keras')")
     steps_per_execution: Union[int, str] = _field(
         "auto", minimum=1, choices=("auto",),
         doc="steps per compiled call, or auto (~50 ms per call); changes nothing but speed")
@@ -172,10 +169,6 @@ class TrainConfig:
     max_nonfinite_steps: int = _field(10, minimum=1,
                                       doc="stop with an error when a head's loss or gradient is "
                                           "non-finite this many steps in a row")
-    batched_backward: Union[bool, str] = _field(
-        "auto", choices=("auto", True, False),
-        doc="per_head trunk: the heads' trunk gradients in one vectorised backward pass "
-            "(equal to float32 rounding); auto: off, measured slower on CPU")
     mixed_precision: Union[str, None] = _field(
         None, choices=("float16", "bfloat16"),
         doc="compute in float16 (a dynamic loss scale per head) or bfloat16, each head's output "
@@ -325,7 +318,8 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
                                 bool(config.data.per_head), _CONFIG)
             check_rep_grad_trunk(isinstance(trunk, TrunkConfig) and trunk.rep_grad, "", False,
                                  _CONFIG, tapped=list(config.model.taps))
-            check_jit_logging(config.train.jit_compile, config.log.tensorboard, _CONFIG)
+            step_options(config.train).check(logging=config.log.tensorboard, strategy=None,
+                                             spell=_CONFIG)
             check_loss_scaling(config.train.mixed_precision == "float16",
                                isinstance(trunk, TrunkConfig), _CONFIG)
         except SettingError as err:
@@ -527,8 +521,9 @@ def _check_distribute(config: ExperimentConfig) -> None:
             weighting = (trunk.loss_weighting if isinstance(trunk.loss_weighting, str)
                          else str(trunk.loss_weighting.get("class_name")))
     try:
+        step_options(config.train).check(
+            logging=False, strategy=f"distribute.strategy {dist.strategy}", spell=_CONFIG)
         check_strategy_limits(f"distribute.strategy {dist.strategy}",
-                              jit_compile=config.train.jit_compile,
                               rep_grad=isinstance(trunk, TrunkConfig) and trunk.rep_grad,
                               loss_weighting=weighting, spell=_CONFIG)
     except SettingError as err:
