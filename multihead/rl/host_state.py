@@ -31,6 +31,8 @@ def _tensor(value: np.ndarray | str) -> tf.Tensor:
 def _value(tensor: tf.Tensor) -> np.ndarray | str:
     if tensor.dtype == tf.string:
         return tensor.numpy().decode("utf-8")
+    if tensor.shape.num_elements():
+        return np.from_dlpack(tensor)  # a read-only view of the restored tensor, no copy
     return tensor.numpy()
 
 
@@ -40,7 +42,7 @@ class HostState(tf.__internal__.tracking.Trackable):
     Args:
         save: returns name -> numpy array (written without a copy when C-contiguous) or
             text (e.g. `to_json`); the same names and dtypes every time.
-        load: receives name -> the restored array or text.
+        load: receives name -> the restored array (read-only: copy what it keeps) or text.
 
     Example:
         >>> rng = np.random.default_rng(0)
