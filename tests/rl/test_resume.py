@@ -69,9 +69,9 @@ def _cli(argv):
     return result
 
 
-def _killed_after_a_checkpoint(argv, run_dir):
-    """Starts the run in `run_dir`, SIGKILLs it once it has written a checkpoint; returns the
-    env step of its newest checkpoint."""
+def _killed_after_a_checkpoint(argv, run_dir, signum=signal.SIGKILL):
+    """Starts the run in `run_dir`, sends it `signum` once it has written a checkpoint;
+    returns the env step of its newest checkpoint."""
     state_file = run_dir / "checkpoints" / "checkpoint"
     proc = subprocess.Popen([*argv, "--run-dir", str(run_dir)], env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -81,14 +81,15 @@ def _killed_after_a_checkpoint(argv, run_dir):
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, f"no checkpoint within {TIMEOUT} s"
             time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.send_signal(signum)
+        proc.wait(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
         proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    # SIGTERM: the run stops at a loop boundary with a checkpoint and exits 128 + 15.
+    assert proc.returncode == (-signal.SIGKILL if signum == signal.SIGKILL else 128 + signum)
     return CheckpointManager.step_of(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
 
 
@@ -98,12 +99,15 @@ def _tensors(prefix):
             if not key.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "run/"))}
 
 
-def _resumed_equals_uninterrupted(task, tmp_path):
+def _resumed_equals_uninterrupted(task, tmp_path, signum=signal.SIGKILL):
     argv = _argv(task)
     total = int(next(s for s in RUNS[task][1] if s.startswith("train.steps=")).split("=")[1])
     stopped, full = tmp_path / "stopped", tmp_path / "full"
-    killed_at = _killed_after_a_checkpoint(argv, stopped)
+    killed_at = _killed_after_a_checkpoint(argv, stopped, signum)
     assert 0 < killed_at < total  # killed mid-run, after a checkpoint
+    if signum != signal.SIGKILL:
+        status = json.loads((stopped / "status.json").read_text())
+        assert status["status"] == "interrupted" and status["checkpoint"] == f"checkpoints/ckpt-{killed_at}"
     resumed = _cli([*argv, "--resume", str(stopped)])
     _cli([*argv, "--run-dir", str(full)])
     assert "resuming from checkpoints/ckpt-" not in resumed.stderr  # --quiet
@@ -137,6 +141,11 @@ def test_dqn_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
 @pytest.mark.parametrize("task", ["actor_critic", "td3", "sac", "ppo"])
 def test_killed_and_resumed_equals_the_uninterrupted_run(task, tmp_path):
     _resumed_equals_uninterrupted(task, tmp_path)
+
+
+@pytest.mark.slow
+def test_dqn_stopped_by_sigterm_at_a_loop_boundary_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    _resumed_equals_uninterrupted("dqn", tmp_path, signal.SIGTERM)
 
 
 def test_a_non_restorable_environment_restarts_says_so_and_restores_the_rest(tmp_path, capsys,
