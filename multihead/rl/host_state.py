@@ -23,8 +23,11 @@ def _tensor(value: np.ndarray | str) -> tf.Tensor:
     if isinstance(value, str):
         return tf.constant(value, tf.string)
     value = np.asarray(value)
-    if value.size and value.flags.c_contiguous:
-        return tf.experimental.dlpack.from_dlpack(value.__dlpack__())  # no copy
+    if value.size and value.flags.c_contiguous and value.flags.writeable:
+        try:
+            return tf.experimental.dlpack.from_dlpack(value.__dlpack__())  # no copy
+        except (BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+            pass  # a dtype DLPack does not carry: copied below
     return tf.convert_to_tensor(value)
 
 

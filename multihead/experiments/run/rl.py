@@ -229,9 +229,11 @@ class RLTask:
 @dataclasses.dataclass
 class RLRunner:
     """Base of the RL runners: the `RLTask` that `prepare` built and validated; a subclass's
-    `run(run_dir, verbose)` trains for `train.steps` environment steps, or until a greedy
-    evaluation reaches `env.stop_return`, writing events and the final checkpoint to
-    `run_dir` (None writes nothing), and returns the metrics written to `metrics.json`."""
+    `run(run_dir, verbose, resume, extra_callbacks)` trains for `train.steps` environment
+    steps, or until a greedy evaluation reaches `env.stop_return`, writing events, periodic
+    checkpoints (`checkpoint.every` environment steps) and the final checkpoint to `run_dir`
+    (None writes nothing), and returns the metrics written to `metrics.json`. With `resume`
+    it continues from the latest checkpoint in `run_dir` (`RLRun.start`)."""
 
     task: RLTask
     #: RL runs stop at a loop boundary (extra callbacks see every one) and resume; one device.
@@ -417,8 +419,9 @@ class RLRun:
         return solved
 
     def finish(self) -> dict[str, Any]:
-        """Closes the environments, writes the final checkpoint (model, optimizers, target
-        networks) and closes the trainer.
+        """Writes a resumable checkpoint of the last step (if not written yet), closes the
+        environments, writes the final checkpoint (model, optimizers, target networks) and
+        closes the trainer.
 
         Returns:
             The metrics every RL task writes: environment steps, episodes, updates,
