@@ -374,8 +374,9 @@ class RLRun:
 
     @property
     def running(self) -> bool:
-        """True while the environment-step budget is not used up."""
-        return self.driver.env_steps < self.total
+        """True while the environment-step budget is not used up and no evaluation reached
+        `env.stop_return` (a resumed run that had stopped there stays stopped)."""
+        return self.driver.env_steps < self.total and self.evaluations.solved_at is None
 
     def train(self, inputs: Any, targets: Any) -> StepResult:
         """One train step on `(inputs, targets)`; the step ends with one `update()` of each
