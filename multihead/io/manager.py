@@ -28,7 +28,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import tensorflow as tf
 
@@ -42,6 +42,7 @@ from multihead.io.parts import (
     available_parts,
     check_ready,
     checkpoint_root,
+    group,
     part_objects,
     target_map,
 )
@@ -157,6 +158,10 @@ class CheckpointManager:
             periodic saves (`save()` still works).
         keep: how many checkpoints to keep.
         targets: name -> target network (any trackable object) saved too.
+        host: name -> trackable host-side state (an RL run's replay buffer, generators,
+            environments: `multihead.rl.host_state.HostState`) saved under `host/<name>`.
+        counter: what numbers a checkpoint and drives the cadence (an RL run's environment
+            steps); None: the trainer's step.
 
     Raises:
         ValueError: `every` or `keep` is not an integer in range, or the model is not built.
@@ -164,7 +169,9 @@ class CheckpointManager:
 
     def __init__(self, directory: str | os.PathLike[str], model: MultiHeadModel,
                  trainer: Trainer | None = None, *, every: int = 0, keep: int = 3,
-                 targets: Mapping[str, Any] | None = None) -> None:
+                 targets: Mapping[str, Any] | None = None,
+                 host: Mapping[str, Any] | None = None,
+                 counter: Callable[[], int] | None = None) -> None:
         every = check_int(every, "CheckpointManager.every", minimum=0, hint="0 disables periodic saves")
         keep = check_int(keep, "CheckpointManager.keep", minimum=1)
         check_ready(model, trainer)
@@ -178,6 +185,9 @@ class CheckpointManager:
         self._parts = available_parts(model, trainer, targets)
         self._objects = part_objects(model, trainer, targets, self._parts)
         self._objects["run"] = self._clock
+        if host:
+            self._objects["host"] = group(dict(host))
+        self._counter = counter
         # Non-chief workers of a multi-worker run do not write into `directory`.
         self._state = trainer.checkpoint_state() if trainer is not None else None
         self._chief = self._state.is_chief if self._state is not None else True
@@ -217,6 +227,8 @@ class CheckpointManager:
         return CheckpointCallback(self)
 
     def _step(self) -> int:
+        if self._counter is not None:
+            return int(self._counter())
         if self._state is not None:
             return self._state.global_step
         return (self._last_saved or 0) + 1  # without a trainer: numbered by save

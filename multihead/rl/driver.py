@@ -6,6 +6,9 @@ Environments come from a factory `make_env() -> Env` with the gymnasium API
 truncated, info)`, `close()`), so nothing here knows a config. Agents stay apart:
 the driver takes actions and returns what happened, the agent decides what to
 act and what to learn from it.
+
+The driver, the episode log and the evaluations each have `state()` (JSON-able values) and
+`load_state(state)`, the parts of an RL run's checkpoint they own.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead._checks import check_int
+from multihead.rl import env_state
 from multihead.training.keras_model import MultiHeadModel
 from multihead.monitoring.monitor import Monitor
 from multihead.monitoring.progress import Progress
@@ -138,6 +142,16 @@ class EpisodeLog:
         """Mean return of the last `window` training episodes (nan before the first)."""
         return float(np.mean(self.recent)) if self.recent else float("nan")
 
+    def state(self) -> dict[str, Any]:
+        """The episode count and the recent returns, for a checkpoint."""
+        return {"count": self.count, "recent": list(self.recent)}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Puts back what `state()` returned."""
+        self.count = int(state["count"])
+        self.recent.clear()
+        self.recent.extend(float(r) for r in state["recent"])
+
     def finished(self, env_step: int, episode_return: float, length: int) -> None:
         """Records a training episode that ended at environment step `env_step`."""
         self.count += 1
@@ -209,6 +223,16 @@ class Evaluations:
             return True
         return False
 
+    def state(self) -> dict[str, Any]:
+        """The next due step, the history and the solving step, for a checkpoint."""
+        return {"next": self._next, "history": [list(h) for h in self.history], "solved_at": self.solved_at}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Puts back what `state()` returned."""
+        self._next = int(state["next"])
+        self.history = [(int(s), float(r)) for s, r in state["history"]]
+        self.solved_at = state["solved_at"]
+
     @property
     def last_mean_return(self) -> float | None:
         """The latest evaluation's mean return, or None before the first."""
@@ -263,6 +287,7 @@ class Driver:
     def __init__(self, make_env: EnvFactory, num_envs: int, seed: int,
                  on_episode_end: Callable[[int, float, int], None] | None = None) -> None:
         num_envs = check_int(num_envs, "Driver.num_envs", minimum=1)
+        self.seed = seed
         self.envs = [make_env() for _ in range(num_envs)]
         self.obs = np.stack([env.reset(seed=seed + i)[0]
                              for i, env in enumerate(self.envs)]).astype(np.float32)
@@ -296,6 +321,49 @@ class Driver:
                 o, _ = env.reset()
             self.obs[i] = o
         return Experience(obs, actions, reward, next_obs, terminated, ended)
+
+    @property
+    def restorable(self) -> bool:
+        """True when every environment can be saved and restored mid-episode
+        (`multihead.rl.env_state.restorable`)."""
+        return all(env_state.restorable(env) for env in self.envs)
+
+    def state(self) -> dict[str, Any]:
+        """The driver for a checkpoint: environment steps, the current observations, the
+        episodes in progress (return, length) and each environment's `snapshot` (None for
+        one that cannot be restored)."""
+        return {"env_steps": self.env_steps, "obs": self.obs, "returns": self._returns,
+                "lengths": self._lengths, "envs": [env_state.snapshot(env) for env in self.envs]}
+
+    def load_state(self, state: Mapping[str, Any]) -> bool:
+        """Puts the driver back in `state`.
+
+        Where every environment was saved and can be restored, the environments continue
+        their episodes exactly. Otherwise each restarts with a new episode from
+        `reset(seed=...)`, seeds drawn from `SeedSequence([seed, env_steps])` (so a resumed
+        run is still reproducible), and the episodes in progress are dropped unrecorded.
+
+        Returns:
+            True when the environments were restored exactly, False when they restarted.
+        """
+        if len(state["envs"]) != len(self.envs):
+            raise ValueError(f"the checkpoint has {len(state['envs'])} environments, the run "
+                             f"{len(self.envs)}; keep num_envs of the run")
+        self.env_steps = int(state["env_steps"])
+        exact = self.restorable and all(s is not None for s in state["envs"])
+        if exact:
+            for env, saved in zip(self.envs, state["envs"]):
+                env_state.restore(env, saved)
+            self.obs = np.array(state["obs"], np.float32)
+            self._returns = np.array(state["returns"], np.float64)
+            self._lengths = np.array(state["lengths"], np.int64)
+            return True
+        seeds = np.random.SeedSequence([self.seed, self.env_steps]).generate_state(len(self.envs))
+        self.obs = np.stack([env.reset(seed=int(s))[0]
+                             for env, s in zip(self.envs, seeds)]).astype(np.float32)
+        self._returns = np.zeros(len(self.envs))
+        self._lengths = np.zeros(len(self.envs), np.int64)
+        return False
 
     def close(self) -> None:
         """Closes every environment."""

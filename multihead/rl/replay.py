@@ -1,4 +1,8 @@
-"""`ReplayBuffer`: a fixed-size ring buffer of transitions with seeded uniform sampling."""
+"""`ReplayBuffer`: a fixed-size ring buffer of transitions with seeded uniform sampling.
+
+`state()` / `load_state()` are its checkpoint: the filled rows of each array (views, written
+by `HostState` without a copy), the write position and the sampling generator's state.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from multihead._checks import check_int
+from multihead.rl.host_state import from_json, generator_state, set_generator_state, to_json
 
 
 class Transitions(NamedTuple):
@@ -75,6 +80,37 @@ class ReplayBuffer:
         idx = self._rng.integers(0, self._size, size=batch_size)
         return Transitions(self._obs[idx], self._action[idx], self._reward[idx],
                            self._next_obs[idx], self._terminated[idx])
+
+    def state(self) -> dict[str, np.ndarray | str]:
+        """The buffer as a checkpoint holds it: the filled rows of each array (views of the
+        storage, `[:len(self)]`: below the write position, or all when full) and
+        `position`, JSON of the write position, the size and the generator state."""
+        n = self._size
+        return {"obs": self._obs[:n], "next_obs": self._next_obs[:n], "action": self._action[:n],
+                "reward": self._reward[:n], "terminated": self._terminated[:n],
+                "position": to_json({"next": self._next, "size": n, "capacity": self.capacity,
+                                     "rng": generator_state(self._rng)})}
+
+    def load_state(self, saved: Mapping[str, np.ndarray | str]) -> None:
+        """Puts the buffer back in the state `state()` returned.
+
+        Raises:
+            ValueError: the saved buffer has another capacity or other shapes of rows.
+        """
+        position = from_json(saved["position"])
+        if position["capacity"] != self.capacity:
+            raise ValueError(f"the checkpoint's replay buffer has capacity {position['capacity']}, "
+                             f"this one {self.capacity}; keep the buffer size of the run")
+        n = position["size"]
+        for name, storage in (("obs", self._obs), ("next_obs", self._next_obs), ("action", self._action),
+                              ("reward", self._reward), ("terminated", self._terminated)):
+            rows = np.asarray(saved[name])
+            if rows.shape != (n,) + storage.shape[1:]:
+                raise ValueError(f"the checkpoint's replay {name} has shape {rows.shape}, this "
+                                 f"buffer's rows {storage.shape[1:]}")
+            storage[:n] = rows
+        self._next, self._size = position["next"], n
+        set_generator_state(self._rng, position["rng"])
 
     @staticmethod
     def as_targets(batch: Transitions) -> Mapping[str, np.ndarray]:

@@ -129,3 +129,23 @@ def test_fit_saves_through_the_callback_at_every_multiple(tmp_path, steps_per_ex
     trainer.fit(make_batch(HEADS, n=40, seed=7), 13, batch_size=8, verbose=False, checkpoints=manager,
                 steps_per_execution=steps_per_execution)
     assert [CheckpointManager.step_of(p) for p in manager.checkpoints] == [4, 8, 12]
+
+
+def test_host_state_and_a_counter_number_and_restore_checkpoints(tmp_path):
+    """`host=` parts are saved and restored with the rest; `counter=` numbers the checkpoints
+    and drives the cadence (an RL run counts environment steps, not updates)."""
+    from multihead.rl.host_state import HostState, from_json, to_json
+
+    model = make_model(seed=1)
+    trainer = _trainer(model)
+    box = {"env_steps": 0, "note": "a"}
+    host = {"loop": HostState(lambda: {"box": to_json(box)},
+                              lambda saved: box.update(from_json(saved["box"])))}
+    manager = CheckpointManager(tmp_path, model, trainer, every=10, host=host,
+                                counter=lambda: box["env_steps"])
+    for steps in (4, 8, 12, 16, 23):  # an RL loop advances by several env steps at once
+        box["env_steps"], box["note"] = steps, f"at {steps}"
+        manager.maybe_save(steps)
+    assert [CheckpointManager.step_of(p) for p in manager.checkpoints] == [12, 23]
+    box.update(env_steps=0, note="lost")
+    assert manager.restore_latest() == 23 and box == {"env_steps": 23, "note": "at 23"}

@@ -54,13 +54,13 @@ class ActorCriticRunner(RLRunner):
     def run(self, run_dir: str | None, verbose: bool = True, resume: bool = False,
             extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         """See `RLRunner`. Returns `RLRun.finish`'s metrics and the last loss of each head."""
-        self.refuse_resume(resume, extra_callbacks)
         ac, task, seed = self.ac, self.task, self.task.config.seed
         logits = head_outputs(task.model, ac.policy_head)
         run = RLRun(task, run_dir, verbose, greedy_policy(logits), num_envs=ac.num_envs,
-                    env_seed=ENV_SEED_SCALE * seed)
+                    env_seed=ENV_SEED_SCALE * seed, resume=resume, callbacks=extra_callbacks)
         driver = run.driver
         rng = np.random.default_rng(seed)
+        run.start({"sample": rng})
         while run.running:
             steps = [driver.step(sample_actions(logits(driver.obs).numpy(), rng)) for _ in range(ac.n_steps)]
             run.train(*rollout_batch(steps))

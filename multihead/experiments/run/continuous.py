@@ -54,15 +54,16 @@ class ContinuousRunner(RLRunner):
     def run(self, run_dir: str | None, verbose: bool = True, resume: bool = False,
             extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         """See `RLRunner`. Returns `RLRun.finish`'s metrics and the last loss of each head."""
-        self.refuse_resume(resume, extra_callbacks)
         agent, task, seed = self.agent, self.task, self.task.config.seed
         spec, batch_size = task.env_spec, task.config.train.batch_size
         low, high = np.array(spec.action_low, np.float32), np.array(spec.action_high, np.float32)
-        run = RLRun(task, run_dir, verbose, self.act, num_envs=1, env_seed=seed)
+        run = RLRun(task, run_dir, verbose, self.act, num_envs=1, env_seed=seed, resume=resume,
+                    callbacks=extra_callbacks)
         driver = run.driver
         buffer = ReplayBuffer(agent.buffer_size, spec.obs_shape, seed=seed,
                               action_shape=low.shape, action_dtype="float32")
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed)  # exploration, and the noise of every batch
+        run.start({"explore": rng}, replay=buffer)
         while run.running:
             if driver.env_steps < agent.start_steps:
                 action = rng.uniform(low, high)[None]

@@ -51,13 +51,14 @@ class DQNRunner(RLRunner):
             extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         """See `RLRunner`. Returns `RLRun.finish`'s metrics, the last TD loss and the mean
         of the last 100."""
-        self.refuse_resume(resume, extra_callbacks)
         dqn, task, seed = self.dqn, self.task, self.task.config.seed
         greedy = greedy_policy(head_outputs(task.model, dqn.head))
-        run = RLRun(task, run_dir, verbose, greedy, num_envs=1, env_seed=seed)
+        run = RLRun(task, run_dir, verbose, greedy, num_envs=1, env_seed=seed, resume=resume,
+                    callbacks=extra_callbacks)
         driver = run.driver
         buffer = ReplayBuffer(dqn.buffer_size, task.env_spec.obs_shape, seed=seed)
         rng = np.random.default_rng(seed)
+        run.start({"explore": rng}, replay=buffer)
         while run.running:
             eps = linear_epsilon(driver.env_steps, dqn.epsilon_start, dqn.epsilon_end,
                                  dqn.epsilon_decay_steps)

@@ -72,7 +72,6 @@ class PPORunner(RLRunner):
             extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         """See `RLRunner`. Returns `RLRun.finish`'s metrics, the last loss of each objective and
         the last update's statistics."""
-        self.refuse_resume(resume, extra_callbacks)
         ppo, task, seed = self.ppo, self.task, self.task.config.seed
         dist, spec, model = self.distribution, task.env_spec, task.model
         low, high = np.array(spec.action_low, np.float32), np.array(spec.action_high, np.float32)
@@ -85,12 +84,15 @@ class PPORunner(RLRunner):
             return np.clip(action, low, high) if dist is DiagonalGaussian else action
 
         run = RLRun(task, run_dir, verbose, lambda obs: to_env(dist.mode(policy(obs))),
-                    num_envs=ppo.num_envs, env_seed=ENV_SEED_SCALE * seed)
+                    num_envs=ppo.num_envs, env_seed=ENV_SEED_SCALE * seed, resume=resume,
+                    callbacks=extra_callbacks)
         optimizers = list(run.trainer.optimizers.values())
+        # Read before a resume restores the optimizers (and their decayed rates).
         base_rates = [float(np.asarray(opt.learning_rate)) for opt in optimizers]
         driver, monitor = run.driver, run.trainer.monitor
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed)  # sampling actions and shuffling minibatches
         stats: dict[str, float] = {}
+        run.start({"sample": rng}, records=stats)
         batch_size = task.config.train.batch_size
         while run.running:
             steps, actions = [], []
@@ -112,8 +114,9 @@ class PPORunner(RLRunner):
                 if ppo.target_kl is None and epoch < ppo.n_epochs:
                     continue  # without target_kl only the final policy's statistics are needed
                 params = outputs(rollout.obs)[ppo.policy_head]
-                stats = rollout_statistics(dist, params, rollout.targets["action"],
-                                           rollout.targets["log_prob"], clip)
+                stats.clear()  # in place: the checkpoint holds this dict
+                stats.update(rollout_statistics(dist, params, rollout.targets["action"],
+                                                rollout.targets["log_prob"], clip))
                 if ppo.target_kl is not None and stats["approx_kl"] > 1.5 * ppo.target_kl:
                     break  # the policy moved far enough from the one that acted
             stats.update(explained_variance=rollout.explained_variance, clip_range=clip,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 
@@ -23,9 +24,12 @@ from multihead.training.trainer import StepResult
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer
 from multihead.experiments.config.rl_section import RL_TASKS, EnvConfig
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig
-from multihead.io.checkpoints import save_checkpoint
+from multihead.experiments.run.guard import stop_if_interrupted
+from multihead.io.checkpoints import CheckpointManager, save_checkpoint
 from multihead.monitoring.progress import Progress
 from multihead.rl.driver import Driver, EnvFactory, EpisodeLog, Evaluations, Policy
+from multihead.rl.host_state import HostState, from_json, generator_state, set_generator_state, to_json
+from multihead.rl.replay import ReplayBuffer
 from multihead.rl.target_network import TargetNetwork
 
 #: Evaluation episode `i` starts from `reset(seed=EVAL_SEED_OFFSET + config.seed + i)`: start
@@ -224,23 +228,19 @@ class RLTask:
 @dataclasses.dataclass
 class RLRunner:
     """Base of the RL runners: the `RLTask` that `prepare` built and validated; a subclass's
-    `run(run_dir, verbose)` trains for `train.steps` environment steps, or until a greedy
-    evaluation reaches `env.stop_return`, writing events and the final checkpoint to
-    `run_dir` (None writes nothing), and returns the metrics written to `metrics.json`."""
+    `run(run_dir, verbose, resume, extra_callbacks)` trains for `train.steps` environment
+    steps, or until a greedy evaluation reaches `env.stop_return`, writing events, periodic
+    checkpoints (`checkpoint.every` environment steps) and the final checkpoint to `run_dir`
+    (None writes nothing), and returns the metrics written to `metrics.json`. With `resume`
+    it continues from the latest checkpoint in `run_dir` (`RLRun.start`)."""
 
     task: RLTask
-    #: RL runs take no step callbacks and cannot resume; they train on one device.
-    resumable: ClassVar[bool] = False
+    #: RL runs stop at a loop boundary (extra callbacks see every one) and resume; one device.
+    resumable: ClassVar[bool] = True
     strategy: ClassVar[Any] = None
 
     def check(self) -> None:
         """Nothing left to check: `prepare` built the environments, model and objectives."""
-
-    @staticmethod
-    def refuse_resume(resume: bool, extra_callbacks: Sequence[Any]) -> None:
-        """The `Runner` arguments an RL run does not take, refused."""
-        if resume or extra_callbacks:
-            raise ValueError("an RL run takes no resume or extra_callbacks (its runner is not resumable)")
 
     @property
     def model(self) -> MultiHeadModel:
@@ -249,26 +249,38 @@ class RLRunner:
 
 
 class RLRun:
-    """One run of an `RLTask`: trainer, driver, episode log and evaluations.
+    """One run of an `RLTask`: trainer, driver, episode log, evaluations and checkpoints.
+
+    A runner builds the run, then its own host state (replay buffer, generators), then calls
+    `start`, which sets up the checkpoints and, on a resume, restores everything; each pass
+    of its loop ends with `after_steps`.
 
     Args:
         task: the prepared task.
-        run_dir: where events and the final checkpoint go; None writes nothing.
+        run_dir: where events and checkpoints go; None writes nothing.
         verbose: print progress lines over environment steps.
         act: the greedy policy that evaluations run.
         num_envs: environments stepped side by side.
         env_seed: training environment `i` first starts from `reset(seed=env_seed + i)`.
+        resume: continue from the latest checkpoint in `run_dir` (`start` restores it).
+        callbacks: see each loop boundary (`on_step_end(env_steps, None)`); a `RunWatch`
+            among them that received a signal stops the run there with a checkpoint.
     """
 
     def __init__(self, task: RLTask, run_dir: str | None, verbose: bool, act: Policy, num_envs: int,
-                 env_seed: int) -> None:
+                 env_seed: int, resume: bool = False, callbacks: Sequence[Any] = ()) -> None:
         cfg = task.config
+        if resume and run_dir is None:
+            raise ValueError("RLRun: resume needs the run_dir to resume")
         self.task = task
         self.run_dir = run_dir
+        self.resume = resume
+        self.verbose = verbose
+        self.callbacks = list(callbacks)
         self.total = cfg.train.steps
         # The compiled train step updates the target networks after its optimizers apply.
         self.trainer = build_trainer(cfg, task.model, task.objectives, run_dir, trunk=task.trunk,
-                                     strategy=None, write_config=True,
+                                     strategy=None, write_config=not resume,
                                      target_networks=list(task.targets.values()))
         self.log = EpisodeLog(self.trainer.monitor, Progress(self.total) if verbose else None)
         self.evaluations = Evaluations(task.env_spec.make, act, task.env.eval_episodes,
@@ -276,12 +288,94 @@ class RLRun:
                                        self.total, task.env.stop_return, self.log)
         self.driver = Driver(task.env_spec.make, num_envs, env_seed, on_episode_end=self.log.finished)
         self.losses: dict[str, list[float]] = {h: [] for h in task.objectives}
+        self.checkpoints: CheckpointManager | None = None
+        self.restored_envs: bool | None = None
         self._start = time.perf_counter()
+
+    def start(self, generators: Mapping[str, np.random.Generator] | None = None,
+              replay: ReplayBuffer | None = None, records: dict[str, Any] | None = None) -> None:
+        """Sets up the checkpoints of everything the next update depends on and, on a resume,
+        restores the latest.
+
+        Args:
+            generators: name -> the runner's numpy generators (exploration, sampling, noise).
+            replay: the replay buffer, or None (on-policy tasks).
+            records: a dict of JSON-able values the runner reports (restored in place).
+
+        Raises:
+            ConfigError: nothing to resume from, a checkpoint past `train.steps`, or one that
+                does not fit the run.
+        """
+        if self.run_dir is None:
+            return
+        generators, records = dict(generators or {}), records if records is not None else {}
+
+        def save_loop() -> dict[str, str]:
+            return {"loop": to_json({
+                "driver": self.driver.state(), "log": self.log.state(),
+                "evaluations": self.evaluations.state(),
+                "losses": {h: v[-100:] for h, v in self.losses.items()},
+                "generators": {n: generator_state(g) for n, g in generators.items()},
+                "records": records})}
+
+        def load_loop(saved: Mapping[str, Any]) -> None:
+            loop = from_json(saved["loop"])
+            self.restored_envs = self.driver.load_state(loop["driver"])
+            self.log.load_state(loop["log"])
+            self.evaluations.load_state(loop["evaluations"])
+            for head, values in loop["losses"].items():
+                self.losses[head] = [float(v) for v in values]
+            for name, rng in generators.items():
+                set_generator_state(rng, loop["generators"][name])
+            records.clear()
+            records.update(loop["records"])
+
+        host = {"loop": HostState(save_loop, load_loop)}
+        if replay is not None:
+            host["replay"] = HostState(replay.state, replay.load_state)
+        cfg = self.task.config
+        self.checkpoints = CheckpointManager(
+            os.path.join(self.run_dir, "checkpoints"), self.task.model, self.trainer,
+            every=cfg.checkpoint.every, keep=cfg.checkpoint.keep,
+            targets=dict(self.task.targets) or None, host=host, counter=lambda: self.driver.env_steps)
+        if self.resume:
+            self._restore()
+
+    def _restore(self) -> None:
+        assert self.checkpoints is not None and self.run_dir is not None
+        latest = self.checkpoints.latest_checkpoint
+        if latest is None:
+            raise ConfigError(f"--resume: no checkpoint in {self.checkpoints.directory!r} to resume from")
+        if self.checkpoints.step_of(latest) > self.total:
+            raise ConfigError(f"train.steps: {self.total} (environment steps) is below the latest "
+                              f"checkpoint's ({self.checkpoints.step_of(latest)}); raise train.steps")
+        try:
+            self.checkpoints.restore_latest()
+        except ValueError as err:  # mismatch or unreadable: bad input, not a crash
+            raise ConfigError(f"--resume: {err}") from None
+        if self.verbose:
+            print(f"resuming from {os.path.relpath(latest, self.run_dir)} (env step "
+                  f"{self.driver.env_steps}, update {self.trainer.global_step})", file=sys.stderr)
+        if not self.restored_envs:
+            # Always said (not only when verbose): the resumed run is not the uninterrupted one.
+            print(f"multihead: environment {self.task.env.id} cannot be restored mid-episode; "
+                  "its environments restart with new episodes (the resume is not exact)",
+                  file=sys.stderr)
+
+    def checkpoint_now(self) -> str | None:
+        """A checkpoint of the current state (the latest if it is of this env step already)."""
+        if self.checkpoints is None:
+            return None
+        latest = self.checkpoints.latest_checkpoint
+        if latest is None or self.checkpoints.step_of(latest) != self.driver.env_steps:
+            latest = self.checkpoints.save()
+        return latest
 
     @property
     def running(self) -> bool:
-        """True while the environment-step budget is not used up."""
-        return self.driver.env_steps < self.total
+        """True while the environment-step budget is not used up and no evaluation reached
+        `env.stop_return` (a resumed run that had stopped there stays stopped)."""
+        return self.driver.env_steps < self.total and self.evaluations.solved_at is None
 
     def train(self, inputs: Any, targets: Any) -> StepResult:
         """One train step on `(inputs, targets)`; the step ends with one `update()` of each
@@ -299,15 +393,35 @@ class RLRun:
         return result
 
     def after_steps(self) -> bool:
-        """Shows progress and evaluates when due; True when an evaluation reached
-        `env.stop_return` and the run stops."""
+        """Ends a pass of the loop: shows progress, evaluates when due, checkpoints on the
+        cadence, and stops here with a checkpoint if a `RunWatch` received a signal.
+
+        Returns:
+            True when an evaluation reached `env.stop_return` and the run stops.
+
+        Raises:
+            RunInterrupted: a signal was received (the checkpoint is written first).
+        """
         env_steps = self.driver.env_steps
         self.log.stepped(env_steps, {h: v[-1] for h, v in self.losses.items() if v})
-        return self.evaluations(env_steps)
+        solved = self.evaluations(env_steps)
+        if self.checkpoints is not None:
+            self.checkpoints.maybe_save(env_steps)
+        for callback in self.callbacks:
+            if hasattr(callback, "on_step_end"):
+                callback.on_step_end(env_steps, None)
+        try:
+            stop_if_interrupted(self.callbacks, self.checkpoint_now, env_steps)
+        except BaseException:
+            self.driver.close()
+            self.trainer.close()
+            raise
+        return solved
 
     def finish(self) -> dict[str, Any]:
-        """Closes the environments, writes the final checkpoint (model, optimizers, target
-        networks) and closes the trainer.
+        """Writes a resumable checkpoint of the last step (if not written yet), closes the
+        environments, writes the final checkpoint (model, optimizers, target networks) and
+        closes the trainer.
 
         Returns:
             The metrics every RL task writes: environment steps, episodes, updates,
@@ -315,6 +429,7 @@ class RLRun:
         """
         wall = time.perf_counter() - self._start
         env_steps = self.driver.env_steps
+        self.checkpoint_now()  # the end of the run is always a resumable checkpoint
         self.driver.close()
         self.log.close(env_steps)
         if self.run_dir is not None:
