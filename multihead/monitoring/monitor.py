@@ -66,6 +66,14 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from multihead import _keras_internals as internals
 from multihead._checks import check_choice, check_int
 from multihead.monitoring import tags
+from multihead.monitoring.gradient_stats import (
+    _dense,
+    clipped_gradients,
+    cosine,
+    flat_dot,
+    global_norm,
+    histogram_buckets,
+)
 from multihead.monitoring.layout import custom_scalars_layout
 
 if TYPE_CHECKING:  # annotation only
@@ -77,7 +85,6 @@ _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, de
 _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
 _SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
 _HISTOGRAM_BYTES = _HISTOGRAM_METADATA.SerializeToString()
-HISTOGRAM_BINS = 30
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -90,64 +97,7 @@ def write_scalar(tag: str, value: tf.Tensor | float) -> None:
     tf.summary.write(tag, tf.cast(value, tf.float32), metadata=_SCALAR_METADATA)
 
 
-# -- pure math -------------------------------------------------------------------------
-
-
-def _dense(grad: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
-    return tf.cast(tf.convert_to_tensor(grad), tf.float32)
-
-
-def global_norm(tensors: Sequence[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
-    """L2 norm of the concatenation of `tensors` (float32), 0 for an empty list."""
-    if not tensors:
-        return tf.constant(0.0)
-    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(_dense(t))) for t in tensors]))
-
-
-def flat_dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
-    """Dot product of the concatenations of `a` and `b` (same shapes, pairwise)."""
-    return tf.add_n([tf.reduce_sum(_dense(x) * _dense(y)) for x, y in zip(a, b)])
-
-
-def cosine(dot: tf.Tensor, norm_a: tf.Tensor, norm_b: tf.Tensor) -> tf.Tensor:
-    """`dot / (norm_a * norm_b)`, and 0 when either vector is zero (no direction)."""
-    return tf.math.divide_no_nan(dot, norm_a * norm_b)
-
-
-def histogram_buckets(values: tf.Tensor, bins: int = HISTOGRAM_BINS) -> tf.Tensor:
-    """TensorBoard's histogram format: `[bins, 3]` float64 rows `(left, right, count)`.
-
-    Equal-width bins over `[min, max]` of the (non-empty) values; when all values
-    are equal, a range of width 1 centred on them. One `histogram_fixed_width`
-    op: TensorBoard's `tf.summary.histogram` builds dozens of ops and a `tf.cond`
-    per call, which multiplied the step's trace time.
-    """
-    flat = tf.reshape(tf.cast(values, tf.float64), [-1])
-    low, high = tf.reduce_min(flat), tf.reduce_max(flat)
-    same = tf.equal(low, high)
-    low = tf.where(same, low - 0.5, low)
-    high = tf.where(same, high + 0.5, high)
-    counts = tf.histogram_fixed_width(flat, tf.stack([low, high]), nbins=bins)
-    edges = low + (high - low) * tf.range(bins + 1, dtype=tf.float64) / bins
-    return tf.stack([edges[:-1], edges[1:], tf.cast(counts, tf.float64)], axis=1)
-
-
 def _no_op() -> None:
-    return None
-
-
-def clipped_gradients(optimizer: keras.optimizers.Optimizer,
-                      grads: Sequence[_Grad]) -> list[tf.Tensor] | None:
-    """The gradients as `optimizer` applies them after its own clipping (`clipnorm` per
-    variable, else `global_clipnorm`, else `clipvalue`, Keras' order), or None when it
-    does not clip."""
-    dense = [_dense(g) for g in grads]
-    if optimizer.clipnorm:
-        return [tf.clip_by_norm(g, optimizer.clipnorm) for g in dense]
-    if optimizer.global_clipnorm:
-        return tf.clip_by_global_norm(dense, optimizer.global_clipnorm)[0]
-    if optimizer.clipvalue:
-        return [tf.clip_by_value(g, -optimizer.clipvalue, optimizer.clipvalue) for g in dense]
     return None
 
 
