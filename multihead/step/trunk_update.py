@@ -47,17 +47,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead.aggregation.base import (
-    Aggregator,
-    BufferedAggregator,
-    CoordinatewiseAggregator,
-    GramianWeighting,
-    StatefulGramianWeighting,
-)
+from multihead.aggregation.base import Aggregator, BufferedAggregator, CoordinatewiseAggregator
 from multihead.aggregation.buffered import db_mtl_loss_factor
 from multihead.aggregation.dispatch import run as run_aggregator, step_draws
 from multihead.aggregation.loss_weighting import LossWeighting
@@ -211,7 +204,7 @@ class _Aggregated:
                 return self._commit(tf.cond(
                     tf.equal(bad, 0), lambda: trunk_gradients(everyone),
                     lambda: trunk_gradients(everyone, first_bad)))
-            # Per-head options the graph cannot select: one traced step per subset.
+            # Per-head options (fixed weights): one traced step per subset (`_without_one`).
             # 0: every head; 1 + i: all but head i, the one non-finite head
             index = tf.where(tf.equal(bad, 0), 0, 1 + first_bad)
             branches = [lambda: trunk_gradients(everyone)] + [
@@ -226,27 +219,14 @@ class _Aggregated:
             self.aggregator_state.assign(step.state)
         return step.gradients
 
-    def _without_one(self, names: tuple[str, ...]) -> _WithoutOne | None:
-        """How a step of `names` less one head, known only in the graph, aggregates: the
-        aggregator of `len(names) - 1` heads and, for constant weights that differ per
-        head, a table whose row i holds the weights of the step without head i. None for
-        a method with per-head options the graph cannot select (`for_heads` overridden,
-        weights not constant)."""
-        if names not in self._without:
-            method = self.aggregator_for(names)
-            found: _WithoutOne | None = None
-            if type(method).for_heads is Aggregator.for_heads:
-                found = _WithoutOne(method, None)
-            elif (isinstance(method, GramianWeighting) and method.constant
-                  and not isinstance(method, StatefulGramianWeighting)):
-                subsets = [tuple(n for n in names if n != drop) for drop in names]
-                k, dtype = len(names) - 1, tf.as_dtype(self.policy.dtype)
-                with tf.init_scope():  # the weights are numbers: computed once, eagerly
-                    table = np.stack([self.aggregator_for(s).weigh(tf.zeros([k, k], dtype))
-                                      .weights.numpy() for s in subsets])
-                found = _WithoutOne(self.aggregator_for(subsets[0]), table)
-            self._without[names] = found
-        return self._without[names]
+    def _without_one(self, names: tuple[str, ...]) -> Aggregator | None:
+        """The aggregator of a step of `names` less one head whose position is known only
+        in the graph: the method itself, when it has no per-head options; None when it has
+        (`for_heads` overridden, e.g. fixed weights): then each subset's step is traced,
+        its options numbers in the graph as in a trainer of those heads alone, which the
+        graph's optimisations round alike (a weight chosen by a tensor rounds otherwise)."""
+        method = self.aggregator_for(names)
+        return method if type(method).for_heads is Aggregator.for_heads else None
 
     def _trunk_gradients(self, p: HeadsPass, agg: Sequence[HeadSpec],
                          trunk_parts: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
@@ -358,14 +338,10 @@ class _Aggregated:
         Without a head, the other heads' rows are gathered into `K - 1` rows and aggregated
         exactly as a step of those heads alone: the same shapes, hence the same ops."""
         keep = None
-        table = None
         positions: Any = self._indices(names)
-        if without is None:
-            aggregator = self.aggregator_for(names)
-        else:
-            found = self._without_one(names)
-            assert found is not None, "_trunk_plan traces one step per subset for this method"
-            aggregator, table = found
+        aggregator = self.aggregator_for(names)
+        if without is not None:
+            assert self._without_one(names) is not None, "_trunk_plan traces each subset for it"
             keep = _all_but(len(names), without)
             positions = tf.gather(positions, keep)
         k = len(names) - (without is not None)
@@ -403,14 +379,10 @@ class _Aggregated:
             return _Combined(combined, weights, result.projections, None, stacked, new_state, keep)
         gram = result.gram
         weights = result.weights
-        if table is not None:  # constant weights of the heads kept, one row per head left out
-            weights = tf.gather(tf.constant(table, weights.dtype), without)
         if weights.dtype != tf.float32:  # float64 analysis: combine in the variables' dtype
             weights = tf.cast(weights, stacked[0].dtype if stacked else tf.float32)
         static = tf.get_static_value(weights)
-        if static is not None or pairwise or table is not None:
-            # then `stacked` is only read on logging steps; a table's weights multiply as the
-            # numbers of the step without that head do
+        if static is not None or pairwise:  # then `stacked` is only read on logging steps
             terms = static.tolist() if static is not None else tf.unstack(weights, num=k)
             combined = [_weighted_sum([g[j] for g in per_head], terms, t)
                         for j, t in enumerate(sources)]
@@ -442,13 +414,6 @@ class _Combined(NamedTuple):
     stacked: list[tf.Tensor]
     state: dict[str, Any]
     keep: tf.Tensor | None
-
-
-class _WithoutOne(NamedTuple):
-    """How a step less one head aggregates (`_Aggregated._without_one`)."""
-
-    aggregator: Aggregator
-    table: np.ndarray | None
 
 
 def _all_but(k: int, without: tf.Tensor) -> tf.Tensor:
@@ -615,7 +580,7 @@ class TrunkUpdate(_Aggregated, tf.Module):
         var_list: what the optimizer is built on (trunk + weighting variables).
     """
 
-    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy", "_subsets", "_without"})
+    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy", "_subsets"})
 
     def __init__(self, policy: TrunkPolicy, heads: Sequence[str],
                  optimizer: keras.optimizers.Optimizer) -> None:
@@ -635,8 +600,6 @@ class TrunkUpdate(_Aggregated, tf.Module):
         # Aggregated head names -> the aggregator of that subset (partial steps, a head
         # dropped as non-finite): built at trace time, one per subset.
         self._subsets: dict[tuple[str, ...], Aggregator] = self._no_dependency({})
-        # Aggregated head names -> how a step of them less one head aggregates.
-        self._without: dict[tuple[str, ...], _WithoutOne | None] = self._no_dependency({})
 
     heads_update_trunk = False
 

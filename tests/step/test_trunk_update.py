@@ -60,7 +60,7 @@ def _trainer(heads: tuple[str, ...], aggregator: str, options: dict, model=None)
 
 @pytest.mark.parametrize("aggregator,options", [
     ("mgda", {}),                                    # K - 1 = 4 heads: the stacked Gramian
-    ("weights", {"weights": [0.5, 1.0, 2.0, 3.0, 1.5]}),  # per-head weights, chosen in the graph
+    ("weights", {"weights": [0.5, 1.0, 2.0, 3.0, 1.5]}),  # per-head options: a step per subset
     ("gradvac", {}),                                 # state per pair of heads
 ])
 def test_a_dropped_head_leaves_the_step_of_the_others_bitwise(aggregator, options):
