@@ -27,7 +27,10 @@ the step, and so does a head that does not take part in it (`HeadsPass.active`:
 frozen, or without a present label in its batch). Its own update is skipped;
 under aggregation the trunk aggregate of that step is taken over the other heads
 (exactly as a partial step without it), and with two or more such heads, or
-under a loss weighting, the trunk is not updated that step.
+under a loss weighting, the trunk is not updated that step. The compiled step holds two
+aggregations, not one per head: that of every head, and that of all heads but one whose
+position is a tensor (its rows gathered, then aggregated exactly as a step of the others);
+the aggregator's state is written once, after the step chose between them.
 
 Frozen heads are known on the host, so they need not wait for that in-graph rule
 (`step_heads`): with at most one frozen aggregated head the step drops it in the
@@ -41,7 +44,7 @@ aggregated head is frozen (a weighting weighs all its heads or none).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 import keras
 import tensorflow as tf
@@ -157,11 +160,12 @@ class _Aggregated:
                 factors = p.scaling.weights
                 losses = [loss * factors[self.heads.index(h.name)] for loss, h in zip(losses, agg)]
 
-        def trunk_gradients(members: Sequence[int]) -> list[Any]:
+        def trunk_gradients(members: Sequence[int], without: tf.Tensor | None = None,
+                            ) -> _TrunkStep:
             return self._trunk_gradients(
                 p, [agg[i] for i in members], [trunk_parts[i] for i in members], sources,
                 trunk_vars, reg_grads, rep_grad,
-                None if losses is None else tf.stack([losses[i] for i in members]))
+                None if losses is None else tf.stack([losses[i] for i in members]), without)
 
         ok = {h.name: _both(finite[h.name], p.takes_part(h.name)) for h in agg}
         plans = [self._trunk_plan(agg, ok, trunk_gradients)] if agg else []
@@ -172,40 +176,71 @@ class _Aggregated:
         return plans + head_plans(rest, p._replace(given=replica_grads))
 
     def _trunk_plan(self, agg: Sequence[HeadSpec], kept: Mapping[str, tf.Tensor | None],
-                    trunk_gradients: Callable[[Sequence[int]], list[Any]]) -> PlannedUpdate:
+                    trunk_gradients: Callable[..., _TrunkStep]) -> PlannedUpdate:
         """The trunk update over the heads that take part with a finite loss and gradient
         (`kept`, None: always): all of them; all but one (the aggregate of the others, as a
-        step without it); else none."""
+        step without it); else none.
+
+        The graph holds two aggregations, not one per head: that of every head, and that of
+        all but one head whose position is a tensor (`_combine`'s `without`). The
+        aggregator's state is written once, after the choice."""
         k = len(agg)
         everyone = list(range(k))
-        plan = PlannedUpdate(self.optimizer, lambda: trunk_gradients(everyone), self.var_list)
+        plan = PlannedUpdate(self.optimizer, lambda: self._commit(trunk_gradients(everyone)),
+                             self.var_list)
         if all(kept[h.name] is None for h in agg):
             return plan
         ok = tf.stack([tf.constant(True) if kept[h.name] is None else kept[h.name] for h in agg])
         bad = k - tf.reduce_sum(tf.cast(ok, tf.int32))
         if k == 1 or self.weighting is not None:  # a loss weighting weighs all heads or none
             return plan._replace(when=tf.equal(bad, 0))
+        names = tuple(h.name for h in agg)
 
         def chosen() -> list[tf.Tensor]:
+            first_bad = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
+            if self._without_one(names) is not None:
+                # Lowered, as the Case below: kept functional, its branches would be optimised
+                # apart from the step, and the update of a finite step rounded otherwise.
+                return self._commit(tf.cond(
+                    tf.equal(bad, 0), lambda: trunk_gradients(everyone),
+                    lambda: trunk_gradients(everyone, first_bad)))
+            # Per-head options (fixed weights): one traced step per subset (`_without_one`).
             # 0: every head; 1 + i: all but head i, the one non-finite head
-            index = tf.where(tf.equal(bad, 0), 0, 1 + tf.argmin(tf.cast(ok, tf.int32),
-                                                                output_type=tf.int32))
+            index = tf.where(tf.equal(bad, 0), 0, 1 + first_bad)
             branches = [lambda: trunk_gradients(everyone)] + [
                 lambda i=i: trunk_gradients([j for j in range(k) if j != i]) for i in range(k)]
-            return tf.switch_case(index, branches)
+            return self._commit(tf.switch_case(index, branches))
 
         return plan._replace(gradients=chosen, when=tf.less_equal(bad, 1))
+
+    def _commit(self, step: _TrunkStep) -> list[Any]:
+        """Writes the aggregator's new state of `step`; its trunk optimizer's gradients."""
+        if step.state:
+            self.aggregator_state.assign(step.state)
+        return step.gradients
+
+    def _without_one(self, names: tuple[str, ...]) -> Aggregator | None:
+        """The aggregator of a step of `names` less one head whose position is known only
+        in the graph: the method itself, when it has no per-head options; None when it has
+        (`for_heads` overridden, e.g. fixed weights): then each subset's step is traced,
+        its options numbers in the graph as in a trainer of those heads alone, which the
+        graph's optimisations round alike (a weight chosen by a tensor rounds otherwise)."""
+        method = self.aggregator_for(names)
+        return method if type(method).for_heads is Aggregator.for_heads else None
 
     def _trunk_gradients(self, p: HeadsPass, agg: Sequence[HeadSpec],
                          trunk_parts: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
                          trunk_vars: list[keras.Variable],
                          reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
-                         losses: tf.Tensor | None = None) -> list[Any]:
-        """The trunk optimizer's gradients (on `var_list`) from the aggregate of `agg`;
-        advances the loss weighting's state and logs the aggregation."""
+                         losses: tf.Tensor | None = None,
+                         without: tf.Tensor | None = None) -> _TrunkStep:
+        """The trunk optimizer's gradients (on `var_list`) from the aggregate of `agg`
+        (less the head at position `without`, a tensor, unless None) and the aggregator's
+        new state; advances the loss weighting's state and logs the aggregation."""
         names = tuple(h.name for h in agg)
-        combined, (weights, projections, gram), stacked = self._combine(names, trunk_parts, sources,
-                                                                        losses)
+        c = self._combine(names, trunk_parts, sources, losses, without)
+        combined, weights, projections, gram, stacked = (c.directions, c.weights, c.projections,
+                                                         c.gram, c.stacked)
         if rep_grad:
             trunk_grads = p.backward.gradient(tf.nest.flatten(p.features), trunk_vars,
                                               output_gradients=combined)
@@ -229,8 +264,8 @@ class _Aggregated:
             self.weighting.update(task, unweighted)
         if p.when_logging is not None:
             self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
-                                  projections, trunk_grads)
-        return list(trunk_grads) + list(extra_grads)
+                                  projections, trunk_grads, c.keep)
+        return _TrunkStep(list(trunk_grads) + list(extra_grads), c.state)
 
     def summary_tags(self) -> list[str]:
         """The tags `_log_aggregation` writes on logging steps (all heads in the step)."""
@@ -246,26 +281,45 @@ class _Aggregated:
             written.append(tags.AGG_PROJECTIONS)
         return written
 
-    def _log_aggregation(self, when_logging: Callable[[Callable[[], None]], None], names: Sequence[str], weights: tf.Tensor,
-                         factors: tf.Tensor | None, gram: tf.Tensor | None,
-                         stacked: Sequence[tf.Tensor], projections: tf.Tensor,
-                         trunk_grads: Sequence[tf.Tensor]) -> None:
+    def _log_aggregation(self, when_logging: Callable[[Callable[[], None]], None],
+                         names: Sequence[str], weights: tf.Tensor, factors: tf.Tensor | None,
+                         gram: tf.Tensor | None, stacked: Sequence[tf.Tensor],
+                         projections: tf.Tensor, trunk_grads: Sequence[tf.Tensor],
+                         keep: tf.Tensor | None = None) -> None:
+        """Logs the aggregation of `names`, or of its heads at positions `keep` (a tensor:
+        the heads of the step are known only in the graph, and so are their tags)."""
         random_order = self.aggregator.counts_projections
+        k = len(names) if keep is None else int(keep.shape[0])
+
+        def head_tags(tag: Callable[[str], str]) -> list[Any]:
+            if keep is None:
+                return [tag(h) for h in names]
+            return tf.unstack(tf.gather(tf.constant([tag(h) for h in names]), keep), num=k)
+
+        def pair_tags() -> list[list[Any]]:
+            if keep is None:
+                return [[tags.agg_cosine(a, b) for b in names] for a in names]
+            table = tf.constant([[tags.agg_cosine(a, b) if a != b else "" for b in names]
+                                 for a in names])
+            rows = tf.gather(tf.gather(table, keep), keep, axis=1)
+            return [tf.unstack(row, num=k) for row in tf.unstack(rows, num=k)]
 
         def log() -> None:
             # Constant weights need no Gramian to step: compute it on logging steps only.
             g = gram if gram is not None else _gramian(stacked)
             n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
             cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
-            for i, head in enumerate(names):
+            weight_tags, factor_tags = head_tags(tags.agg_weight), head_tags(tags.agg_loss_weight)
+            norm_tags, cosine_tags = head_tags(tags.agg_trunk_grad_norm), pair_tags()
+            for i in range(k):
                 if weights is not None:  # coordinate-wise aggregators have no row weights
-                    write_scalar(tags.agg_weight(head), weights[i])
+                    write_scalar(weight_tags[i], weights[i])
                 if factors is not None:
-                    write_scalar(tags.agg_loss_weight(head), factors[i])
-                write_scalar(tags.agg_trunk_grad_norm(head), n[i])
-            for i in range(len(names)):
-                for j in range(i + 1, len(names)):
-                    write_scalar(tags.agg_cosine(names[i], names[j]), cos[i, j])
+                    write_scalar(factor_tags[i], factors[i])
+                write_scalar(norm_tags[i], n[i])
+            for i in range(k):
+                for j in range(i + 1, k):
+                    write_scalar(cosine_tags[i][j], cos[i, j])
             if random_order:
                 write_scalar(tags.AGG_PROJECTIONS, projections)
             write_scalar(tags.AGG_UPDATE_NORM, tf.sqrt(tf.add_n(
@@ -275,18 +329,31 @@ class _Aggregated:
 
     def _combine(self, names: tuple[str, ...], per_head: Sequence[Sequence[tf.Tensor | None]],
                  sources: Sequence[Any], losses: tf.Tensor | None = None,
-                 ) -> tuple[list[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor | None],
-                            list[tf.Tensor]]:
-        """The heads' gradients of `sources` combined by the aggregator's weights;
-        (weights, projections, Gramian or None); the per-source `K x n` gradients.
-        `losses`: the heads' losses, for an aggregator that reads them (MoCo)."""
+                 without: tf.Tensor | None = None) -> _Combined:
+        """The heads' gradients of `sources` combined by the aggregator's weights, with what
+        the step logs and the aggregator's new state (`_Combined`). `losses`: the heads'
+        losses, for an aggregator that reads them (MoCo). `without`: the position in `names`
+        of a head left out (an int32 scalar tensor), or None.
+
+        Without a head, the other heads' rows are gathered into `K - 1` rows and aggregated
+        exactly as a step of those heads alone: the same shapes, hence the same ops."""
+        keep = None
+        positions: Any = self._indices(names)
         aggregator = self.aggregator_for(names)
-        k = len(names)
+        if without is not None:
+            assert self._without_one(names) is not None, "_trunk_plan traces each subset for it"
+            keep = _all_but(len(names), without)
+            positions = tf.gather(positions, keep)
+        k = len(names) - (without is not None)
         # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
         pairwise = k <= _PAIRWISE_MAX_HEADS
         stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
+        if keep is not None:
+            stacked = [tf.gather(s, keep) for s in stacked]
+            per_head = _rows(stacked, per_head, sources, k)
+            if losses is not None:
+                losses = tf.gather(losses, keep)
         dtype = tf.as_dtype(self.policy.dtype)
-        indices = self._indices(names)
         state = self.aggregator_state if aggregator.stateful else None
         buffered = isinstance(aggregator, BufferedAggregator)
         result = run_aggregator(
@@ -295,32 +362,79 @@ class _Aggregated:
                           else _gramian(stacked, dtype)),
             draws=step_draws(aggregator, self.rng, k),
             block_noise=self.rng.uniform,
-            state=state.read(indices) if state is not None else None,
-            buffers=state.read_buffers(indices) if buffered else None,
+            state=state.read(positions) if state is not None else None,
+            buffers=state.read_buffers(positions) if buffered else None,
             losses=losses,
             want_gram=self.weighting is not None and self.weighting.needs_grad_norms)
+        new_state: dict[str, Any] = {}
         if state is not None:
-            state.write(indices, result.state)
-        if buffered:
-            state.write_buffers(indices, result.buffers)
+            if result.state is not None:
+                new_state.update(state.updated(positions, result.state))
+            if buffered:
+                new_state.update(state.updated_buffers(positions, result.buffers))
         if result.directions is not None:  # coordinate-wise and buffered methods: per block
             combined = [tf.reshape(tf.cast(d, s.dtype), tf.shape(t))
                         for d, s, t in zip(result.directions, stacked, sources)]
             weights = None if result.weights is None else tf.cast(result.weights, tf.float32)
-            return combined, (weights, result.projections, None), stacked
+            return _Combined(combined, weights, result.projections, None, stacked, new_state, keep)
         gram = result.gram
         weights = result.weights
         if weights.dtype != tf.float32:  # float64 analysis: combine in the variables' dtype
             weights = tf.cast(weights, stacked[0].dtype if stacked else tf.float32)
         static = tf.get_static_value(weights)
         if static is not None or pairwise:  # then `stacked` is only read on logging steps
-            terms = static.tolist() if static is not None else tf.unstack(weights)
+            terms = static.tolist() if static is not None else tf.unstack(weights, num=k)
             combined = [_weighted_sum([g[j] for g in per_head], terms, t)
                         for j, t in enumerate(sources)]
         else:
             combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
                         for s, t in zip(stacked, sources)]
-        return combined, (weights, result.projections, gram), stacked
+        return _Combined(combined, weights, result.projections, gram, stacked, new_state, keep)
+
+
+class _TrunkStep(NamedTuple):
+    """The trunk optimizer's gradients of a step, and the aggregator's new state (entry ->
+    its whole new value, a list for a buffer; empty: stateless), written after the step
+    chose among its aggregations."""
+
+    gradients: list[Any]
+    state: dict[str, Any]
+
+
+class _Combined(NamedTuple):
+    """What `_combine` gives: the combined gradient per source; the weights (None for
+    coordinate-wise methods), projections and Gramian (None: not computed) the step logs;
+    the `K x n` stacks; the aggregator's new state (as `_TrunkStep.state`); the positions
+    of the heads aggregated when one was left out, else None."""
+
+    directions: list[tf.Tensor]
+    weights: tf.Tensor | None
+    projections: tf.Tensor
+    gram: tf.Tensor | None
+    stacked: list[tf.Tensor]
+    state: dict[str, Any]
+    keep: tf.Tensor | None
+
+
+def _all_but(k: int, without: tf.Tensor) -> tf.Tensor:
+    """The `k - 1` positions `0..k-1` other than `without`, in order (a static shape)."""
+    positions = tf.range(k - 1, dtype=tf.int32)
+    return positions + tf.cast(positions >= without, tf.int32)
+
+
+def _rows(stacked: Sequence[tf.Tensor], per_head: Sequence[Sequence[tf.Tensor | None]],
+          sources: Sequence[Any], k: int) -> list[list[tf.Tensor | None]]:
+    """The rows of the `k x n` stacks as per-head gradients shaped as the sources; None
+    for a source no head's gradient depends on (as `per_head` says)."""
+    out: list[list[tf.Tensor | None]] = [[] for _ in range(k)]
+    for j, (block, source) in enumerate(zip(stacked, sources)):
+        rows: list[tf.Tensor | None] = [None] * k
+        if any(g[j] is not None for g in per_head):
+            shape = source.shape if source.shape.is_fully_defined() else tf.shape(source)
+            rows = [tf.reshape(r, shape) for r in tf.unstack(block, num=k)]
+        for i in range(k):
+            out[i].append(rows[i])
+    return out
 
 
 class AggregatorState(tf.Module):
@@ -356,32 +470,39 @@ class AggregatorState(tf.Module):
             setattr(self, key, [tf.Variable(tf.zeros(shape, self._dtype), trainable=False,
                                             name=f"{key}_{i}") for i, shape in enumerate(shapes)])
 
-    def read_buffers(self, indices: Sequence[int]) -> dict[str, list[tf.Tensor]]:
+    def _every(self, indices: Indices) -> bool:
+        return not isinstance(indices, tf.Tensor) and list(indices) == list(range(self._num_heads))
+
+    def read_buffers(self, indices: Indices) -> dict[str, list[tf.Tensor]]:
         """The buffers' rows of the heads `indices`, as `K' x n` blocks per trunk variable."""
         out = {}
         for key in self._buffers:
             blocks = []
             for var in getattr(self, key):
                 value = tf.convert_to_tensor(var)
-                if list(indices) != list(range(self._num_heads)):
+                if not self._every(indices):
                     value = tf.gather(value, indices)
-                blocks.append(tf.reshape(value, [len(indices), -1]))
+                blocks.append(tf.reshape(value, [_count(indices), -1]))
             out[key] = blocks
         return out
 
-    def write_buffers(self, indices: Sequence[int], new: Mapping[str, Sequence[tf.Tensor]]) -> None:
-        """Assigns the buffers' rows of the heads `indices` (`K' x n` blocks)."""
-        every = list(indices) == list(range(self._num_heads))
-        rows = tf.constant([[i] for i in indices])
+    def updated_buffers(self, indices: Indices, new: Mapping[str, Sequence[tf.Tensor]],
+                        ) -> dict[str, list[tf.Tensor]]:
+        """The buffers' whole new values, with the rows of the heads `indices` replaced by
+        `new` (`K' x n` blocks); for `assign`."""
+        every = self._every(indices)
+        rows = None if every else _row_indices(indices)
+        out = {}
         for key in self._buffers:
+            values = []
             for var, block in zip(getattr(self, key), new[key]):
-                value = tf.reshape(tf.cast(block, var.dtype), [len(indices)] + list(var.shape[1:]))
-                if every:
-                    var.assign(value)
-                else:
-                    _assign_rows(var, rows, value)
+                value = tf.reshape(tf.cast(block, var.dtype), [_count(indices)] + list(var.shape[1:]))
+                values.append(value if every else
+                              tf.tensor_scatter_nd_update(tf.convert_to_tensor(var), rows, value))
+            out[key] = values
+        return out
 
-    def read(self, indices: Sequence[int]) -> dict[str, tf.Tensor]:
+    def read(self, indices: Indices) -> dict[str, tf.Tensor]:
         """The state of the heads `indices` (positions in the trunk update's heads)."""
         out = {}
         for key, axes in self._head_axes.items():
@@ -391,24 +512,50 @@ class AggregatorState(tf.Module):
             out[key] = value
         return out
 
-    def write(self, indices: Sequence[int], new: Mapping[str, tf.Tensor]) -> None:
-        """Assigns the new state of the heads `indices`."""
+    def updated(self, indices: Indices, new: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The state's whole new values, with the entries of the heads `indices` replaced by
+        `new`; for `assign`."""
+        out = {}
         for key, axes in self._head_axes.items():
             var = getattr(self, key)
             value = tf.cast(new[key], var.dtype)
-            if axes == 0 or list(indices) == list(range(var.shape[0])):
-                var.assign(value)
+            if axes == 0 or self._every(indices):
+                out[key] = value
             elif axes == 1:
-                _assign_rows(var, tf.constant([[i] for i in indices]), value)
+                out[key] = tf.tensor_scatter_nd_update(tf.convert_to_tensor(var),
+                                                       _row_indices(indices), value)
             else:
-                grid = [[[i, j] for j in indices] for i in indices]
-                _assign_rows(var, tf.constant(grid), value)
+                if isinstance(indices, tf.Tensor):
+                    grid = tf.stack(tf.meshgrid(indices, indices, indexing="ij"), axis=-1)
+                else:
+                    grid = tf.constant([[[i, j] for j in indices] for i in indices])
+                out[key] = tf.tensor_scatter_nd_update(tf.convert_to_tensor(var), grid, value)
+        return out
+
+    def assign(self, values: Mapping[str, Any]) -> None:
+        """Assigns whole new values (`updated`, `updated_buffers`): one `assign` per
+        variable, which a mirrored variable (tf.distribute) supports, unlike a scatter."""
+        for key, value in values.items():
+            if key in self._buffers:
+                for var, block in zip(getattr(self, key), value):
+                    var.assign(block)
+            else:
+                getattr(self, key).assign(value)
 
 
-def _assign_rows(var: tf.Variable, indices: tf.Tensor, value: tf.Tensor) -> None:
-    """`var[indices] = value` as one `assign` of the whole variable: a mirrored variable
-    (tf.distribute) has no `scatter_nd_update`."""
-    var.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(var), indices, value))
+#: Positions of heads in the trunk update's order: a list, or an int32 vector known in the graph.
+Indices = Union[Sequence[int], tf.Tensor]
+
+
+def _count(indices: Indices) -> int:
+    return int(indices.shape[0]) if isinstance(indices, tf.Tensor) else len(indices)
+
+
+def _row_indices(indices: Indices) -> tf.Tensor:
+    """`indices` as `(K', 1)` scatter indices."""
+    if isinstance(indices, tf.Tensor):
+        return tf.expand_dims(indices, 1)
+    return tf.constant([[i] for i in indices])
 
 
 class TrunkUpdate(_Aggregated, tf.Module):
