@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import multihead as mh
-from multihead.model.architectures import smooth_step
+from multihead.model.dselect import smooth_step
 
 HEADS = ["a", "b"]
 RNG = np.random.default_rng(0)

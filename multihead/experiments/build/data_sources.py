@@ -19,10 +19,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
-import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -41,6 +39,7 @@ from multihead.experiments.build.file_readers import (
     read_tfrecord,
     tfrecord_features,
 )
+from multihead.experiments.build.python_source import from_function
 from multihead.experiments.config.data_section import DataConfig, data_from_dict, missing_label_of
 from multihead.experiments.config.schema import ConfigError, ExperimentConfig, objective_configs
 
@@ -183,7 +182,7 @@ def _read(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
     if kind == "esmm":
         return _impressions(data, heads, seed)
     if kind == "python":
-        train, evaluation = _from_function(data, heads)
+        train, evaluation = from_function(data)
     else:
         if data.features == ALL_FEATURES:
             data.features = _all_features(data, data.train or "train", heads)
@@ -489,57 +488,6 @@ def _section_of_kind(data: DataConfig, kind: str) -> DataConfig:
         return data
     sections = list(data.per_head.values())
     return next((s for s in sections if s.kind == kind), sections[0])
-
-
-def _from_function(data: DataConfig, heads: list[str]) -> tuple[Any, Any]:
-    module_name, _, name = str(data.function).partition(":")
-    added = os.getcwd() not in sys.path
-    if added:  # a module beside the config, as `python -m` would find it
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"data.function: cannot import {module_name!r} ({err})") from None
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise ConfigError(f"data.function: module {module_name!r} has no function {name!r}")
-    try:
-        result = function(**data.options)
-    except TypeError as err:
-        raise ConfigError(f"data.options: {data.function} does not take them: "
-                          f"{str(err).splitlines()[0]}") from None
-    if isinstance(result, MultiTaskData):
-        return result.train, result.eval
-    if isinstance(result, Mapping) and "train" in result:
-        unknown = [k for k in result if k not in ("train", "eval")]
-        if unknown:
-            raise ConfigError(f"data.function: returned a mapping with key {unknown[0]!r}; "
-                              "return {train: ..., eval: ...}")
-        train = _pair(result["train"], "data.function (train)")
-        return train, None if result.get("eval") is None else _pair(result["eval"], "data.function (eval)")
-    return _pair(result, "data.function"), None
-
-
-def _pair(value: Any, where: str) -> tuple[Any, dict]:
-    """`(inputs, {head: labels})` as arrays, from arrays or a batched `tf.data.Dataset`."""
-    if isinstance(value, tf.data.Dataset):
-        batches = [tf.nest.map_structure(lambda t: t.numpy(), b) for b in value]
-        if not batches:
-            raise ConfigError(f"{where}: the dataset is empty")
-        value = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
-    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], Mapping)):
-        raise ConfigError(f"{where}: expected (inputs, {{head: labels}}), a MultiTaskData, a batched "
-                          f"tf.data.Dataset of such pairs or {{train: ..., eval: ...}}, got "
-                          f"{type(value).__name__}")
-    inputs, targets = value
-    if isinstance(inputs, Mapping):
-        x: Any = {str(k): numeric(v, f"{where}: input {k!r}", False) for k, v in inputs.items()}
-    else:
-        x = numeric(inputs, f"{where}: inputs", False)
-    return x, {str(h): numeric(v, f"{where}: labels of {h!r}", True) for h, v in targets.items()}
 
 
 # -- checks shared by every source ---------------------------------------------------------

@@ -61,6 +61,18 @@ class SupervisedRunner:
         if self.strategy is None:
             dry_run(self)
 
+    def _baselines(self, trainer: Any) -> dict[str, dict[str, float]]:
+        """Each head's constant-predictor metrics on the eval data (`metrics.json` `baseline`)."""
+        baselines = {}
+        for head, objective in self.objectives.items():
+            data = self.data[head] if isinstance(self.data, dict) else self.data
+            first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
+            output = prediction_fn(self.model, head, objective)(self.model(first), first)
+            baselines[head] = constant_baseline_metrics(
+                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head],
+                tuple(output.shape[1:]), [resolve_metric(m, head, objective.loss) for m in objective.metrics])
+        return baselines
+
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
             extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
         """Trains and writes the run; with `resume`, continues from the run's latest checkpoint.
@@ -114,15 +126,7 @@ class SupervisedRunner:
         # evaluations of the eval data.
         final_train = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
                                          log=False)
-        baselines = {}
-        for head, objective in self.objectives.items():
-            data = self.data[head] if isinstance(self.data, dict) else self.data
-            first = tf.nest.map_structure(lambda a: a[:1], _tree(data.x_eval))
-            output = prediction_fn(self.model, head, objective)(self.model(first), first)
-            output_shape = tuple(output.shape[1:])
-            baselines[head] = constant_baseline_metrics(
-                trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head], output_shape,
-                [resolve_metric(m, head, objective.loss) for m in objective.metrics])
+        baselines = self._baselines(trainer)
         if trainer.is_chief:  # the other workers of a multi-worker run write nothing
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
                             trainer=trainer)
