@@ -6,8 +6,8 @@ tag (matched exactly), and its title says what the line is and names the tag. A 
 is made only for a tag the run writes, so no chart is empty:
 
 * one section per head: its loss, trunk and head gradient norms, clipped trunk norm,
-  learning rate, update ratio, loss scale (float16), and its trunk-gradient cosine
-  with each other head;
+  learning rate, update ratio, loss scale (float16), loss weight, updates dropped as
+  non-finite, due steps without a label, and its trunk-gradient cosine with each other head;
 * with an aggregated trunk (`TrunkPolicy`), a section `trunk aggregation`: the norm
   of the aggregated trunk gradient, each head's aggregation weight, loss weight and
   trunk-gradient norm fed to the aggregator, each pair's cosine, PCGrad's projections.
@@ -44,6 +44,9 @@ _HEAD_CHARTS = (
     ((tags.LR, None), "learning rate"),
     ((tags.UPDATE_RATIO, None), "update ratio"),
     ((tags.LOSS_SCALE, None), "loss scale"),
+    ((tags.LOSS_WEIGHT, None), "loss weight"),
+    ((tags.NONFINITE_SKIPS, None), "updates dropped as non-finite"),
+    ((tags.MISSING_LABEL_SKIPS, None), "due steps without a label"),
     ((tags.GRAD_COSINE, None), "trunk gradient cosine"),
 )
 _AGGREGATION_CHARTS = (

@@ -123,11 +123,11 @@ class StepAssembly:
             with distribute.scope(strategy):
                 self.trunk_update.build(model.trunk_variables)
             rule = self.trunk_update
-        if monitor is not None:
-            self._bind(monitor, heads, rule)
         step = TrainStep(model, heads, self.options, self.step_variable, rule, monitor,
                          strategy=strategy, target_networks=self.target_networks,
                          frozen=self.frozen, loss_scales=self.loss_scales)
+        if monitor is not None:  # before the first trace
+            self._bind(monitor, heads, rule.summary_tags() + step.summary_tags())
         # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
         blocks = blocks_table(model.trunk, {
             n: p.var_list for n, p in resolve_parts(model, self.objectives).items()})
@@ -135,16 +135,15 @@ class StepAssembly:
             monitor.write_text(tags.TRUNK_BLOCKS, blocks)
         return step
 
-    def _bind(self, monitor: Monitor, heads: Sequence[HeadSpec], rule: Any) -> None:
-        """Binds `monitor` to the heads' variables and optimizers and to the tags the step
-        writes: its buffers must exist before the first trace."""
+    def _bind(self, monitor: Monitor, heads: Sequence[HeadSpec], other_tags: list[str]) -> None:
+        """Binds `monitor` to the heads' variables and optimizers and to the tags the trunk
+        rule and the step write (`other_tags`): its buffers must exist before the first trace."""
         if self.strategy is not None:
             monitor.distributed = True  # see Monitor.distributed
-        scales = self.loss_scales.scales if self.loss_scales else ()
         monitor.bind({h.name: h.var_list for h in heads}, self.model.trunk_variables,
                      {h.name: h.optimizer for h in heads},
                      addresses={id(v): a for a, v in variable_addresses(self.model).items()},
-                     other_tags=rule.summary_tags() + [tags.loss_scale(h) for h in scales])
+                     other_tags=other_tags)
 
     def _head_specs(self) -> list[HeadSpec]:
         """Each objective's spec, its optimizer built on its var_list."""

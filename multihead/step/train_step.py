@@ -204,9 +204,28 @@ class TrainStep:
 
         return body
 
+    def _scalars(self, step: tf.Tensor | None) -> list[tuple[str, str, Callable[[], Any]]]:
+        """(head, tag, value) of every scalar the step itself writes on logging steps (the
+        trunk rule's aside): the one list `summary_tags` reads and `_count_and_log` writes."""
+        out: list[tuple[str, str, Callable[[], Any]]] = []
+        for i, head in enumerate(self._heads):
+            name = head.name
+            out.append((name, tags.loss_weight(name), lambda head=head: head.weight(step)))
+            if head.guarded:
+                out.append((name, tags.nonfinite_skips(name), lambda i=i: self.nonfinite_skips[i]))
+            if head.missing_label is not None:
+                out.append((name, tags.missing_label_skips(name), lambda i=i: self.missing_label_skips[i]))
+            if self._loss_scales is not None:
+                out.append((name, tags.loss_scale(name), lambda name=name: self._loss_scales.scales[name]))
+        return out
+
+    def summary_tags(self) -> list[str]:
+        """The scalar tags the step writes into the train run on logging steps."""
+        return [tag for _, tag, _ in self._scalars(None)]
+
     def _count_and_log(self, heads: Sequence[HeadSpec], step: tf.Tensor, done: HeadsDone) -> None:
-        """Counts the dropped updates; on logging steps writes each head's loss weight and
-        its count of dropped updates."""
+        """Counts the dropped updates; on logging steps writes the step's scalars of `heads`
+        (`_scalars`)."""
         guarded = [h for h in heads if h.guarded]
         if guarded:
             self.nonfinite_skips.assign_add(
@@ -214,19 +233,12 @@ class TrainStep:
         monitor = self._monitor
         if monitor is None:
             return
+        names = {h.name for h in heads}
 
         def log() -> None:
-            for i, head in enumerate(self._heads):
-                if head in heads:
-                    write_scalar(tags.loss_weight(head.name), head.weight(step))
-                    if head.guarded:
-                        write_scalar(tags.nonfinite_skips(head.name), self.nonfinite_skips[i])
-                    if head.missing_label is not None:
-                        write_scalar(tags.missing_label_skips(head.name),
-                                     self.missing_label_skips[i])
-                    if self._loss_scales is not None:
-                        write_scalar(tags.loss_scale(head.name),
-                                     self._loss_scales.scales[head.name])
+            for head, tag, value in self._scalars(step):
+                if head in names:
+                    write_scalar(tag, value())
 
         monitor.when_scalars(log)
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 
+import keras
+import pytest
+
+import multihead as mh
 from multihead.monitoring import tags
 from multihead.monitoring.layout import AGGREGATION_SECTION, custom_scalars_layout
 
@@ -43,3 +48,64 @@ def test_aggregation_section_names_each_line_in_its_chart_title():
                       "a: aggregation weight (agg_weight/a)", "b: aggregation weight (agg_weight/b)",
                       "a: trunk gradient norm fed to the aggregator (agg_trunk_grad_norm/a)",
                       "a, b: trunk gradient cosine fed to the aggregator (agg_cosine/a/b)"]
+
+
+def _layout_and_written(log_dir):
+    """(tags the Custom Scalars layout charts, scalar tags the train run holds), read from the
+    event files."""
+    import glob
+
+    import tensorflow as tf
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    from multihead._records import read_records
+    from multihead.monitoring.report import read_scalars
+
+    charted = set()
+    for path in glob.glob(os.path.join(log_dir, "train", "events.out.tfevents.*")):
+        for record in read_records(path, partial_tail=True):
+            for value in event_pb2.Event.FromString(record).summary.value:
+                if value.tag == "custom_scalars__config__":
+                    layout = layout_pb2.Layout.FromString(tf.make_ndarray(value.tensor).item())
+                    charted |= {re.sub(r"\\(.)", r"\1", t[1:-1]) for c in layout.category
+                                for chart in c.chart for t in chart.multiline.tag}
+    return charted, set(read_scalars(os.path.join(log_dir, "train")))
+
+
+def _float16_model():
+    keras.utils.set_random_seed(0)
+    dtype = keras.DTypePolicy("mixed_float16")
+    model = mh.MultiHeadModel(keras.Sequential([keras.layers.Dense(8, "tanh", dtype=dtype)]),
+                              {h: keras.layers.Dense(1, dtype=dtype) for h in ("a", "b")})
+    model.build((None, 5))
+    return model
+
+
+@pytest.mark.parametrize("case", ["per_head", "aggregated_with_loss_weighting", "float16", "taps",
+                                  "missing_labels"])
+def test_the_layout_charts_exactly_the_scalar_tags_the_run_writes(case, tmp_path):
+    """The tags the monitor is told of (the trunk rule's and the step's `summary_tags()`, its
+    own) and the tags written are one list: every scalar of the train run has its chart and
+    every chart a scalar."""
+    from conftest import make_batch, make_model, make_tapped
+
+    heads, kwargs, objective = ("a", "b"), {}, {}
+    model = make_model(heads, seed=0)
+    if case == "aggregated_with_loss_weighting":
+        kwargs = {"trunk": mh.TrunkPolicy(aggregator="pcgrad", loss_weighting="dwa")}
+    elif case == "float16":
+        model = _float16_model()
+    elif case == "taps":
+        model, heads = make_tapped(), ("main", "aux")
+    elif case == "missing_labels":
+        objective = {"missing_label": float("nan")}
+    trainer = mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.SGD(0.05), **objective)
+                                 for h in heads},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0, **kwargs)
+    for s in range(3):
+        trainer.step(make_batch(heads, seed=s))
+    trainer.close()
+    charted, written = _layout_and_written(str(tmp_path))
+    assert written, "nothing written"
+    assert charted == written, (sorted(written - charted), sorted(charted - written))
