@@ -349,7 +349,7 @@ def test_sweep_needs_allow_import_and_passes_it_on_to_every_trial(tmp_path, monk
     assert not marker.exists() and not sweep_dir.exists()
     command = trial_command("base.yaml", "trials/t000", {"seed": 1}, False, ("marker_sweep", "m2"))
     assert command[command.index("train"):] == [
-        "train", "base.yaml", "--quiet", "--run-dir", "trials/t000", "--allow-import",
+        "train", "base.yaml", "--quiet", "--config-inside", ".", "--run-dir", "trials/t000", "--allow-import",
         "marker_sweep", "--allow-import", "m2", "--set", "seed=1"]
 
 

@@ -29,7 +29,7 @@ def _traced(k: int, trunk) -> tuple[int, int]:
     x, y = make_batch(heads, n=4)
     trainer.step((tf.constant(x), {h: tf.constant(v) for h, v in y.items()}))
     nodes = loops = 0
-    for concrete in trainer._train_step.loops._cache._concrete.values():
+    for concrete in trainer._runner.train_step.loops._cache._concrete.values():
         graph_def = concrete.graph.as_graph_def()
         every = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
         nodes += len(every)
