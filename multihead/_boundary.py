@@ -120,6 +120,12 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         if err.errno == errno.ENOENT:
             raise BoundaryError(f"{path}: no such file") from None
         raise BoundaryError(f"{path}: cannot open ({err.strerror})") from None
+    return _regular(fd, path)
+
+
+def _regular(fd: int, path: str) -> int:
+    """`fd`, opened non-blocking, switched to blocking once `fstat` says it is a regular
+    file; else closed, and one line naming what `path` is."""
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -178,12 +184,7 @@ def open_append(path: str | os.PathLike[str]) -> int:
         if err.errno == errno.EISDIR:
             raise BoundaryError(f"{path}: is a directory; expected a regular file") from None
         raise BoundaryError(f"{path}: cannot open for writing ({err.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise BoundaryError(f"{path}: is {_kind(mode)}; expected a regular file")
-    os.set_blocking(fd, True)
-    return fd
+    return _regular(fd, path)
 
 
 def read_tail(path: str | os.PathLike[str], limit: int = 1 << 20) -> bytes:

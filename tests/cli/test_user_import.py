@@ -13,27 +13,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_user_methods import CONFIG as METHODS_CONFIG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIG = """\
-seed: 0
-data: {kind: mmoe, train_size: 256, eval_size: 64, input_dim: 8}
-model:
-  trunk: {mlp: {units: [16], activation: relu}}
-  heads:
-    a: {layers: [{class_name: Dense, config: {units: 1}}], optimizer: sgd}
-    b: {layers: [{class_name: Dense, config: {units: 1}}], optimizer: sgd}
-train:
-  steps: 20
-  batch_size: 32
-  eval_every: 10
-  trunk:
-    optimizer: adam
-    aggregator: {class_name: docs>NormBalance, config: {decay: 0.8}}
-    loss_weighting: {class_name: docs>FirstLossNormalisation, config: {}}
-log: {every: 5, histograms_every: 0}
-checkpoint: {every: 10, keep: 3}
-"""
+# The user-method config of tests/aggregation/test_user_methods.py, 20 steps, checkpoints every 10.
+CONFIG = (METHODS_CONFIG.replace("STEPS", "20").replace("eval_every: 25", "eval_every: 10")
+          .replace("checkpoint: {every: 25, keep: 2}", "checkpoint: {every: 10, keep: 3}"))
 
 
 @pytest.fixture

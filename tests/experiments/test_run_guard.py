@@ -158,6 +158,15 @@ def test_sigint_to_the_cli_process_exits_130_and_resumes(tmp_path, reference):
             assert proc.poll() is None, proc.stderr.read()[-2000:]
             assert time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.05)
+        # mid-run, status.json names the newest checkpoint and the step as soon as they exist
+        while (running := read_status(str(run)))["checkpoint"] is None:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, f"status.json names no checkpoint: {running}"
+            time.sleep(0.05)
+        assert running["status"] == "running"
+        named = int(running["checkpoint"].removeprefix("checkpoints/ckpt-"))
+        assert named in [int(p.rsplit("-", 1)[1]) for p in scan_checkpoints(run / "checkpoints")]
+        assert running["step"] >= named
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -220,7 +220,7 @@ class _Run:
             RunInterrupted, RunWatch, is_disk_full, write_status)
 
         takes = self.runner.resumable  # it stops at a step boundary and can be resumed
-        watch = RunWatch(immediate=not takes)
+        watch = RunWatch(immediate=not takes, run_dir=run_dir)
         kwargs: dict[str, Any] = {"extra_callbacks": [watch]} if takes else {}
         if resume:
             kwargs["resume"] = True

@@ -211,12 +211,14 @@ class RunWatch(Callback):
         step: the last step done (`on_step_end`), or None.
     """
 
-    def __init__(self, immediate: bool = False) -> None:
+    def __init__(self, immediate: bool = False, run_dir: str | None = None) -> None:
         self.immediate = immediate
         self.signum: int | None = None
         self.step: int | None = None
         self._previous: dict[int, Any] = {}
         self._fitting = False
+        self._run_dir = run_dir
+        self._checkpoints_seen: int | None = None
 
     @property
     def tracks_steps(self) -> bool:
@@ -256,6 +258,26 @@ class RunWatch(Callback):
 
     def on_step_end(self, step: int, result: Any) -> None:
         self.step = step
+        if self._run_dir is not None:
+            self._note_checkpoint(step)
+
+    def _note_checkpoint(self, step: int) -> None:
+        """With a run directory: once a new checkpoint is written (TensorFlow's state file in
+        `checkpoints/` changed; one `stat` a call), `status.json` says `running` with the
+        step and the newest checkpoint, so a reader mid-run sees what a resume would use."""
+        directory = os.path.join(self._run_dir, "checkpoints")
+        try:
+            changed = os.stat(os.path.join(directory, "checkpoint")).st_mtime_ns
+        except OSError:
+            return
+        if changed == self._checkpoints_seen:
+            return
+        self._checkpoints_seen = changed
+        from multihead.io.manager import scan_checkpoints
+
+        found = scan_checkpoints(directory)  # the state file is a hint, not trusted
+        if found:
+            write_status(self._run_dir, "running", step=step, checkpoint=found[-1])
 
     def on_train_end(self) -> None:
         self._fitting = False
