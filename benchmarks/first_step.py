@@ -63,7 +63,7 @@ def measure_one(method: str, k: int, width: int, batch: int, steps: int) -> dict
     first = time.perf_counter() - start
     step_fn = lambda: trainer.step((x, y))  # noqa: E731
     steady = statistics.median(time_per_call(step_fn, max(1, steps // 5)) for _ in range(5))
-    concretes = list(trainer._train_step.loops._cache._concrete.values())
+    concretes = list(trainer._runner.train_step.loops._cache._concrete.values())
     return {"first": first, "steady": steady, "nodes": sum(graph_nodes(c) for c in concretes)}
 
 

@@ -69,7 +69,11 @@ def check_resume(run_dir: str, config: ExperimentConfig, runner: Any, source: st
     except BoundaryError as err:
         raise RunInputError(f"--resume: {err}") from None
     now = _flat(to_dict(config))
+    from multihead.experiments.results.labels import schema_default
+
     for key in sorted(set(before) | set(now)):
+        if key not in before and now.get(key) == schema_default(key):
+            continue  # a key newer than the run, at its default: the run's behaviour
         if key not in RESUMABLE_CHANGES and before.get(key) != now.get(key):
             raise RunInputError(
                 f"--resume: {source} differs from {saved} at {key} ({before.get(key)!r} -> "
