@@ -179,6 +179,9 @@ def test_layer_lists_multiplied_through_aliases_are_refused_before_building(tmp_
      "model.heads.y1.optimizer.config.clipvalue: must be a finite number > 0, got -0.5"),
     ("model.heads.y1.optimizer", {"class_name": "Adam", "config": {"beta_1": 1.0}},
      "model.heads.y1.optimizer.config.beta_1: must be in [0, 1), got 1.0"),
+    # Keras takes a list as epsilon and fails inside the compiled step (found by the slow fuzz)
+    ("model.heads.y1.optimizer", {"class_name": "Adam", "config": {"epsilon": []}},
+     "model.heads.y1.optimizer.config.epsilon: must be a finite number, got []"),
     ("train.trunk", {"aggregator": "famo", "options": {"gamma": 1e30}},
      "train.trunk.options.gamma: |1e+30| is beyond 1e+06"),
 ])

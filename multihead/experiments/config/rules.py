@@ -87,6 +87,12 @@ def _check_layers(tree: Any, path: str, error: type[Exception]) -> None:
                             f"flows through it); use one of {list(FLOAT_DTYPES)}")
 
 
+#: Optimizer hyperparameters that are plain numbers (Keras checks none of their types).
+_NUMBERS = ("epsilon", "beta_1", "beta_2", "momentum", "rho", "weight_decay", "ema_momentum",
+            "initial_accumulator_value", "learning_rate_power", "l1_regularization_strength",
+            "l2_regularization_strength")
+
+
 def _check_optimizer(spec: Any, path: str, error: type[Exception]) -> None:
     if isinstance(spec, str) or spec is None:
         return
@@ -117,6 +123,11 @@ def _check_optimizer(spec: Any, path: str, error: type[Exception]) -> None:
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and \
                     not 0 <= value < 1:
                 raise error(f"{path}.config.{key}: must be in [0, 1), got {value!r}")
+        for key in _NUMBERS:  # Keras takes any value here and fails inside the compiled step
+            value = config.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                      or not math.isfinite(value)):
+                raise error(f"{path}.config.{key}: must be a finite number, got {value!r}")
 
 
 def _check_loss(spec: Any, path: str, error: type[Exception]) -> None:
