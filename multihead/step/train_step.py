@@ -345,27 +345,7 @@ class TrainStep:
             plans = self._rule.plan(self._pass((head,), fwd.losses, step, fwd, tape))
             return fwd.losses, self._applier.apply_all(plans, step, due_decided=True)
 
-        return self._one_after_another(heads, step, one_head)
-
-    def _one_after_another(self, heads: Sequence[HeadSpec], step: tf.Tensor,
-                           one_head: Callable[[HeadSpec], tuple[dict[str, tf.Tensor], HeadsDone]],
-                           ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
-        """The sequential schedule: `one_head(head)` (a forward pass and update of that head
-        alone) for each head, in order, on the steps where it is due."""
-        losses, updated, skipped = {}, {}, {}
-        for head in heads:
-            def update(head: HeadSpec = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-                head_losses, done = one_head(head)
-                return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
-
-            if head.every == 1:
-                out = update()
-            else:
-                out = tf.cond(tf.equal(step % head.every, 0), update,
-                              lambda: (tf.constant(float("nan")), tf.constant(False),
-                                       tf.constant(False)))
-            losses[head.name], updated[head.name], skipped[head.name] = out
-        return losses, HeadsDone(updated, skipped)
+        return _one_after_another(heads, step, one_head)
 
     # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
 
@@ -376,7 +356,7 @@ class TrainStep:
             return self._replicated_pass(inputs, targets, step, heads)
         # strategy.run inside a cross-replica tf.cond: the branch holds whole replica
         # functions, so their all-reduces are not inside replica control flow.
-        return self._one_after_another(
+        return _one_after_another(
             heads, step,
             lambda head: self._replicated_pass(inputs, targets, step, (head,), due_decided=True))
 
@@ -408,3 +388,23 @@ class TrainStep:
         plans = self._rule.plan(self._pass(heads, losses, step, given=grads, counts=counts))
         return losses, self._applier.apply_all(plans, step, due_decided)
 
+
+def _one_after_another(heads: Sequence[HeadSpec], step: tf.Tensor,
+                       one_head: Callable[[HeadSpec], tuple[dict[str, tf.Tensor], HeadsDone]],
+                       ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+    """The sequential schedule: `one_head(head)` (a forward pass and update of that head
+    alone) for each head, in order, on the steps where it is due."""
+    losses, updated, skipped = {}, {}, {}
+    for head in heads:
+        def update(head: HeadSpec = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            head_losses, done = one_head(head)
+            return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
+
+        if head.every == 1:
+            out = update()
+        else:
+            out = tf.cond(tf.equal(step % head.every, 0), update,
+                          lambda: (tf.constant(float("nan")), tf.constant(False),
+                                   tf.constant(False)))
+        losses[head.name], updated[head.name], skipped[head.name] = out
+    return losses, HeadsDone(updated, skipped)
