@@ -41,5 +41,5 @@ setup(
         # API reference from the docstrings by static analysis (griffe): builds without importing TF.
         "docs": ["mkdocs~=1.6.1", "mkdocstrings~=1.0.8", "mkdocstrings-python~=2.0.11"],
     },
-    entry_points={"console_scripts": ["multihead = multihead.cli.main:main"]},
+    entry_points={"console_scripts": ["multihead = multihead.cli.main:run"]},
 )

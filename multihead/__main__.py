@@ -1,5 +1,3 @@
-import sys
+from multihead.cli.main import run
 
-from multihead.cli.main import main
-
-sys.exit(main())
+run()

@@ -182,7 +182,7 @@ def test_the_cli_is_on_top_nothing_in_the_package_imports_it():
     assert not importers, f"modules importing multihead.cli: {importers}"
     assert "multihead.cli.main" in graph["multihead.__main__"]
     setup = (PACKAGE.parent / "setup.py").read_text()
-    assert '"multihead = multihead.cli.main:main"' in setup
+    assert '"multihead = multihead.cli.main:run"' in setup
 
 
 def _string_constants(node: ast.AST) -> list[str]:

@@ -37,9 +37,12 @@ from multihead._checks import check_choice, variable_label
 
 #: Values of the config key `distribute.strategy`.
 STRATEGIES = ("none", "mirrored", "multi_worker")
+#: `make_strategy`'s default `timeout_s` for a multi-worker collective (and heartbeat).
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def make_strategy(kind: str = "none", devices: Sequence[str] | None = None,
+                  timeout_s: float | None = DEFAULT_TIMEOUT_S,
                   ) -> tf.distribute.Strategy | None:
     """A `tf.distribute` strategy, or None for single-device training.
 
@@ -57,10 +60,17 @@ def make_strategy(kind: str = "none", devices: Sequence[str] | None = None,
             start, before any other TensorFlow work.
         devices: devices of a `mirrored` strategy (default: every GPU, else every
             logical CPU device, see `local_devices`).
+        timeout_s: `multi_worker` only: a worker that waits longer than this for the
+            others in one collective (an all-reduce) fails with `DeadlineExceededError`
+            instead of waiting forever; it is also the coordination service's heartbeat
+            timeout, after which a silent worker counts as failed, and the time this
+            worker waits for the others to start (None: TensorFlow's defaults, no
+            collective timeout, a 10 s heartbeat and an hour's wait at start-up).
 
     Raises:
-        ValueError: unknown `kind`, `devices` given for another kind, or a
-            missing or malformed `TF_CONFIG` for `multi_worker`.
+        ValueError: unknown `kind`, `devices` given for another kind, a missing or
+            malformed `TF_CONFIG` for `multi_worker`, or a worker that could not join
+            its cluster (its port taken, or the others not started within `timeout_s`).
     """
     check_choice(kind, "distribute strategy", STRATEGIES)
     if devices is not None and kind != "mirrored":
@@ -82,8 +92,49 @@ def make_strategy(kind: str = "none", devices: Sequence[str] | None = None,
             gpus = tf.config.list_logical_devices("GPU")
             devices = [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
         return tf.distribute.MirroredStrategy(list(devices))
-    _tf_config()
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    config = _tf_config()
+    options = tf.distribute.experimental.CommunicationOptions()
+    if timeout_s is not None:
+        _configure_coordination(config, timeout_s)
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
+    task = config["task"]
+    who = f"TF_CONFIG task {task['type']}:{task['index']} " \
+          f"({config['cluster'][task['type']][int(task['index'])]})"
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except tf.errors.DeadlineExceededError:
+        raise ValueError(f"{who} waited {timeout_s:g} s (distribute.timeout_s) for the other "
+                         "workers of its cluster to start; are they all running?") from None
+    except tf.errors.OpError as err:  # e.g. a busy port
+        raise ValueError(f"{who} could not join its cluster: {type(err).__name__}: "
+                         f"{str(err).strip().splitlines()[0]}") from None
+
+
+def _configure_coordination(config: dict[str, Any], timeout_s: float) -> None:
+    """Sets the coordination service up as `MultiWorkerMirroredStrategy` would (it keeps a
+    service configured before it), with `timeout_s` as the heartbeat timeout and as the
+    time the workers wait for each other at start-up. On a loaded machine TensorFlow's
+    10 s heartbeat let a busy but healthy worker be declared dead (measured on 2 shared
+    cores), which aborted one worker and left the other waiting; and a worker whose
+    peers never start waited an hour by default."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(config["cluster"][job]))
+            for job in ("chief", "worker") if job in config["cluster"]]
+    leader = "chief" if "chief" in config["cluster"] else "worker"
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=f"/job:{leader}/replica:0/task:0",
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(timeout_s * 1000),
+        cluster_register_timeout_in_ms=int(timeout_s * 1000))
+    # Registration waits at a barrier bounded by the timeout above; without it, the wait
+    # for the other workers is the device-propagation barrier's fixed hour.
+    context.context().coordination_service.cluster_register_with_barrier = True
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy | None) -> bool:
+    """Whether `strategy` spans several processes (`MultiWorkerMirroredStrategy`)."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
 def _device_key(name: str) -> tuple[str, int]:

@@ -15,16 +15,26 @@ class ExecutionSize:
     against `TARGET_SECONDS`, and the progress line still moves several times a second. The first call (which traces) measures slow, so it is
     followed by one step per call, then the size settles within a few calls.
 
+    The workers of a multi-worker strategy must run the same calls: TensorFlow pairs
+    their collectives call by call (each call of a compiled function takes the next id
+    of that function's step-id sequence, shared across the workers), so a call of 4
+    steps on one worker against 2 on another leaves both waiting for each other
+    forever. Sizes measured from each worker's own clock differ, so there `"auto"` is
+    the fixed `SYNCED_STEPS` (`clocked=False`).
+
     Args:
         steps_per_execution: an integer >= 1, or `"auto"`.
+        clocked: whether `"auto"` may size calls from measured times (False under a
+            multi-worker strategy).
     """
 
     TARGET_SECONDS = 0.05
     MAX_STEPS = 1000
+    SYNCED_STEPS = 20
 
-    def __init__(self, steps_per_execution: int | str) -> None:
+    def __init__(self, steps_per_execution: int | str, clocked: bool = True) -> None:
         if isinstance(steps_per_execution, str) and steps_per_execution == "auto":
-            self.auto, self.next = True, 1
+            self.auto, self.next = clocked, 1 if clocked else self.SYNCED_STEPS
         else:
             self.auto, self.next = False, check_int(
                 steps_per_execution, "steps_per_execution", minimum=1,

@@ -315,7 +315,8 @@ class Trainer:
             steps_per_execution: steps run inside one compiled call (a loop over the
                 data iterator in the graph), so Python dispatch does not dominate
                 small models; `"auto"` sizes each call to take about 50 ms (one step
-                per call for a slow model, up to 1000 for a fast one). Results,
+                per call for a slow model, up to 1000 for a fast one; 20 under a
+                multi-worker strategy, whose workers must run the same calls). Results,
                 logging, evaluation, checkpoint steps and what callbacks observe are
                 exactly those of `steps_per_execution=1`: calls end at those steps.
             callbacks: `multihead.Callback`s (or Keras callbacks that read `logs` and
@@ -330,7 +331,8 @@ class Trainer:
             The per-head history of training losses and evaluations of this call.
         """
         steps, per_epoch = fit_length(data, steps, epochs, batch_size)
-        call_size = ExecutionSize(steps_per_execution)
+        call_size = ExecutionSize(steps_per_execution,
+                                  clocked=not distribute.is_multi_worker(self.strategy))
         if eval_every is not None:
             eval_every = check_int(eval_every, "eval_every", minimum=1, hint="or None: only at the end")
         stream = self._feed.stream(data, batch_size, seed, sampling)

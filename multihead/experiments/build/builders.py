@@ -323,7 +323,8 @@ def build_strategy(config: ExperimentConfig) -> Any:
     from multihead.step.distribute import make_strategy
 
     try:
-        return make_strategy(config.distribute.strategy, config.distribute.devices)
+        return make_strategy(config.distribute.strategy, config.distribute.devices,
+                             timeout_s=config.distribute.timeout_s)
     except ValueError as err:
         raise ConfigError(f"distribute: {err}") from None
 

@@ -204,6 +204,10 @@ class DistributeConfig:
                                "workers named by the TF_CONFIG environment variable")
     devices: Union[list[str], None] = _field(
         None, doc="mirrored only, e.g. [/gpu:0, /gpu:1]; default: every GPU, else every CPU device")
+    timeout_s: Union[float, None] = _field(
+        600.0, minimum=1, doc="multi_worker only: a worker that waits longer than this for the "
+                              "others in one all-reduce, or hears no heartbeat, fails with one "
+                              "line; null: wait forever")
 
 
 @dataclasses.dataclass
