@@ -35,9 +35,14 @@ class UsageError(Exception):
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
     """The end-of-run table: per head, the loss and every configured metric on the eval data
     (`eval`), on the full train set (`final_train`), the loss of the last logged batch
-    (`train`) and the constant predictor's value (`baseline`) with the ratio eval / baseline."""
+    (`train`), the constant predictor's value (`baseline`) and how much better than it the
+    eval is (direction-aware); then, with per-head early stopping or best checkpoints, each
+    head's best evaluation, freeze and best checkpoint."""
+    from multihead.monitoring.head_bests import (
+        format_head_bests, format_versus, head_bests, versus_baseline)
+
     rows = [("head", "metric", "eval", "final_train", "train (last batch)", "baseline",
-             "eval/baseline")]
+             "vs baseline")]
     for head, values in metrics["eval"].items():
         for name, value in values.items():
             base = metrics.get("baseline", {}).get(head, {}).get(name)
@@ -45,10 +50,12 @@ def _print_table(metrics: dict[str, Any], stream: Any) -> None:
             batch = metrics.get("train", {}).get(head, {}) if name == "loss" else {}
             rows.append((head, name, f"{value:.4g}", _number(final_train),
                          f"{batch['loss']:.4g} @{batch['step']}" if batch else "-",
-                         _number(base), f"{value / base:.3f}" if base else "-"))
+                         _number(base), format_versus(versus_baseline(name, value, base))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
+    for line in format_head_bests(head_bests(metrics)):
+        print(line, file=stream)
 
 
 def _number(value: float | None) -> str:

@@ -62,7 +62,8 @@ class SupervisedRunner:
             dry_run(self)
 
     def _baselines(self, trainer: Any) -> dict[str, dict[str, float]]:
-        """Each head's constant-predictor metrics on the eval data (`metrics.json` `baseline`)."""
+        """Each head's constant-predictor metrics on the eval data (`metrics.json` `baseline`),
+        weighted as its evaluation is when it has sample weights."""
         baselines = {}
         for head, objective in self.objectives.items():
             data = self.data[head] if isinstance(self.data, dict) else self.data
@@ -70,7 +71,8 @@ class SupervisedRunner:
             output = prediction_fn(self.model, head, objective)(self.model(first), first)
             baselines[head] = constant_baseline_metrics(
                 trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head],
-                tuple(output.shape[1:]), [resolve_metric(m, head, objective.loss) for m in objective.metrics])
+                tuple(output.shape[1:]), [resolve_metric(m, head, objective.loss) for m in objective.metrics],
+                w_train=data.w_train.get(head), w_eval=data.w_eval.get(head))
         return baselines
 
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
@@ -101,6 +103,7 @@ class SupervisedRunner:
         except HistoryError as err:
             raise ConfigError(f"--resume: {err}") from None
         remaining = total - trainer.global_step
+        restored_heads: dict[str, str] = {}
         # A fresh run of train.epochs trains them as fit(epochs=...), whose progress line
         # counts epochs; a resumed one trains the remaining steps.
         length = {"epochs": cfg.train.epochs} if cfg.train.epochs and not trainer.global_step \
@@ -119,6 +122,9 @@ class SupervisedRunner:
                 trainer.close()
                 raise
             final_eval = _final_eval(history.evals, callbacks.early_stopping)
+            if cfg.callbacks.best_checkpoint is not None and cfg.callbacks.best_checkpoint.restore_heads:
+                restored_heads = _restore_head_bests(self.model, self.objectives, callbacks, run_dir)
+                final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size, log=False)
         else:
             final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
         _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
@@ -145,6 +151,7 @@ class SupervisedRunner:
             "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
+            **({"restored_heads": restored_heads} if restored_heads else {}),
         }
 
 
@@ -231,6 +238,24 @@ def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
             early_stopping.best_step is not None:
         return dict(evals)[early_stopping.best_step]
     return evals[-1][1]
+
+
+def _restore_head_bests(model: Any, objectives: Any, callbacks: RunCallbacks,
+                        run_dir: str) -> dict[str, str]:
+    """Each objective's own heads from its best checkpoint; the trunk stays as the run left
+    it. The trunk cannot be at every head's best step at once; the one the run ends with is
+    the trunk the heads that trained longest were last evaluated with, and a head frozen
+    earlier sent it no gradient since. -> objective -> the checkpoint it came from."""
+    from multihead.io.checkpoints import restore_checkpoint
+
+    restored = {}
+    for name, best in callbacks.head_best.items():
+        if best.path is None:
+            continue
+        reads = [name] if name in model.heads else getattr(objectives[name], "reads", None) or []
+        restore_checkpoint(best.path, model, parts=[f"heads/{h}" for h in reads if h in model.heads])
+        restored[name] = os.path.relpath(best.path, run_dir)
+    return restored
 
 
 def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
