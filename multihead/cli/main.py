@@ -99,11 +99,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "does not exist")
     config = read_run_config(run_dir, allow_import=args.allow_import or ())
     if config.task == "supervised":  # the input the run recorded: its data is never built
-        from multihead.experiments.build.builders import build_model
-        from multihead.experiments.run.load import run_input_shape
+        from multihead.experiments.run.load import build_run_model
 
         path = run_checkpoint(run_dir, _export_checkpoint(args, config))  # predict's, load_run's rule
-        model = build_model(config, run_input_shape(run_dir))
+        model = build_run_model(config, run_dir)
     else:
         from multihead.experiments.run.experiment import prepare_runner
 
