@@ -156,6 +156,9 @@ class Monitor:
             a few times a plain step, so keep this a multiple of `every`.
         variable_norms: also write each variable's gradient norm.
         grad_cosine: write the cosine of every pair of heads' trunk gradients.
+        eval_metrics: head -> the names of the metrics `write_eval` will write for it (the
+            loss aside; `Trainer` passes its objectives' metrics): each gets a chart in the
+            head's Custom Scalars section, after its loss.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class Monitor:
         histograms_every: int = 1000,
         variable_norms: bool = False,
         grad_cosine: bool = True,
+        eval_metrics: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.every = check_int(every, "every", minimum=1,
                                hint="scalars are written every this many steps")
@@ -173,6 +177,7 @@ class Monitor:
         self.variable_norms = bool(variable_norms)
         self.grad_cosine = bool(grad_cosine)
         self.log_dir = os.fspath(log_dir)
+        self._eval_metrics = {h: list(names) for h, names in (eval_metrics or {}).items()}
         #: Set when the step runs under a `tf.distribute` strategy (by `TrainStep`). Then
         #: the monitored step variant runs every step, gated piece by piece in the graph
         #: (its all-reduces must be the same ops on every worker, monitored or not), and
@@ -270,7 +275,7 @@ class Monitor:
                                        name="monitor_trunk_grad") for v in trunk}
                 self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
         written = self._scalar_tags(var_lists, trunk_heads) + list(other_tags)
-        self._write_layout(custom_scalars_layout(self._heads, written))
+        self._write_layout(custom_scalars_layout(self._heads, written, self._eval_metrics))
 
     def _scalar_tags(self, var_lists: Mapping[str, Sequence[keras.Variable]],
                      trunk_heads: Sequence[str]) -> list[str]:

@@ -157,7 +157,8 @@ class Trainer:
         # Built now so a bad metric name fails at construction.
         self._evaluations = Evaluations(model, self.objectives, self.loss_fns, predictions, self._feed)
         self.monitor, self._scratch_logs = _monitor(log_dir, self.is_chief, log_every,
-                                                    histograms_every, log_variable_norms)
+                                                    histograms_every, log_variable_norms,
+                                                    self._evaluations.metric_names())
         self._runner.monitor = self.monitor
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
@@ -407,9 +408,11 @@ def _nothing() -> None:
 
 
 def _monitor(log_dir: str | os.PathLike[str] | None, is_chief: bool, every: int,
-             histograms_every: int, variable_norms: bool) -> tuple[Monitor | None, str | None]:
-    """The TensorBoard monitor (None without `log_dir`), and the scratch directory it writes
-    to on a non-chief worker (`close` removes it), or None.
+             histograms_every: int, variable_norms: bool,
+             eval_metrics: Mapping[str, Sequence[str]]) -> tuple[Monitor | None, str | None]:
+    """The TensorBoard monitor (None without `log_dir`), told the metrics `evaluate` writes
+    (`eval_metrics`, for its Custom Scalars layout), and the scratch directory it writes to on a
+    non-chief worker (`close` removes it), or None.
 
     Every worker of a multi-worker run monitors, so all of them trace the same step
     variants at the same steps (their all-reduces pair up only then); the others write
@@ -419,7 +422,7 @@ def _monitor(log_dir: str | os.PathLike[str] | None, is_chief: bool, every: int,
         return None, None
     scratch = None if is_chief else tempfile.mkdtemp(prefix="multihead-worker-logs-")
     monitor = Monitor(os.fspath(scratch or log_dir), every=every, histograms_every=histograms_every,
-                      variable_norms=variable_norms)
+                      variable_norms=variable_norms, eval_metrics=eval_metrics)
     return monitor, scratch
 
 

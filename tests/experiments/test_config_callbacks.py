@@ -193,7 +193,8 @@ def test_bad_callback_config_exits_2_with_one_line_and_writes_nothing(tmp_path, 
                                                                      override, message):
     config = _write(tmp_path, BASE)
     run_dir = tmp_path / "run"
-    args = [command, config, "--set", override] + (["--run-dir", str(run_dir)] if command == "train" else [])
+    args = [command, config, "--set", override] + (["--run-dir", str(run_dir)] if command == "train"
+                                                    else ["--build"])
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("multihead: error: ") and len(err.splitlines()) == 1

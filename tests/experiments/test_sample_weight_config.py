@@ -104,7 +104,7 @@ def test_an_npz_weight_array_trains_bitwise_as_fit_with_sample_weight(tmp_path):
 def _bad(tmp_path, capsys, raw):
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(raw))
-    assert main(["validate", str(config)]) == 2
+    assert main(["validate", str(config), "--build"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "eval.csv", "eval.npz",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Any, ClassVar, Sequence
@@ -30,18 +29,18 @@ from multihead.experiments.build.data_sources import input_spec
 from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.experiments.run.history import HistoryError, RunHistory
+from multihead.experiments.run.inputs_record import (
+    check_same_standardization,
+    input_standardization,
+    write_inputs,
+)
 from multihead.training.callbacks import Callback, EarlyStopping
 from multihead.datasets.multitask import MultiTaskData
-from multihead._boundary import write_atomic
 from multihead.step.distribute import scope
 from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import Objective, resolve_metric
 from multihead.training.sampling import TaskSampling
 from multihead.training.streams import batches_per_epoch
-
-
-#: Where a run records its model's input (written before training starts).
-INPUTS_FILE = "inputs.json"
 
 
 @dataclasses.dataclass
@@ -52,6 +51,7 @@ class SupervisedRunner:
     objectives: dict[str, Objective]
     trunk: Any = "per_head"
     strategy: Any = None
+    standardization: Any = None
     resumable: ClassVar[bool] = True
 
     def check(self) -> None:
@@ -82,7 +82,9 @@ class SupervisedRunner:
         the run with a checkpoint of the last step done and `RunInterrupted`."""
         cfg = self.config
         if not resume:
-            write_inputs(run_dir, self.data)
+            write_inputs(run_dir, self.data, self.standardization)
+        elif self.standardization is not None:
+            check_same_standardization(run_dir, self.standardization)
         trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
                                 strategy=self.strategy, write_config=not resume)
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
@@ -214,22 +216,6 @@ def _sampling(config: ExperimentConfig) -> TaskSampling:
                         weights=dict(data.sampling_weights) or None, seed=config.seed)
 
 
-def write_inputs(run_dir: str, data: MultiTaskData | dict[str, MultiTaskData]) -> None:
-    """`RUN_DIR/inputs.json`: the model's input, so a finished run is rebuilt (load_run, export,
-    predict) without reading its data again: `{"shape": [null, ...], "dtype": ...}` or a mapping
-    input name -> that."""
-    def spec(a: Any) -> dict[str, Any]:
-        return {"shape": [None] + [int(d) for d in a.shape[1:]], "dtype": str(a.dtype)}
-
-    if isinstance(data, dict):  # every head's input has the same layout (input_spec checks)
-        data = next(iter(data.values()))
-    x = _tree(data.x_train)
-    tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
-    os.makedirs(run_dir, exist_ok=True)
-    # Atomic: a full disk leaves no inputs.json rather than an empty one.
-    write_atomic(os.path.join(run_dir, INPUTS_FILE), json.dumps(tree, indent=2))
-
-
 def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
                 early_stopping: EarlyStopping | None) -> dict[str, dict[str, float]]:
     """The evaluation of the weights the run ends with: the last one, or that of the best
@@ -319,9 +305,10 @@ def prepare(config: ExperimentConfig) -> SupervisedRunner:
     strategy = build_strategy(config)  # first: a multi-worker strategy precedes any TF work
     keras.utils.set_random_seed(config.seed)
     data = build_data(config)
+    standardization = input_standardization(config, data)
     with scope(strategy):  # mirrored variables
-        model = build_model(config, input_spec(data))
+        model = build_model(config, input_spec(data), standardization)
     objectives = build_objectives(config)
     build_callbacks(config, best_dir=None)  # a head's learning-rate schedule fails here, not mid-run
     return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config),
-                            strategy=strategy)
+                            strategy=strategy, standardization=standardization)
