@@ -315,9 +315,8 @@ class Trainer:
                 the checkpoint left it, so the resumed run is exact.
             steps_per_execution: steps run inside one compiled call (a loop over the
                 data iterator in the graph), so Python dispatch does not dominate
-                small models; `"auto"` sizes each call to take about 50 ms (one step
-                per call for a slow model, up to 1000 for a fast one; 20 under a
-                multi-worker strategy, whose workers must run the same calls). Results,
+                small models; `"auto"` sizes each call to take about 50 ms (1 to 1000
+                steps; 20 under a multi-worker strategy, whose workers must run alike). Results,
                 logging, evaluation, checkpoint steps and what callbacks observe are
                 exactly those of `steps_per_execution=1`: calls end at those steps.
             callbacks: `multihead.Callback`s (or Keras callbacks that read `logs` and
