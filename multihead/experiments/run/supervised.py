@@ -138,6 +138,8 @@ class SupervisedRunner:
             "steps_per_s": history.steps_per_s,
             "segments": history.segments,
             "train": last_logged_losses(run_dir) if trainer.is_chief else {},
+            **({"affinity": mean_affinity(run_dir)} if cfg.log.affinity_every and trainer.is_chief
+               else {}),
             "final_train": final_train,
             "eval": final_eval,
             "baseline": baselines,
@@ -174,6 +176,18 @@ def last_logged_losses(run_dir: str) -> dict[str, dict[str, float]]:
     except ReportError:  # nothing logged
         return {}
     return {h: {"loss": s.final_loss, "step": s.final_step} for h, s in summaries.items()}
+
+
+def mean_affinity(run_dir: str) -> dict[str, dict[str, float | None]]:
+    """`[i][j]`: the mean inter-task affinity of head i onto head j over the run's logged steps
+    (`RunReport.affinity`), read from its event files, those of a resumed run's earlier
+    segments included."""
+    from multihead.monitoring.report import ReportError, load_report
+
+    try:
+        return load_report(run_dir).affinity
+    except ReportError:  # nothing logged
+        return {}
 
 
 def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
