@@ -123,11 +123,7 @@ def mmoe_synthetic(
     k = len(names)
     if k < 1 or len(set(names)) != k:
         raise ValueError(f"tasks must be a positive count or distinct names, got {tasks!r}")
-    groups = [list(range(k))] if clusters is None else _cluster_positions(clusters, names)
-    size = max(len(g) for g in groups)
-    lower = -1.0 / (size - 1) if size > 1 else -1.0
-    if not lower < correlation <= 1.0:
-        raise ValueError(f"correlation must be in ({lower:.4g}, 1] for {size} tasks, got {correlation}")
+    groups = _correlated_groups(clusters, names, correlation)
     if input_dim < k:
         raise ValueError(f"input_dim ({input_dim}) must be at least the number of tasks ({k})")
     train_size = check_int(train_size, "train_size", minimum=1)
@@ -137,8 +133,7 @@ def mmoe_synthetic(
         raise ValueError(f"classification names task {unknown[0]!r}, but the tasks are {names}")
 
     rng = np.random.default_rng(seed)
-    weights = _task_weights(k, input_dim, correlation, scale, rng,
-                            None if clusters is None else groups)
+    weights = _task_weights(k, input_dim, correlation, scale, rng, groups)
     alpha = rng.standard_normal(num_sinusoids)
     beta = rng.standard_normal(num_sinusoids)
     x = rng.standard_normal((train_size + eval_size, input_dim))
@@ -164,14 +159,22 @@ def mmoe_synthetic(
     )
 
 
-def _cluster_positions(clusters: Sequence[Sequence[str]], names: Sequence[str]) -> list[list[int]]:
-    """The positions in `names` of each cluster's tasks; every task in exactly one cluster."""
-    seen = [t for cluster in clusters for t in cluster]
-    unknown = [t for t in seen if t not in names]
-    if unknown or sorted(seen) != sorted(names):
-        raise ValueError(f"clusters must hold every task once, got {list(map(list, clusters))} "
-                         f"for tasks {list(names)}")
-    return [[list(names).index(t) for t in cluster] for cluster in clusters if cluster]
+def _correlated_groups(clusters: Sequence[Sequence[str]] | None, names: Sequence[str],
+                       correlation: float) -> list[list[int]]:
+    """The positions in `names` of each cluster's tasks (every task in exactly one cluster;
+    None: one cluster of all), checked against the range of `correlation`."""
+    groups = [list(range(len(names)))]
+    if clusters is not None:
+        seen = [t for cluster in clusters for t in cluster]
+        if sorted(seen) != sorted(names):
+            raise ValueError(f"clusters must hold every task once, got {list(map(list, clusters))} "
+                             f"for tasks {list(names)}")
+        groups = [[list(names).index(t) for t in cluster] for cluster in clusters if cluster]
+    size = max(len(g) for g in groups)
+    lower = -1.0 / (size - 1) if size > 1 else -1.0
+    if not lower < correlation <= 1.0:
+        raise ValueError(f"correlation must be in ({lower:.4g}, 1] for {size} tasks, got {correlation}")
+    return groups
 
 
 class DataPosition(tf.Module):

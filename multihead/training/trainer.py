@@ -121,7 +121,6 @@ class Trainer:
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
         #: How the step runs (`StepOptions`), built once from the keywords.
         self.options = StepOptions.from_keywords(schedule=schedule, **options)
-        check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
         self._nonfinite_limit = check_int(max_nonfinite_steps, "max_nonfinite_steps", minimum=1)
         self._assembly = parts = StepAssembly(
             model, objectives, self.options, trunk=trunk, strategy=strategy,
@@ -158,9 +157,8 @@ class Trainer:
         # Built now so a bad metric name fails at construction.
         self._evaluations = Evaluations(model, self.objectives, self.loss_fns, predictions, self._feed)
         self.monitor, self._scratch_logs = _monitor(
-            log_dir, strategy, every=log_every, histograms_every=histograms_every,
-            variable_norms=log_variable_norms, affinity_every=affinity_every,
-            affinity_lookahead=affinity_lookahead)
+            log_dir, strategy, log_every, histograms_every, log_variable_norms, affinity_every,
+            affinity_lookahead)
         self._runner.monitor = self.monitor
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
@@ -410,21 +408,24 @@ def _nothing() -> None:
 
 
 def _monitor(log_dir: str | os.PathLike[str] | None, strategy: tf.distribute.Strategy | None,
-             **options: Any) -> tuple[Monitor | None, str | None]:
-    """The TensorBoard monitor with `options` (None without `log_dir`), and the scratch
-    directory it writes to on a non-chief worker (`close` removes it), or None.
+             every: int, histograms_every: int, variable_norms: bool, affinity_every: int,
+             affinity_lookahead: str) -> tuple[Monitor | None, str | None]:
+    """The TensorBoard monitor (None without `log_dir`), and the scratch directory it writes
+    to on a non-chief worker (`close` removes it), or None; the cadences are checked first.
 
     Every worker of a multi-worker run monitors, so all of them trace the same step
     variants at the same steps (their all-reduces pair up only then); the others write
     to a scratch directory, as Keras' TensorBoard callback does.
     """
-    check_affinity(check_int(options["affinity_every"], "affinity_every", minimum=0),
-                   log_dir is not None, strategy and f"a strategy ({type(strategy).__name__})",
-                   PYTHON)
+    check_int(every, "log_every", minimum=1, hint="scalars are written every this many steps")
+    check_affinity(check_int(affinity_every, "affinity_every", minimum=0), log_dir is not None,
+                   strategy and f"a strategy ({type(strategy).__name__})", PYTHON)
     if log_dir is None:
         return None, None
     scratch = None if distribute.is_chief(strategy) else tempfile.mkdtemp(prefix="multihead-worker-logs-")
-    monitor = Monitor(os.fspath(scratch or log_dir), **options)
+    monitor = Monitor(os.fspath(scratch or log_dir), every=every, histograms_every=histograms_every,
+                      variable_norms=variable_norms, affinity_every=affinity_every,
+                      affinity_lookahead=affinity_lookahead)
     return monitor, scratch
 
 
