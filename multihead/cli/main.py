@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from typing import Any, Sequence
 
 
@@ -35,9 +36,14 @@ class UsageError(Exception):
 def _print_table(metrics: dict[str, Any], stream: Any) -> None:
     """The end-of-run table: per head, the loss and every configured metric on the eval data
     (`eval`), on the full train set (`final_train`), the loss of the last logged batch
-    (`train`) and the constant predictor's value (`baseline`) with the ratio eval / baseline."""
+    (`train`), the constant predictor's value (`baseline`) and how much better than it the
+    eval is (direction-aware); then, with per-head early stopping or best checkpoints, each
+    head's best evaluation, freeze and best checkpoint."""
+    from multihead.monitoring.head_bests import (
+        format_head_bests, format_versus, head_bests, versus_baseline)
+
     rows = [("head", "metric", "eval", "final_train", "train (last batch)", "baseline",
-             "eval/baseline")]
+             "vs baseline")]
     for head, values in metrics["eval"].items():
         for name, value in values.items():
             base = metrics.get("baseline", {}).get(head, {}).get(name)
@@ -45,10 +51,12 @@ def _print_table(metrics: dict[str, Any], stream: Any) -> None:
             batch = metrics.get("train", {}).get(head, {}) if name == "loss" else {}
             rows.append((head, name, f"{value:.4g}", _number(final_train),
                          f"{batch['loss']:.4g} @{batch['step']}" if batch else "-",
-                         _number(base), f"{value / base:.3f}" if base else "-"))
+                         _number(base), format_versus(versus_baseline(name, value, base))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=stream)
+    for line in format_head_bests(head_bests(metrics)):
+        print(line, file=stream)
 
 
 def _number(value: float | None) -> str:
@@ -56,15 +64,25 @@ def _number(value: float | None) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """The config's rules; with `--build`, also what `train` builds and runs before its first
+    step (the data, the model, the objectives, one forward and backward pass), timed."""
     from multihead.experiments.run.experiment import (
         load_experiment, prepare_runner, print_parameters)
 
-    config = load_experiment(args.config, args.set or [], args.allow_import or (),
-                             only_head=getattr(args, "only_head", None))
-    runner = prepare_runner(config, args.config)
+    with quiet.tensorflow_lines_dropped(args.verbose):  # a rule may read an aggregation method
+        config = load_experiment(args.config, args.set or [], args.allow_import or (),
+                                 only_head=getattr(args, "only_head", None))
     heads = ", ".join(config.model.heads)
     length = f"{config.train.epochs} epochs" if config.train.epochs else f"{config.train.steps} steps"
-    print(f"{args.config}: ok (task {config.task}, heads {heads}, {length})")
+    if not args.build:
+        print(f"{args.config}: ok (task {config.task}, heads {heads}, {length}); the config only: "
+              "the data, the model and a first step were not built (--build checks them as train "
+              "does before its first step)")
+        return 0
+    start = time.perf_counter()
+    runner = prepare_runner(config, args.config)
+    print(f"{args.config}: ok (task {config.task}, heads {heads}, {length}); the data, the model "
+          f"and a first step built and checked in {time.perf_counter() - start:.1f} s")
     print_parameters(runner, sys.stdout)
     return 0
 
@@ -100,11 +118,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "does not exist")
     config = read_run_config(run_dir, allow_import=args.allow_import or ())
     if config.task == "supervised":  # the input the run recorded: its data is never built
-        from multihead.experiments.build.builders import build_model
-        from multihead.experiments.run.load import run_input_shape
+        from multihead.experiments.run.load import build_run_model
 
         path = run_checkpoint(run_dir, _export_checkpoint(args, config))  # predict's, load_run's rule
-        model = build_model(config, run_input_shape(run_dir))
+        model = build_run_model(config, run_dir)
     else:
         from multihead.experiments.run.experiment import prepare_runner
 
@@ -354,10 +371,15 @@ def _add_commands(sub: Any) -> None:
     allow_import(predict)
     predict.set_defaults(func=cmd_predict)
 
-    validate = _command(sub, "validate", True, help="check a config and build its model, without training")
+    # validate imports TensorFlow with --build only (a config rule may import it on the way)
+    validate = _command(sub, "validate", False, help="check a config's rules; with --build, also "
+                                                     "its data, model and a first step")
     with_config(validate)
     validate.add_argument("--only-head", metavar="HEAD[,HEAD...]",
                           help="check the run train --only-head HEAD would train")
+    validate.add_argument("--build", action="store_true",
+                          help="also read the data, build the model and the objectives and run one "
+                               "forward and backward pass, as train does before its first step")
     validate.set_defaults(func=cmd_validate)
 
     _add_sweep_parser(sub)
@@ -484,9 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     quiet.configure(args.verbose)
     try:
-        if args.tensorflow:
+        if args.tensorflow or getattr(args, "build", False):
             quiet.import_tensorflow(args.verbose)
-        import_user_modules(getattr(args, "imports", None) or ())
+        with quiet.tensorflow_lines_dropped(args.verbose):  # a user module may import it
+            import_user_modules(getattr(args, "imports", None) or ())
         return args.func(args)
     except (ConfigError, UsageError, RunInputError) as err:
         print(f"multihead: error: {err}", file=sys.stderr)

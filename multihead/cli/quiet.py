@@ -41,6 +41,32 @@ def _descriptor_2_to(sink: BinaryIO) -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def tensorflow_lines_dropped(verbose: bool) -> Iterator[None]:
+    """Runs a block that may import TensorFlow on the way (a config rule that reads an
+    aggregation method, a user module) with what C++ writes to descriptor 2 dropped, as
+    `import_tensorflow` drops it; Python's own `sys.stderr` (warnings, messages) still shows.
+    Nothing is changed with `verbose` or once TensorFlow is imported."""
+    if verbose or "tensorflow" in sys.modules:
+        yield
+        return
+    sys.stderr.flush()
+    python_stderr = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+    saved = sys.stderr
+    sys.stderr = python_stderr
+    try:
+        with tempfile.TemporaryFile() as captured, _descriptor_2_to(captured):
+            yield
+    finally:
+        sys.stderr = saved
+        python_stderr.close()
+    if "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        tf.get_logger().setLevel(logging.ERROR)
+        logging.getLogger("absl").setLevel(logging.ERROR)
+
+
 def import_tensorflow(verbose: bool) -> None:
     """Imports TensorFlow and lists its devices (where CUDA is probed); without `verbose`
     the lines printed on the way are dropped and TensorFlow's and absl's Python loggers

@@ -54,6 +54,7 @@ class _Serving(tf.Module):
                  spec: tf.TensorSpec | dict[str, tf.TensorSpec]) -> None:
         super().__init__(name="multihead_serving")
         self.trunk = model.trunk
+        self.preprocess = model.preprocess  # constants only (MultiHeadModel checks)
         self.heads = {h: model.heads[h] for h in heads}
         self.head_names = list(heads)
         self._taps = {h: i for h, i in model.tap_indices.items() if h in heads}
@@ -66,6 +67,8 @@ class _Serving(tf.Module):
 
     def _outputs_of(self, heads: tuple[str, ...]):
         def serve(inputs: tf.Tensor | dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            if self.preprocess is not None:
+                inputs = self.preprocess(inputs)
             feats = trunk_features(self.trunk, inputs, self._taps, training=False)
             return {h: self.heads[h](head_input(self.trunk, feats, h, self._taps), training=False)
                     for h in heads}

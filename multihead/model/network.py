@@ -103,10 +103,13 @@ class MultiHeadNetwork(keras.Model):
         heads: Mapping[str, keras.layers.Layer],
         name: str | None = None,
         taps: Mapping[str, str | int] | None = None,
+        preprocess: keras.layers.Layer | None = None,
     ) -> None:
         super().__init__(name=name)
         if not isinstance(trunk, keras.layers.Layer):
             raise TypeError(f"trunk must be a Keras layer or model, got {type(trunk).__name__}")
+        if preprocess is not None and not isinstance(preprocess, keras.layers.Layer):
+            raise TypeError(f"preprocess must be a Keras layer, got {type(preprocess).__name__}")
         if not isinstance(heads, Mapping) or not heads:
             raise ValueError("heads must be a non-empty dict of name -> Keras layer")
         for head_name, head in heads.items():
@@ -127,6 +130,7 @@ class MultiHeadNetwork(keras.Model):
         self._tap_spec = {h: taps[h] for h in heads if h in self._taps} if taps else {}
         _name_parts(trunk, heads)
         self.trunk = trunk
+        self.preprocess = preprocess
         self.heads = dict(heads)
         self._head_names = tuple(heads)
         self._partition: Partition | None = None
@@ -138,13 +142,29 @@ class MultiHeadNetwork(keras.Model):
         return self._head_names
 
     def build(self, input_shape: Any) -> None:
-        """Creates all variables by running the trunk and heads once on zeros of `input_shape`."""
+        """Creates all variables by running the trunk and heads once on zeros of `input_shape`.
+
+        Raises:
+            ValueError: `preprocess` has variables (see `MultiHeadModel`).
+        """
         zeros = _zeros_like_shape(input_shape)
-        feats = self.trunk(zeros)
+        feats = self.trunk(self.prepared(zeros))
+        if self.preprocess is not None and self.preprocess.weights:
+            raise ValueError(
+                f"preprocess: {type(self.preprocess).__name__} {self.preprocess.name!r} has "
+                f"variables ({self.preprocess.weights[0].path}), which checkpoints of the trunk and "
+                "heads do not save; give one with constants, e.g. multihead.model.standardize."
+                "Standardize(mean, scale) instead of an adapted Normalization, or put the layer in "
+                "the trunk")
         if self._taps:  # the trunk is built; its blocks' outputs feed the tapped heads
             feats = self.features(zeros)
         for name in self._head_names:
             self.heads[name](head_input(self.trunk, feats, name, self._taps))
+
+    def prepared(self, inputs: Any) -> Any:
+        """`inputs` as the trunk reads them: through `preprocess` (e.g. standardized), or as
+        they are without one."""
+        return inputs if self.preprocess is None else self.preprocess(inputs)
 
     def features(self, inputs: Any, training: bool | None = None,
                  taps: Iterable[str] = ()) -> Any:
@@ -159,7 +179,7 @@ class MultiHeadNetwork(keras.Model):
                 `tap_output`.
         """
         extra = [_taps.resolve_block(self.trunk, t, "features(taps=...)") for t in taps]
-        return _taps.trunk_features(self.trunk, inputs, self._taps, training, extra)
+        return _taps.trunk_features(self.trunk, self.prepared(inputs), self._taps, training, extra)
 
     def head_output(self, head: str, features: Any, training: bool | None = None) -> Any:
         """Head `head`'s output for trunk output `features` (its own entry, for a trunk
@@ -317,6 +337,8 @@ class MultiHeadNetwork(keras.Model):
         }
         if self._tap_spec:
             config["taps"] = dict(self._tap_spec)
+        if self.preprocess is not None:
+            config["preprocess"] = keras.saving.serialize_keras_object(self.preprocess)
         return config
 
     @classmethod
@@ -327,7 +349,8 @@ class MultiHeadNetwork(keras.Model):
 
         return cls(trunk=load(config["trunk"]),
                    heads={n: load(spec) for n, spec in config["heads"].items()},
-                   name=config.get("name"), taps=config.get("taps"))
+                   name=config.get("name"), taps=config.get("taps"),
+                   preprocess=load(config["preprocess"]) if "preprocess" in config else None)
 
     @property
     def partition(self) -> Partition:

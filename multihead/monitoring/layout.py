@@ -3,10 +3,12 @@
 TensorBoard colours a Custom Scalars line by its run, not by its tag, so two tags of
 one run in one chart cannot be told apart. Every chart here therefore holds exactly one
 tag (matched exactly), and its title says what the line is and names the tag. A chart
-is made only for a tag the run writes, so no chart is empty:
+is made only for a tag the run writes, so no chart is empty (an evaluation metric's from the
+first evaluation on):
 
-* one section per head: its loss, trunk and head gradient norms, clipped trunk norm,
-  learning rate, update ratio, loss scale (float16), loss weight, updates dropped as
+* one section per head: its loss, then each of its evaluation metrics (accuracy, MAE, ...:
+  the eval run's `<metric>/<head>`, one chart each), then its trunk and head gradient norms,
+  clipped trunk norm, learning rate, update ratio, loss scale (float16), loss weight, updates dropped as
   non-finite, due steps without a label, and its trunk-gradient cosine with each other head;
 * with an aggregated trunk (`TrunkPolicy`), a section `trunk aggregation`: the norm
   of the aggregated trunk gradient, each head's aggregation weight, loss weight and
@@ -27,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from multihead.monitoring import tags
 
@@ -82,12 +84,25 @@ def _charts(chart_kinds: Sequence[tuple[tuple[str, str | None], str]],
     return charts
 
 
-def custom_scalars_layout(heads: Sequence[str], written: Iterable[str]) -> layout_pb2.Layout:
+def _eval_chart(head: str, metric: str) -> layout_pb2.Chart:
+    """The chart of one evaluation metric of `head`: the eval run's `<metric>/<head>`."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    tag = tags.eval_metric(metric, head)
+    return layout_pb2.Chart(title=f"{head}: eval {metric} ({tag})",
+                            multiline=layout_pb2.MultilineChartContent(tag=[f"^{re.escape(tag)}$"]))
+
+
+def custom_scalars_layout(heads: Sequence[str], written: Iterable[str],
+                          eval_metrics: Mapping[str, Sequence[str]] | None = None,
+                          ) -> layout_pb2.Layout:
     """The layout of a run whose train run writes the scalar tags `written`.
 
     Args:
         heads: the heads, in order (one section each, in this order).
         written: the scalar tags the run writes (tags of other kinds are left out).
+        eval_metrics: head -> the metrics its evaluations write to the eval run
+            (`<metric>/<head>`, the loss aside): a chart each, after the head's loss.
 
     Returns:
         A `layout_pb2.Layout`: a section per head with at least one chart, then the
@@ -103,6 +118,9 @@ def custom_scalars_layout(heads: Sequence[str], written: Iterable[str]) -> layou
     categories = []
     for head in heads:
         charts = _charts(_HEAD_CHARTS, parsed, lambda p, head=head: head in p.heads)
+        metrics = [m for m in (eval_metrics or {}).get(head, ()) if m != tags.LOSS]
+        at = 1 if charts and charts[0].title.startswith(f"{head}: loss ") else 0
+        charts[at:at] = [_eval_chart(head, metric) for metric in metrics]
         if charts:
             categories.append(layout_pb2.Category(title=head, chart=charts))
     aggregation = _charts(_AGGREGATION_CHARTS, parsed, lambda p: True)

@@ -26,9 +26,8 @@ section per head, one chart per tag: see `multihead.monitoring.layout`):
   on the step's batch (expert utilisation), the mean entropy of its gate weights,
   and their histogram (at the histogram cadence); computed at the parameters the
   step starts from (`Monitor.gates`).
-* `affinity/<i>/<j>`: with `affinity_every`, the inter-task affinity of head i onto
-  head j (Fifty et al. 2021), computed by the step before its updates, at its own
-  cadence (`Monitor.affinity`; the computation is `multihead.step.affinity`'s).
+* `affinity/<i>/<j>`: with `affinity_every`, the inter-task affinity of head i onto head j
+  (Fifty et al. 2021), computed by the step before its updates (`Monitor.affinity`).
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
 * `trunk_blocks` (text, step 0): with trunk taps, the trunk blocks each head trains
   (`multihead.model.taps.blocks_table`), written by the `Trainer`.
@@ -161,11 +160,11 @@ class Monitor:
         variable_norms: also write each variable's gradient norm.
         grad_cosine: write the cosine of every pair of heads' trunk gradients.
         affinity_every: write the inter-task affinities `affinity/<i>/<j>` after updates
-            `1, affinity_every, ...` (computed by the step, `multihead.step.affinity`);
-            0 (default) disables them. Each such step costs about one extra forward
-            pass per head and a backward pass per head (docs/affinity.md).
-        affinity_lookahead: the lookahead of the affinity: `"optimizer"` (each head's own
-            planned trunk update) or `"sgd"` (the paper's plain gradient step).
+            `1, affinity_every, ...` (`multihead.step.affinity`, docs/affinity.md); 0: never.
+        affinity_lookahead: `"optimizer"` (each head's own planned trunk update) or `"sgd"`.
+        eval_metrics: head -> the names of the metrics `write_eval` will write for it (the
+            loss aside; `Trainer` passes its objectives' metrics): each gets a chart in the
+            head's Custom Scalars section, after its loss.
     """
 
     def __init__(
@@ -177,6 +176,7 @@ class Monitor:
         grad_cosine: bool = True,
         affinity_every: int = 0,
         affinity_lookahead: str = "optimizer",
+        eval_metrics: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         #: When it writes (scalars, histograms, affinities): `multihead.monitoring.cadence`.
         self.cadence = Cadence(every, histograms_every, affinity_every)
@@ -187,6 +187,7 @@ class Monitor:
         self.affinity_lookahead = check_choice(affinity_lookahead, "affinity_lookahead",
                                                ("optimizer", "sgd"))
         self.log_dir = os.fspath(log_dir)
+        self._eval_metrics = {h: list(names) for h, names in (eval_metrics or {}).items()}
         #: Set when the step runs under a `tf.distribute` strategy (by `TrainStep`). Then
         #: the monitored step variant runs every step, gated piece by piece in the graph
         #: (its all-reduces must be the same ops on every worker, monitored or not), and
@@ -281,7 +282,7 @@ class Monitor:
                                        name="monitor_trunk_grad") for v in trunk}
                 self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
         written = self._scalar_tags(var_lists, trunk_heads) + list(other_tags)
-        self._write_layout(custom_scalars_layout(self._heads, written))
+        self._write_layout(custom_scalars_layout(self._heads, written, self._eval_metrics))
 
     def _scalar_tags(self, var_lists: Mapping[str, Sequence[keras.Variable]],
                      trunk_heads: Sequence[str]) -> list[str]:

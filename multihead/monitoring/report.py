@@ -29,6 +29,8 @@ import numpy as np
 from multihead._boundary import BoundaryError, inside, is_regular, read_json, temp_file
 from multihead._records import read_records
 from multihead.monitoring import tags
+from multihead.monitoring.head_bests import (
+    HeadBest, format_head_bests, format_versus, head_bests, versus_baseline)
 
 
 class ReportError(ValueError):
@@ -101,6 +103,8 @@ class RunReport:
         gate_entropy: head -> the mean entropy of its gate weights at that step.
         mean_agg_update_norm: with an aggregated trunk, the mean norm of the aggregated
             trunk gradient the trunk optimizer applied (`agg_update_norm`); else None.
+        head_bests: with per-head early stopping or best checkpoints, head -> its best
+            evaluation, freeze and best checkpoint (`metrics.json`).
         affinity: with affinity logging (`log.affinity_every`), `affinity[i][j]` = the mean
             over the logged steps of the inter-task affinity of head i onto head j
             (`affinity/<i>/<j>`, NaN steps left out), for every head i that moved the
@@ -116,6 +120,7 @@ class RunReport:
     utilisation: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     gate_entropy: dict[str, float] = dataclasses.field(default_factory=dict)
     mean_agg_update_norm: float | None = None
+    head_bests: dict[str, HeadBest] = dataclasses.field(default_factory=dict)
     affinity: dict[str, dict[str, float | None]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -247,7 +252,8 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
         )
     eval_dir = _run_folder(run_dir, "eval")
     evals = read_scalars(eval_dir) if train_dir != run_dir and os.path.isdir(eval_dir) else {}
-    baselines = _baselines(run_dir) if train_dir != run_dir else {}
+    metrics = _run_metrics(run_dir) if train_dir != run_dir else {}
+    baselines = _baselines(metrics)
     summaries = {}
     for head in heads:
         loss = train[tags.loss(head)]
@@ -285,7 +291,8 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
                 conflict[a][b] = _mean(cosines.get(frozenset((a, b))))
     utilisation, entropy = _gate_utilisation(train, heads)
     return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy,
-                     _mean(train.get(tags.AGG_UPDATE_NORM)), _affinity(train, heads))
+                     _mean(train.get(tags.AGG_UPDATE_NORM)), head_bests(metrics),
+                     _affinity(train, heads))
 
 
 def _affinity(train: Mapping[str, Series], heads: Sequence[str]) -> dict[str, dict[str, float | None]]:
@@ -319,13 +326,18 @@ def _last_evaluation(evals: Mapping[str, Series], head: str) -> tuple[int | None
     return step, {name: values[name] for name in order}
 
 
-def _baselines(run_dir: str) -> dict[str, dict[str, float]]:
-    """Head -> the constant predictor's `{metric: value}` of the run's `metrics.json`, or
-    nothing when the run has none (not finished, or not a supervised run)."""
+def _run_metrics(run_dir: str) -> Mapping[str, Any]:
+    """The run's `metrics.json`, or nothing when it has none (not finished)."""
     try:
         metrics = read_json(run_dir, "metrics.json")
     except BoundaryError:
         return {}
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def _baselines(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Head -> the constant predictor's `{metric: value}` of a `metrics.json` (none for a
+    run that is not supervised)."""
     baseline = metrics.get("baseline")
     if not isinstance(baseline, dict):
         return {}
@@ -367,6 +379,8 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
         "gate_utilisation": {h: [clean(v) for v in row] for h, row in report.utilisation.items()},
         "gate_entropy": {h: clean(v) for h, v in report.gate_entropy.items()},
         "mean_agg_update_norm": clean(report.mean_agg_update_norm),
+        "head_bests": {h: {k: clean(v) for k, v in b.to_dict().items()}
+                       for h, b in report.head_bests.items()},
         "affinity": {i: {j: clean(v) for j, v in row.items()} for i, row in report.affinity.items()},
         "empty": _why_empty(report),
     }
@@ -436,13 +450,14 @@ def format_report(report: RunReport) -> str:
     lines = [f"run {report.run_dir}", ""] + _table(rows) + _empty_lines(report)
     if has_eval:
         lines += ["", "last evaluation, every metric (baseline: the best constant predictor)"]
-        table = [("head", "step", "metric", "eval", "baseline", "eval/baseline")]
+        table = [("head", "step", "metric", "eval", "baseline", "vs baseline")]
         for s in report.summaries.values():
             for name, value in s.eval_metrics.items():
                 base = s.baseline.get(name)
                 table.append((s.head, str(s.eval_step), name, _fmt(value), _fmt(base),
-                              f"{value / base:.3f}" if base else "-"))
+                              format_versus(versus_baseline(name, value, base))))
         lines += _table(table)
+    lines += format_head_bests(report.head_bests)
     if report.aggregated:
         lines += ["", f"aggregated trunk gradient norm ({tags.AGG_UPDATE_NORM}), mean over logged "
                   f"steps: {_fmt(report.mean_agg_update_norm)}"]

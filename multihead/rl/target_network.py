@@ -200,6 +200,8 @@ class TargetNetwork(tf.Module):
         self.heads = {h: _copy_part(model.heads[h], f"heads/{h}", clone) for h in head_names}
         # The copied heads read the copy's blocks their source heads read (trunk taps).
         self._taps = {h: i for h, i in model.tap_indices.items() if h in head_names}
+        # The source's input preprocessing: constants, shared, not a checkpoint dependency.
+        self._preprocess = _Untracked([getattr(model, "preprocess", None)])
         self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_calls")
         self._update_fn = tf.function(self._update)
         self.sync()
@@ -268,6 +270,9 @@ class TargetNetwork(tf.Module):
             heads: the copied heads to compute (None: all), e.g. only TD3's target
                 actor on the next observations.
         """
+        preprocess = self._preprocess.layers[0]
+        if preprocess is not None:
+            inputs = preprocess(inputs)
         feats = trunk_features(self.trunk, inputs, self._taps, training=False)
         return {h: tf.stop_gradient(self.heads[h](head_input(self.trunk, feats, h, self._taps),
                                                   training=False))

@@ -368,6 +368,11 @@ class Evaluations:
         self._all = self._evaluator_of(self._names)
         self._heads: dict[str, Evaluator] = {}
 
+    def metric_names(self) -> dict[str, list[str]]:
+        """Objective name -> the names of its metrics, as `evaluate` reports them (the loss
+        aside): the `<metric>/<name>` tags of the eval run."""
+        return {n: [m.name for m in self._all.metrics[n]] for n in self._names}
+
     def _evaluator_of(self, names: Sequence[str]) -> Evaluator:
         """The evaluator of the objectives `names`."""
         return Evaluator(self._model, {n: self._loss_fns[n] for n in names},

@@ -8,9 +8,14 @@ callbacks, `History`); only what one of its compiled calls does is the trainer's
 runs, so each head's optimizer updates exactly its var_list. `evaluate` is
 `Trainer.evaluate`. Keras' single-optimizer `train_step` never runs (keras#21741).
 
+`sample_weight` (a dict head -> weights, or one array for every head) and `class_weight`
+(a dict head -> {class: weight}) weigh each head's examples as `Trainer.fit` does with
+batches `(x, y, {head: weights})` (see `multihead.training.keras_weights`); a dataset may
+yield such triples.
+
 What has no per-head meaning is refused with one line at `compile` or `fit`: one
 optimizer for several heads, a loss or metric dict that misses or invents a head,
-sample weights, `run_eagerly`, a `tf.distribute` strategy, and the Keras callbacks
+`weighted_metrics`, `run_eagerly`, a `tf.distribute` strategy, and the Keras callbacks
 that change `model.optimizer` (a `MultiHeadModel` has one optimizer per head and
 `model.optimizer` is None). Array input is checked as a config's data is, before Keras' loop
 runs: real dtypes (complex is refused), `batch_size >= 1`, at least one row, the model's input
@@ -30,7 +35,8 @@ from multihead._checks import check_int
 from multihead.training.callbacks import NonFiniteGuard
 from multihead.datasets.multitask import as_dataset, check_array_data
 from multihead.model.input_shape import check_input_width
-from multihead.objectives.objective import Objective, check_weight
+from multihead.objectives.objective import Objective, check_weight, with_sample_weights
+from multihead.training.keras_weights import keras_weights, weighted_labels
 from multihead.training.results import StepResult
 from multihead.training.trainer import Trainer
 
@@ -188,18 +194,50 @@ class KerasRun:
 
     def evaluation_data(self, x: Any, y: Any, batch_size: int | None,
                         steps: int | None) -> tf.data.Dataset:
-        """Keras `evaluate`'s data as batches in order: a dataset as is, arrays batched."""
+        """Keras `evaluate`'s data as batches in order: a dataset as is (triples with their
+        weights folded into the labels, see `weighted_dataset`), arrays batched."""
         if isinstance(x, tf.data.Dataset):
             if y is not None:
                 raise ValueError("evaluate(y=...) must be None when x is a tf.data.Dataset (its "
                                  "elements hold the labels)")
-            dataset = x
+            dataset = self.weighted_dataset(x)
         else:
             size = _EVAL_BATCH_SIZE if batch_size is None else batch_size
             dataset = as_dataset((x, self.labels_dict(y, "evaluate")), size, shuffle=False)
         if steps is not None:
             dataset = dataset.take(check_int(steps, "evaluate(steps=...)", minimum=1))
         return dataset
+
+    def weighted(self, x: Any, y: Any, sample_weight: Any, class_weight: Any,
+                 where: str) -> Any:
+        """Array labels `y` as a dict head -> labels, each weighted head's as
+        `Weighted(labels, weights)` (see `keras_weights`)."""
+        y = self.labels_dict(y, where)
+        if sample_weight is None and class_weight is None:
+            return y
+        if isinstance(x, tf.data.Dataset) or y is None:
+            raise ValueError(f"{where}(sample_weight=/class_weight=...) takes array data; a "
+                             "dataset gives the weights in its elements: (x, {head: labels}, "
+                             "{head: weights})")
+        rows = len(tf.nest.flatten(x)[0])
+        weights = keras_weights(self.trainer.model.head_names, y, rows, sample_weight,
+                                class_weight, where)
+        return weighted_labels(y, weights)
+
+    def weighted_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """A dataset of triples `(x, y, sample_weight)` as pairs whose weighted heads' labels
+        are `Weighted`, as `Trainer.fit` maps them; `sample_weight` a dict head -> weights,
+        or one tensor for every head. Other datasets as they are."""
+        spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) == 3):
+            return dataset
+
+        def fold(y: Any, w: Any) -> Any:
+            y = self.labels_dict(y, "fit")
+            return with_sample_weights(y, w if isinstance(w, Mapping) else {h: w for h in y})
+
+        fold(spec[1], spec[2])  # checked here, once, on the spec
+        return dataset.map(lambda x, y, w: (x, fold(y, w)))
 
     def labels_dict(self, y: Any, where: str) -> Any:
         """`y` as a dict head -> labels: a single head's bare labels are wrapped."""
@@ -223,18 +261,15 @@ def _check_arrays(model: Any, x: Any, y: Any, x_name: str, y_name: str) -> None:
 
 
 def _check_pair(spec: Any) -> None:
-    if isinstance(spec, tuple) and len(spec) == 3:
-        raise ValueError("fit: the data has sample weights, which MultiHeadModel.fit does not "
-                         "support; give batches (x, {head: labels})")
     if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], Mapping)):
         raise ValueError("fit: the data must yield (x, {head: labels}); its elements are "
                          f"{spec}")
 
 
 def _pair(batch: Any) -> tuple[Any, Any]:
-    x, y, sample_weight = (tuple(batch) + (None, None))[:3]
-    if sample_weight is not None:
-        raise ValueError("train_on_batch(sample_weight=...) is not supported by a MultiHeadModel")
+    """`(x, y)` of Keras' `(x, y, sample_weight)` from `train_on_batch`, whose weights
+    `KerasTraining.train_on_batch` already folded into `y`."""
+    x, y = tuple(batch)[:2]
     return x, y
 
 
@@ -273,7 +308,7 @@ class KerasTraining:
             loss_weights: a dict head -> constant weight on the head's loss (default 1).
             metrics: a dict head -> list of metrics, reported by `evaluate` and for
                 `validation_data`.
-            weighted_metrics: refused (no sample weights).
+            weighted_metrics: refused: `metrics` are weighted by the sample weights.
             run_eagerly: refused when True (the per-head step is always compiled).
             steps_per_execution: steps per compiled call.
             jit_compile: True XLA-compiles the step; `"auto"` and False do not.
@@ -285,8 +320,8 @@ class KerasTraining:
         self._keras_run = None  # the last compile's trainer releases its optimizers
         self.train_function = None
         if weighted_metrics is not None:
-            raise ValueError("compile(weighted_metrics=...): MultiHeadModel.fit has no sample "
-                             "weights; give metrics={head: [...]}")
+            raise ValueError("compile(weighted_metrics=...): give metrics={head: [...]}; a "
+                             "MultiHeadModel weighs them by the sample weights")
         if run_eagerly:
             raise ValueError("compile(run_eagerly=True): the per-head step is always compiled; "
                              "to debug, call model.trainer.step(batch) or run the model eagerly")
@@ -334,24 +369,31 @@ class KerasTraining:
         """Keras' `fit`, each step the trainer's per-head step (see `KerasTraining`).
 
         `y` is a dict head -> labels (a one-head model may take bare labels);
-        `validation_data` is `(x_val, y_val)` or a dataset. Returns Keras' `History`.
+        `sample_weight` a dict head -> one weight per example, or one array for every head;
+        `class_weight` a dict head -> {class index: weight} (see `keras_weights`);
+        `validation_data` is `(x_val, y_val)`, `(x_val, y_val, {head: weights})` or a dataset.
+        Returns Keras' `History`.
         """
         run = self._run("fit")
-        if sample_weight is not None or class_weight is not None:
-            raise ValueError("fit(sample_weight=/class_weight=...): MultiHeadModel.fit has no "
-                             "sample weights")
         check_callbacks(callbacks)
         if batch_size is not None:
             check_int(batch_size, "fit(batch_size=...)", minimum=1)
-        y = run.labels_dict(y, "fit")
-        _check_arrays(self, x, y, "fit(x=...)", "fit(y=...)")
+        _check_arrays(self, x, run.labels_dict(y, "fit"), "fit(x=...)", "fit(y=...)")
+        y = run.weighted(x, y, sample_weight, class_weight, "fit")
+        if isinstance(x, tf.data.Dataset):
+            x = run.weighted_dataset(x)
         if isinstance(validation_data, (tuple, list)):
-            if len(validation_data) != 2:
-                raise ValueError("fit(validation_data=...): give (x_val, y_val) or a dataset; "
-                                 "sample weights are not supported")
-            validation_data = (validation_data[0], run.labels_dict(validation_data[1], "fit"))
-            _check_arrays(self, *validation_data, "fit(validation_data=...) x_val",
-                          "fit(validation_data=...) y_val")
+            if len(validation_data) not in (2, 3):
+                raise ValueError("fit(validation_data=...): give (x_val, y_val), (x_val, y_val, "
+                                 "{head: weights}) or a dataset")
+            x_val, y_val = validation_data[:2]
+            _check_arrays(self, x_val, run.labels_dict(y_val, "fit"),
+                          "fit(validation_data=...) x_val", "fit(validation_data=...) y_val")
+            weights = validation_data[2] if len(validation_data) == 3 else None
+            validation_data = (x_val, run.weighted(x_val, y_val, weights, None,
+                                                   "fit(validation_data=...)"))
+        elif isinstance(validation_data, tf.data.Dataset):
+            validation_data = run.weighted_dataset(validation_data)
         run.start_fit()
         try:
             return super().fit(  # type: ignore[misc]
@@ -381,7 +423,7 @@ class KerasTraining:
             raise TypeError(f"evaluate() got unexpected arguments {sorted(kwargs)}")
         run = self._run("evaluate")
         if sample_weight is not None:
-            raise ValueError("evaluate(sample_weight=...): MultiHeadModel has no sample weights")
+            y = run.weighted(x, y, sample_weight, None, "evaluate")
         dataset = run.evaluation_data(x, y, batch_size, steps)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = keras.callbacks.CallbackList(callbacks, model=self)
@@ -389,6 +431,13 @@ class KerasTraining:
         logs = run.eval_logs(run.trainer.evaluate(dataset))
         callbacks.on_test_end(logs)
         return logs if return_dict else list(logs.values())
+
+    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
+                       class_weight: Any = None, return_dict: bool = False) -> Any:
+        """Keras' `train_on_batch`: one `Trainer.step`, the weights as in `fit`."""
+        y = self._run("train_on_batch").weighted(x, y, sample_weight, class_weight,
+                                                 "train_on_batch")
+        return super().train_on_batch(x, y, return_dict=return_dict)  # type: ignore[misc]
 
     def test_on_batch(self, *args: Any, **kwargs: Any) -> Any:
         """Refused: `evaluate` gives the per-head losses and metrics."""

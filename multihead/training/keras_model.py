@@ -62,6 +62,10 @@ class MultiHeadModel(KerasTraining, MultiHeadNetwork):
         taps: head -> the trunk block it reads (a block's layer name, its index, or
             `"trunk/<block>"`); the trunk must be a `keras.Sequential`. Heads not
             named read the trunk's output.
+        preprocess: a Keras layer applied to the inputs before the trunk, without
+            variables (its constants travel in its config, so `.keras` files and exports
+            apply it), e.g. `multihead.model.standardize.Standardize(mean, scale)`, what
+            `data.normalize` builds.
 
     Raises:
         ValueError: one line naming the tap, for a head the model does not have, a trunk

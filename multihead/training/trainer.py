@@ -157,8 +157,8 @@ class Trainer:
         # Built now so a bad metric name fails at construction.
         self._evaluations = Evaluations(model, self.objectives, self.loss_fns, predictions, self._feed)
         self.monitor, self._scratch_logs = _monitor(
-            log_dir, strategy, log_every, histograms_every, log_variable_norms, affinity_every,
-            affinity_lookahead)
+            log_dir, strategy, self._evaluations.metric_names(), log_every, histograms_every,
+            log_variable_norms, affinity_every, affinity_lookahead)
         self._runner.monitor = self.monitor
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
@@ -315,9 +315,8 @@ class Trainer:
                 the checkpoint left it, so the resumed run is exact.
             steps_per_execution: steps run inside one compiled call (a loop over the
                 data iterator in the graph), so Python dispatch does not dominate
-                small models; `"auto"` sizes each call to take about 50 ms (one step
-                per call for a slow model, up to 1000 for a fast one; 20 under a
-                multi-worker strategy, whose workers must run the same calls). Results,
+                small models; `"auto"` sizes each call to take about 50 ms (1 to 1000
+                steps; 20 under a multi-worker strategy, whose workers must run alike). Results,
                 logging, evaluation, checkpoint steps and what callbacks observe are
                 exactly those of `steps_per_execution=1`: calls end at those steps.
             callbacks: `multihead.Callback`s (or Keras callbacks that read `logs` and
@@ -408,10 +407,12 @@ def _nothing() -> None:
 
 
 def _monitor(log_dir: str | os.PathLike[str] | None, strategy: tf.distribute.Strategy | None,
-             every: int, histograms_every: int, variable_norms: bool, affinity_every: int,
-             affinity_lookahead: str) -> tuple[Monitor | None, str | None]:
-    """The TensorBoard monitor (None without `log_dir`), and the scratch directory it writes
-    to on a non-chief worker (`close` removes it), or None; the cadences are checked first.
+             eval_metrics: Mapping[str, Sequence[str]], every: int, histograms_every: int,
+             variable_norms: bool, affinity_every: int, affinity_lookahead: str,
+             ) -> tuple[Monitor | None, str | None]:
+    """The TensorBoard monitor (None without `log_dir`), told the metrics `evaluate` writes
+    (`eval_metrics`, for its Custom Scalars layout), and the scratch directory it writes to on a
+    non-chief worker (`close` removes it), or None; the cadences are checked first.
 
     Every worker of a multi-worker run monitors, so all of them trace the same step
     variants at the same steps (their all-reduces pair up only then); the others write
@@ -424,8 +425,8 @@ def _monitor(log_dir: str | os.PathLike[str] | None, strategy: tf.distribute.Str
         return None, None
     scratch = None if distribute.is_chief(strategy) else tempfile.mkdtemp(prefix="multihead-worker-logs-")
     monitor = Monitor(os.fspath(scratch or log_dir), every=every, histograms_every=histograms_every,
-                      variable_norms=variable_norms, affinity_every=affinity_every,
-                      affinity_lookahead=affinity_lookahead)
+                      variable_norms=variable_norms, eval_metrics=eval_metrics,
+                      affinity_every=affinity_every, affinity_lookahead=affinity_lookahead)
     return monitor, scratch
 
 

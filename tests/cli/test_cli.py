@@ -44,9 +44,18 @@ def test_quickstart_trains_well_below_the_constant_baseline(tmp_path):
     assert list((run_dir / "train").glob("events.*")) and list((run_dir / "eval").glob("events.*"))
 
 
-def test_validate_builds_without_writing(tmp_path, capsys):
+def test_validate_checks_the_config_and_builds_with_build_without_writing(tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(["validate", QUICKSTART]) == 0
-    assert "ok" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ": ok (" in out and "the data, the model and a first step were not built (--build" in out
+    assert "parameters:" not in out  # no model
+    assert main(["validate", QUICKSTART, "--build"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"the data, the model and a first step built and checked in \d+\.\d s", out)
+    assert "parameters:" in out
+    assert os.listdir(tmp_path) == []
 
 
 def test_validate_and_train_show_the_parameters_of_the_trunk_and_each_head(tmp_path, capsys):
@@ -61,7 +70,7 @@ def test_validate_and_train_show_the_parameters_of_the_trunk_and_each_head(tmp_p
         start = lines.index("parameters:") + 2  # the line, then the table's header
         return [line.split() for line in lines[start:start + 4]]
 
-    assert main(["validate", str(config)]) == 0
+    assert main(["validate", str(config), "--build"]) == 0
     assert table(capsys.readouterr().out) == expected
     assert main(["train", str(config), "--run-dir", str(tmp_path / "run")]) == 0
     assert table(capsys.readouterr().err) == expected
@@ -194,14 +203,16 @@ def test_help_and_argument_errors_import_no_tensorflow():
     assert [argv for argv, _, tf_loaded in seen if tf_loaded] == []
 
 
-def test_the_probe_sees_tensorflow_when_a_command_imports_it(tmp_path):
-    # The same probe on `validate`, which builds a model: TensorFlow is loaded after it.
+def test_validate_imports_tensorflow_only_to_build(tmp_path):
+    # The same probe: `validate` checks the config without TensorFlow; `validate --build`,
+    # which builds the model, has it loaded after (so the probe does see an import).
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY))
     env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([["validate", str(config)]])],
+    argvs = [["validate", str(config)], ["validate", str(config), "--build"]]
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs)],
                          capture_output=True, text=True, timeout=300, env=env, check=True)
-    assert json.loads(out.stdout) == [[["validate", str(config)], 0, True]]
+    assert json.loads(out.stdout) == [[argvs[0], 0, False], [argvs[1], 0, True]]
 
 
 def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path):
@@ -212,7 +223,7 @@ def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path
     np.savez(tmp_path / "inputs.npz", x=x)
     calls = [
         ["train", str(config), "--run-dir", str(run)],
-        ["validate", str(config)],
+        ["validate", str(config), "--build"],
         ["report", str(run)],
         ["compare", str(run)],
         ["export", str(run), str(tmp_path / "saved")],
@@ -233,7 +244,7 @@ def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path
     bare = subprocess.run([sys.executable, "-c", "import tensorflow as tf; tf.config.list_physical_devices()"],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
-    verbose = _multihead("validate", str(config), "--verbose", cwd=tmp_path)
+    verbose = _multihead("validate", str(config), "--build", "--verbose", cwd=tmp_path)
     assert verbose.returncode == 0, verbose.stderr
     assert set(CHATTER.findall(bare.stderr)) <= set(CHATTER.findall(verbose.stderr)), verbose.stderr
 
@@ -249,3 +260,14 @@ def test_compare_reads_json_and_imports_no_tensorflow(tmp_path):
     out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([["compare", str(run), "--json"]])],
                          capture_output=True, text=True, timeout=120, env=env, check=True)
     assert json.loads(out.stdout) == [[["compare", str(run), "--json"], 0, False]]
+
+
+def test_validate_without_build_stays_quiet_when_a_config_rule_imports_tensorflow(tmp_path):
+    # An aggregated trunk's method is checked against the aggregation classes, which import
+    # TensorFlow on the way: its start-up lines are dropped as a --build would drop them.
+    config = tmp_path / "agg.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "trunk": {"aggregator": "mgda"}}}))
+    out = _multihead("validate", str(config), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert not CHATTER.findall(out.stdout + out.stderr), out.stderr
+    assert out.stderr == "" and "were not built" in out.stdout

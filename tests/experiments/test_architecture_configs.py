@@ -32,7 +32,7 @@ def test_each_architecture_config_validates_and_builds_its_model(name, capsys):
         pytest.importorskip("sklearn")
     config = os.path.join(CONFIGS, f"{name}.yaml")
     kind = yaml.safe_load(open(config))["data"]["kind"]
-    assert main(["validate", config] + SMALL_DATA[kind]) == 0
+    assert main(["validate", config, "--build"] + SMALL_DATA[kind]) == 0
     assert f"{config}: ok" in capsys.readouterr().out
 
 

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import pathlib
 import re
 
 import numpy as np
@@ -192,7 +193,8 @@ def test_bad_callback_config_exits_2_with_one_line_and_writes_nothing(tmp_path, 
                                                                      override, message):
     config = _write(tmp_path, BASE)
     run_dir = tmp_path / "run"
-    args = [command, config, "--set", override] + (["--run-dir", str(run_dir)] if command == "train" else [])
+    args = [command, config, "--set", override] + (["--run-dir", str(run_dir)] if command == "train"
+                                                    else ["--build"])
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("multihead: error: ") and len(err.splitlines()) == 1
@@ -358,8 +360,10 @@ def head_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("heads")
     config = _write(tmp, _raw(*HEAD_STOP))
     full = str(tmp / "full")
-    with contextlib.redirect_stderr(io.StringIO()) as err:
+    with contextlib.redirect_stderr(io.StringIO()) as err, \
+            contextlib.redirect_stdout(io.StringIO()) as out:
         assert main(["train", config, "--run-dir", full]) == 0
+    (tmp / "full.stdout").write_text(out.getvalue())
     metrics = _run_json(full, "metrics.json")
     first = min(w["stopped_step"] for w in metrics["head_early_stopping"].values()
                 if w["stopped_step"] is not None)
@@ -424,6 +428,92 @@ def test_each_heads_best_checkpoint_restores_its_best_eval_exactly(head_runs):
         assert run.checkpoint == os.path.join(full, record["path"])
         evaluated = run.trainer.evaluate(data.eval, batch_size=64)
         assert evaluated[head]["loss"] == record["value"]
+
+
+def _best_rows(text):
+    """{head: cells} of the per-head bests table in a summary's text."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("per head: the best"))
+    rows = {}
+    for line in lines[start + 2:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != 7:
+            break
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_every_summary_shows_each_heads_best_freeze_and_checkpoint(head_runs, capsys):
+    """The end table, `report` and `compare` show per head the best evaluation (equal to the
+    best of its eval history and to its best checkpoint's record), when it froze, and where
+    its best checkpoint is; a head whose final weights are not its best is named."""
+    from multihead.experiments.results.compare import compare
+    from multihead.monitoring.report import format_report, load_report, report_to_dict
+
+    _, full, _, _ = head_runs
+    metrics = _run_json(full, "metrics.json")
+    expected = {}
+    for head in ("y1", "y2"):
+        stop, best = metrics["head_early_stopping"][head], metrics["head_best_checkpoints"][head]
+        history = dict(_eval_history(full, f"loss/{head}"))
+        step = min(history, key=history.get)
+        assert best["step"] == step and best["value"] == pytest.approx(history[step], rel=1e-6)
+        expected[head] = (stop["best_value"], stop["best_step"], stop["stopped_step"],
+                          metrics["eval"][head]["loss"], best["path"])
+    behind = [h for h, (value, _, _, final, _) in expected.items() if final != value]
+    assert behind, "the run was expected to end away from a head's best"
+
+    texts = {"end table": (pathlib.Path(full).parent / "full.stdout").read_text(),
+             "report": format_report(load_report(full)),
+             "compare": compare([full]).format()}
+    for where, text in texts.items():
+        rows = _best_rows(text)
+        assert set(rows) == {"y1", "y2"}, where
+        for head, (value, step, frozen, final, path) in expected.items():
+            _, monitor, shown, at, frozen_at, shown_final, checkpoint = rows[head]
+            assert monitor == f"eval/{head}/loss" and checkpoint == path, where
+            assert float(shown) == pytest.approx(value, rel=1e-3) and int(at) == step, where
+            assert frozen_at == (str(frozen) if frozen is not None else "no"), where
+            assert float(shown_final) == pytest.approx(final, rel=1e-3), where
+        assert f"the final model is not the best for: {', '.join(behind)}" in text, where
+    as_json = {"report": report_to_dict(load_report(full))["head_bests"],
+               "compare": compare([full]).to_dict()["runs"][0]["head_bests"]}
+    for where, bests in as_json.items():
+        for head, (value, step, frozen, final, path) in expected.items():
+            assert (bests[head]["best_value"], bests[head]["best_step"], bests[head]["frozen_step"],
+                    bests[head]["final_value"], bests[head]["checkpoint"]) == \
+                (value, step, frozen, final, path), where
+            assert bests[head]["final_is_best"] == (head not in behind), where
+
+
+def test_restore_heads_ends_with_each_heads_layers_from_its_best_and_the_final_trunk(
+        head_runs, tmp_path):
+    config, full, _, _ = head_runs
+    restored = str(tmp_path / "restored")
+    assert main(["train", config, "--run-dir", restored, "--quiet",
+                 "--set", "callbacks.best_checkpoint={per_head: true, restore_heads: true}"]) == 0
+    metrics = _run_json(restored, "metrics.json")
+    paths = {h: b["path"] for h, b in _run_json(full, "metrics.json")["head_best_checkpoints"].items()}
+    assert metrics["restored_heads"] == paths
+    model = mh.load_run(restored).model
+    same_trunk = mh.load_run(full).model.trunk  # the same run without the restore
+    for a, b in zip(model.trunk.weights, same_trunk.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for head in ("y1", "y2"):
+        best = mh.load_run(full, best=head).model.heads[head]
+        for a, b in zip(model.heads[head].weights, best.weights, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # metrics.json's eval is the evaluation of the model the run ends with
+    run = mh.load_run(restored, trainer=True)
+    data = tasks.prepare(load_config(config)).data
+    assert run.trainer.evaluate(data.eval, batch_size=64) == metrics["eval"]
+
+
+def test_restore_heads_needs_per_head(tmp_path, capsys):
+    config = _write(tmp_path, _raw(*HEAD_STOP[:-2], "train.eval_every=10",
+                                   "callbacks.best_checkpoint={restore_heads: true}"))
+    assert main(["validate", config]) == 2
+    assert "callbacks.best_checkpoint.restore_heads: needs per_head: true" in capsys.readouterr().err
 
 
 def test_export_head_best_uses_that_heads_best_checkpoint(head_runs, tmp_path, capsys):

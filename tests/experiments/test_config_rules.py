@@ -30,7 +30,7 @@ train: {steps: 2, batch_size: 8}
 def _validate(tmp_path, capsys, text=BASE, sets=(), extra=()):
     path = tmp_path / "exp.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    args = ["validate", str(path)] + [f"--set={s}" for s in sets] + list(extra)
+    args = ["validate", str(path), "--build"] + [f"--set={s}" for s in sets] + list(extra)
     code = main(args)
     out = capsys.readouterr()
     return code, out.err

@@ -203,7 +203,7 @@ def test_bad_edges_exit_2_in_one_line_and_write_nothing(tmp_path, capsys, comman
     ]
     for data, model, words in cases:
         config = _config(tmp_path, data, **model)
-        extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else []
+        extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else ["--build"]
         assert main([command, config, *extra]) == 2, words
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("multihead: error: ") and words in err, err

@@ -294,7 +294,7 @@ def test_data_kind_python_needs_allow_import_and_imports_nothing_without_it(
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(_config({"kind": "python", "function": f"{name}:arrays"},
                                              steps=2)))
-    extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else []
+    extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else ["--build"]
     assert main([command, str(config), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"data.function: '{name}:arrays' would import" in err
@@ -395,7 +395,7 @@ def test_a_misspelt_column_lists_the_files_columns_and_suggests_the_close_one(tm
     raw = _config({"kind": "csv", "train": str(tmp_path / "wine.csv")})
     raw["model"]["heads"] = {"alcohol": {}, "cultivar": {}}  # targets: the heads' own columns
     config.write_text(yaml.safe_dump(raw))
-    assert main(["validate", str(config), "--set", "data.features=[malic_acd,ash]"]) == 2
+    assert main(["validate", str(config), "--build", "--set", "data.features=[malic_acd,ash]"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "data.features: " in err and "no column 'malic_acd' (did you mean 'malic_acid'?)" in err

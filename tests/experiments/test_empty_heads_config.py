@@ -77,7 +77,7 @@ def test_a_head_with_nothing_to_learn_is_refused_by_validate_and_train(
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_config(tmp_path, **data)))
     capsys.readouterr()
-    assert main(["validate", str(path)]) == 2
+    assert main(["validate", str(path), "--build"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and line in err and "data.allow_empty_heads" in err, err
     run_dir = tmp_path / "run"

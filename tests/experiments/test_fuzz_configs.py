@@ -99,6 +99,8 @@ def _run(tmp_path, text: str | bytes, command: str = "validate", sets=()) -> tup
     args = [command, str(path), *[f"--set={s}" for s in sets]]
     if command == "train":
         args += ["--run-dir", str(tmp_path / "run"), "--quiet"]
+    else:  # everything train runs before its first step
+        args.append("--build")
     err, out = io.StringIO(), io.StringIO()
     # train: the CPU bound is the hang detector; the wall bound only catches a blocked wait
     with _time_limit(CASE_LIMIT_S if command == "validate" else 30 * CASE_LIMIT_S,
@@ -351,7 +353,7 @@ def test_the_shipped_configs_validate():
     assert len(SHIPPED) >= 10
     for path in SHIPPED:
         with contextlib.redirect_stdout(io.StringIO()):
-            assert main(["validate", path]) == 0, path
+            assert main(["validate", path, "--build"]) == 0, path
 
 
 def test_structure_mutations_are_all_refused(tmp_path):
@@ -443,7 +445,7 @@ def _check_overrides(tmp_path_factory, overrides) -> None:
     err, out = io.StringIO(), io.StringIO()
     with _time_limit(CASE_LIMIT_S, CPU_LIMIT_S), contextlib.redirect_stderr(err), \
             contextlib.redirect_stdout(out):
-        code = main(["validate", str(path), *[f"--set={s}" for s in sets]])
+        code = main(["validate", str(path), "--build", *[f"--set={s}" for s in sets]])
     assert code in (0, 2), err.getvalue()
     if code == 2:
         lines = err.getvalue().strip("\n").split("\n")

@@ -12,6 +12,7 @@ import yaml
 from test_tensorboard_server import _get, _tensorboard, _wait_until
 
 from multihead.cli.main import main
+from multihead.monitoring.report import read_scalars
 from multihead.experiments.config.schema import from_dict
 from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
 from multihead.experiments.sweep.sweep import Sweep, SweepObjective, new_index
@@ -90,15 +91,22 @@ def test_a_run_writes_its_session_and_final_metrics(tmp_path):
     run = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run), "--quiet", "--set", f"{LR}=0.05"]) == 0
     assert not list(run.glob("events.out.tfevents.*"))  # no run named "." in TensorBoard
-    session, scalars = None, {}
-    for events in (run / "train").glob("events.out.tfevents.*"):  # the session: the train run
+    session, scalars, others = None, {}, set()
+    # The session: a run of its own, with no run below it (its metrics would be theirs too).
+    assert [p.name for p in (run / "hparams").iterdir() if p.is_dir()] == []
+    for events in (run / "hparams").glob("events.out.tfevents.*"):
         for event in EventFileLoader(str(events)).Load():
             for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                if value.tag == metadata.SESSION_START_INFO_TAG:
                     session = metadata.parse_session_start_info_plugin_data(
                         value.metadata.plugin_data.content)
                 elif value.tag.startswith("final/"):
                     scalars[value.tag] = (event.step, float(tensor_util.make_ndarray(value.tensor)))
+                else:
+                    others.add(value.tag)
+    # Nothing else: the dashboard's metrics are the final evaluation, which TensorBoard sorts
+    # by name and checks the first five of (no diagnostic such as agg_cosine/... before them).
+    assert others == set()
     assert session.hparams[LR].number_value == 0.05
     assert session.hparams["model.heads.y2.optimizer"].string_value == "SGD"
     assert session.hparams["seed"].string_value == "0"  # an integer, not TensorBoard's "0.0000"
@@ -107,6 +115,34 @@ def test_a_run_writes_its_session_and_final_metrics(tmp_path):
     assert scalars.keys() == expected.keys()
     for tag, value in expected.items():
         assert scalars[tag][0] == metrics["steps"] and math.isclose(scalars[tag][1], value, rel_tol=1e-6)
+
+
+@pytest.mark.slow
+def test_over_several_runs_the_dashboard_lists_every_run_s_results_first(tmp_path):
+    """`tensorboard --logdir runs` over an aggregated run (whose train run writes agg_*
+    diagnostics, sorted before final/...) and a per-head run with other heads: the served
+    metrics are the final evaluations of both, and the hyperparameters of both."""
+    aggregated = {**TINY, "train": {**TINY["train"], "trunk": {"aggregator": "pcgrad"}}}
+    one_head = {**TINY, "model": {**TINY["model"], "heads": {"z": TINY["model"]["heads"]["y2"]}},
+                "data": {**TINY["data"], "tasks": ["z"]}}
+    for name, config in (("agg", aggregated), ("z", one_head)):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        assert main(["train", str(tmp_path / f"{name}.yaml"), "--run-dir",
+                     str(tmp_path / "runs" / name), "--quiet"]) == 0
+    assert any(t.startswith("agg_cosine/") for t in read_scalars(str(tmp_path / "runs/agg/train")))
+    finals = {**final_metrics(json.loads((tmp_path / "runs/agg/metrics.json").read_text())),
+              **final_metrics(json.loads((tmp_path / "runs/z/metrics.json").read_text()))}
+    with _tensorboard(tmp_path / "runs", tmp_path) as (port, proc, log):
+        experiment = _wait_until(port, proc, log, lambda: _post(port, "/data/plugin/hparams/experiment",
+                                                               {"experimentName": ""}),
+                                 lambda e: len(e.get("metricInfos", [])) == len(finals),
+                                 "both runs' metrics")
+    # TensorBoard's order (by name): the results of both runs, and nothing else
+    assert [m["name"]["tag"] for m in experiment["metricInfos"]] == sorted(finals)
+    # Every run's hyperparameters, the one that differs first (TensorBoard's inferred summary)
+    names = [h["name"] for h in experiment["hparamInfos"]]
+    assert {"train.trunk.aggregator", "model.heads.z.weight", "model.heads.y1.weight"} <= set(names)
+    assert names[0] == "train.trunk"
 
 
 @pytest.mark.slow
@@ -140,13 +176,13 @@ def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tm
                 "colParams": [{"hparam": LR}] + [{"metric": {"tag": t, "group": ""}} for t in sorted(tags)]}),
             lambda g: len(g.get("sessionGroups", [])) == 2, "two session groups")["sessionGroups"]
         served = {g["sessions"][0]["name"]: g for g in groups}
-        assert sorted(served) == ["trials/t000/train", "trials/t001/train"]
-        # The trials' sessions are their train runs; the sweep root holds the experiment
+        assert sorted(served) == ["trials/t000/hparams", "trials/t001/hparams"]
+        # The trials' sessions are their hparams runs; the sweep root holds the experiment
         # summary only (TensorBoard's convention), no scalars for the Scalars tab.
         assert set(_get(port, "/data/plugin/scalars/tags")) == {
-            f"trials/t00{i}/{run}" for i in (0, 1) for run in ("train", "eval")}
+            f"trials/t00{i}/{run}" for i in (0, 1) for run in ("train", "eval", "hparams")}
         for trial in sweep.index["trials"]:
-            group = served[f"{trial['run_dir']}/train"]
+            group = served[f"{trial['run_dir']}/hparams"]
             assert group["hparams"][LR] == trial["overrides"][LR]
             assert group["hparams"]["model.heads.y2.weight"] == 0.5
             values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}

@@ -125,11 +125,16 @@ def test_end_table_shows_every_metric_with_its_baseline(run):
     assert set(rows) == {("r", "loss"), ("r", "mean_absolute_error"), ("c", "loss"),
                          ("c", "accuracy")}
     for (head, name), cells in rows.items():
-        _, _, shown_eval, shown_train, batch, shown_base, ratio = cells
+        _, _, shown_eval, shown_train, batch, shown_base, versus = cells
         assert float(shown_eval) == pytest.approx(expected[head][name], rel=1e-3)
         assert float(shown_train) == pytest.approx(on_train[head][name], rel=1e-3)
         assert float(shown_base) == pytest.approx(baseline[head][name], rel=3e-3)
-        assert float(ratio) == pytest.approx(expected[head][name] / baseline[head][name], rel=5e-3)
+        # "better than the constant baseline by x%", whichever way the metric improves
+        value, base = expected[head][name], baseline[head][name]
+        better = 100 * ((value - base) if name == "accuracy" else (base - value)) / abs(base)
+        percent, word = versus.split("% ")
+        assert float(percent) == pytest.approx(better, abs=0.3)
+        assert word == ("better" if better >= 0 else "worse")
         assert (batch.endswith(f"@{STEPS}")) == (name == "loss")
 
 

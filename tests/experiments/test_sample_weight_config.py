@@ -73,6 +73,17 @@ def test_a_csv_weight_column_trains_via_the_cli_and_weights_the_eval_loss(tmp_pa
     # the head without weights keeps the plain mean
     error1 = pred["y1"].numpy()[:, 0] - y["y1"][:, 0]
     np.testing.assert_allclose(metrics["eval"]["y1"]["loss"], np.mean(error1 ** 2), rtol=1e-5)
+    # the constant baseline is weighted as the eval is: the weighted train mean, scored with
+    # the eval weights (the head without weights: the plain mean, plainly scored)
+    _, y_all, w_all = _arrays()
+    constant = np.average(y_all["y2"][:N // 2, 0], weights=w_all[:N // 2])
+    np.testing.assert_allclose(metrics["baseline"]["y2"]["loss"],
+                               np.sum(w * (y["y2"][:, 0] - constant) ** 2) / len(w), rtol=2e-3)
+    np.testing.assert_allclose(metrics["baseline"]["y2"]["mean_absolute_error"],
+                               np.sum(w * np.abs(y["y2"][:, 0] - constant)) / np.sum(w), rtol=2e-3)
+    plain = y_all["y1"][:N // 2, 0].mean()
+    np.testing.assert_allclose(metrics["baseline"]["y1"]["loss"],
+                               np.mean((y["y1"][:, 0] - plain) ** 2), rtol=2e-3)
 
 
 def test_an_npz_weight_array_trains_bitwise_as_fit_with_sample_weight(tmp_path):
@@ -93,7 +104,7 @@ def test_an_npz_weight_array_trains_bitwise_as_fit_with_sample_weight(tmp_path):
 def _bad(tmp_path, capsys, raw):
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(raw))
-    assert main(["validate", str(config)]) == 2
+    assert main(["validate", str(config), "--build"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "eval.csv", "eval.npz",

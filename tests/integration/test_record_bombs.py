@@ -111,7 +111,7 @@ def test_validate_and_train_refuse_a_data_file_declaring_2_44_bytes(tmp_path, co
         with open(data, "ab") as fh:
             fh.write(_header(BOMB) + b"\0" * 32)
     config = _tfrecord_config(tmp_path, data)
-    extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else []
+    extra = ["--run-dir", str(tmp_path / "run"), "--quiet"] if command == "train" else ["--build"]
     _refused(_run(["-m", "multihead", command, config, *extra]),
              "data.train", str(data), f"at byte {offset} declares {BOMB} bytes")
     assert not (tmp_path / "run").exists()

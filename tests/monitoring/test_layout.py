@@ -109,3 +109,39 @@ def test_the_layout_charts_exactly_the_scalar_tags_the_run_writes(case, tmp_path
     charted, written = _layout_and_written(str(tmp_path))
     assert written, "nothing written"
     assert charted == written, (sorted(written - charted), sorted(charted - written))
+
+
+def test_each_eval_metric_gets_a_chart_right_after_its_head_s_loss():
+    written = [tags.loss("a"), tags.trunk_grad_norm("a"), tags.loss("b")]
+    layout = custom_scalars_layout(["a", "b"], written, {"a": ["mean_absolute_error", "loss"],
+                                                         "b": ["accuracy"], "c": ["auc"]})
+    titles = {c.title: [chart.title for chart in c.chart] for c in layout.category}
+    assert titles == {
+        "a": ["a: loss (loss/a)", "a: eval mean_absolute_error (mean_absolute_error/a)",
+              "a: trunk gradient norm (grad_norm/a/trunk)"],
+        "b": ["b: loss (loss/b)", "b: eval accuracy (accuracy/b)"]}
+    sections = _sections(layout)
+    assert [r for r in sections["b"] if re.fullmatch(r, "accuracy/b")] == ["^accuracy/b$"]
+
+
+def test_a_run_charts_every_metric_its_evaluations_write(tmp_path):
+    """Read back from the event files: the layout's eval charts are exactly the eval run's
+    metric tags (`<metric>/<head>`, the loss aside), for the objectives' metrics."""
+    from conftest import make_batch, make_model
+
+    from multihead.monitoring.report import read_scalars
+
+    heads = ("a", "b")
+    metrics = {"a": ["mae", keras.metrics.RootMeanSquaredError()], "b": ["mse"]}
+    trainer = mh.Trainer(make_model(heads, seed=0),
+                         {h: mh.Objective("mse", "sgd", metrics=metrics[h]) for h in heads},
+                         log_dir=str(tmp_path), log_every=1, histograms_every=0)
+    batch = make_batch(heads, seed=1)
+    trainer.step(batch)
+    trainer.evaluate(batch)
+    trainer.close()
+    charted, written = _layout_and_written(str(tmp_path))
+    evaluated = set(read_scalars(os.path.join(tmp_path, "eval")))
+    expected = {"mean_absolute_error/a", "root_mean_squared_error/a", "mean_squared_error/b"}
+    assert evaluated - {"loss/a", "loss/b"} == expected  # Keras' names of the metrics given
+    assert charted - written == expected

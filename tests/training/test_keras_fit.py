@@ -61,12 +61,28 @@ def _compiled(seed: int = 0, **compile_args) -> mh.MultiHeadModel:
 
 
 @functools.lru_cache(maxsize=None)
-def _trainer_fit(steps: int, weight_a: float = 1.0) -> tuple[np.ndarray, ...]:
-    """The reference: the weights after `Trainer.fit` on the same batches, in order."""
+def _trainer_fit(steps: int, weight_a: float = 1.0, sample_weights=None) -> tuple[np.ndarray, ...]:
+    """The reference: the weights after `Trainer.fit` on the same batches, in order
+    (`sample_weights`: a key of `SAMPLE_WEIGHTS`, batches `(x, y, {head: weights})`)."""
     model = _model()
     trainer = mh.Trainer(model, _objectives(_optimizers(), {"a": weight_a}))
-    trainer.fit(mh.as_dataset(TRAIN, BATCH, shuffle=False), steps, verbose=False)
+    data = TRAIN if sample_weights is None else (*TRAIN, SAMPLE_WEIGHTS[sample_weights])
+    trainer.fit(mh.as_dataset(data, BATCH, shuffle=False), steps, verbose=False)
     return tuple(model.get_weights())
+
+
+_RNG = np.random.default_rng(3)
+#: Sample weights of TRAIN's rows: per head, for one head, and what class weights imply.
+SAMPLE_WEIGHTS = {
+    "both": {"a": _RNG.uniform(0, 2, 40).astype("float32"),
+             "b": _RNG.uniform(0, 2, 40).astype("float32")},
+    "b only": {"b": np.where(np.arange(40) % 3 == 0, 0.0, 1.5).astype("float32")},
+}
+CLASS_WEIGHT_B = {0: 0.5, 1: 2.0}  # class 2 unlisted: weight 1
+SAMPLE_WEIGHTS["class b"] = {"b": np.array([CLASS_WEIGHT_B.get(int(c), 1.0) for c in TRAIN[1]["b"]],
+                                           "float32")}
+SAMPLE_WEIGHTS["class b x both"] = {"a": SAMPLE_WEIGHTS["both"]["a"],
+                                    "b": SAMPLE_WEIGHTS["both"]["b"] * SAMPLE_WEIGHTS["class b"]["b"]}
 
 
 def _assert_same_weights(left, right) -> None:
@@ -241,6 +257,81 @@ def test_train_on_batch_is_one_trainer_step():
     _assert_same_weights(model.get_weights(), reference.model.get_weights())
 
 
+# -- sample and class weights ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fit_args, reference", [
+    ({"sample_weight": SAMPLE_WEIGHTS["both"]}, "both"),
+    ({"sample_weight": SAMPLE_WEIGHTS["b only"]}, "b only"),
+    ({"class_weight": {"b": CLASS_WEIGHT_B}}, "class b"),
+    ({"class_weight": {"b": CLASS_WEIGHT_B}, "sample_weight": SAMPLE_WEIGHTS["both"]},
+     "class b x both"),
+])
+def test_fit_with_weights_trains_as_trainer_fit_with_the_same_weights_bitwise(fit_args, reference):
+    model = _compiled()
+    model.fit(*TRAIN, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, **fit_args)
+    _assert_same_weights(model.get_weights(), _trainer_fit(steps=10, sample_weights=reference))
+    # The weights change the training: the same fit without them ends elsewhere.
+    assert not np.array_equal(model.get_weights()[-1], _trainer_fit(steps=10)[-1])
+
+
+def test_one_sample_weight_array_weighs_every_head_and_a_dataset_may_carry_them():
+    weights = SAMPLE_WEIGHTS["both"]["a"]
+    model = _compiled()
+    model.fit(*TRAIN, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, sample_weight=weights)
+    model_ds = _compiled()
+    dataset = tf.data.Dataset.from_tensor_slices((*TRAIN, {"a": weights, "b": weights})).batch(BATCH)
+    model_ds.fit(dataset, epochs=1, shuffle=False, verbose=0)
+    model_trainer = _model()
+    trainer = mh.Trainer(model_trainer, _objectives(_optimizers()))
+    trainer.fit(mh.as_dataset((*TRAIN, {"a": weights, "b": weights}), BATCH, shuffle=False), 5,
+                verbose=False)
+    _assert_same_weights(model.get_weights(), model_trainer.get_weights())
+    _assert_same_weights(model_ds.get_weights(), model_trainer.get_weights())
+
+
+def test_train_on_batch_and_evaluate_weigh_as_the_trainer_does():
+    weights = SAMPLE_WEIGHTS["both"]
+    model = _compiled()
+    x, y = TRAIN[0][:BATCH], {h: v[:BATCH] for h, v in TRAIN[1].items()}
+    w = {h: v[:BATCH] for h, v in weights.items()}
+    model.train_on_batch(x, y, sample_weight=w)
+    objectives = _objectives(_optimizers())
+    objectives["b"].metrics = ["accuracy"]
+    reference = mh.Trainer(_model(), objectives)
+    reference.step((x, y, w))
+    _assert_same_weights(model.get_weights(), reference.model.get_weights())
+    got = model.evaluate(*TRAIN, sample_weight=weights, batch_size=BATCH, return_dict=True)
+    expected = reference.evaluate(mh.as_dataset((*TRAIN, weights), BATCH, shuffle=False))
+    assert got == pytest.approx({"loss": expected["a"]["loss"] + expected["b"]["loss"],
+                                 **{f"{h}_{k}": v for h, r in expected.items() for k, v in r.items()}},
+                                rel=1e-12)
+    # Weighted accuracy against numpy: sum of the weights of the right rows / sum of weights.
+    right = model.predict(TRAIN[0], verbose=0)["b"].argmax(1) == TRAIN[1]["b"]
+    assert got["b_accuracy"] == pytest.approx(np.sum(weights["b"] * right) / np.sum(weights["b"]),
+                                              rel=1e-6)
+    # validation_data=(x, y, weights) reports what evaluate(sample_weight=...) gives.
+    history = model.fit(TRAIN[0][:BATCH], y, batch_size=BATCH, verbose=0,
+                        validation_data=(*TRAIN, weights))
+    got = model.evaluate(*TRAIN, sample_weight=weights, batch_size=BATCH, return_dict=True)
+    assert history.history["val_a_loss"][0] == pytest.approx(got["a_loss"], rel=1e-6)
+
+
+def test_a_one_head_model_takes_keras_plain_class_weight():
+    keras.utils.set_random_seed(0)
+    labels = TRAIN[1]["b"]
+
+    def trained(**fit_args):
+        keras.utils.set_random_seed(0)
+        model = mh.MultiHeadModel(keras.layers.Dense(4), {"y": keras.layers.Dense(3)})
+        model.compile(optimizer="sgd", loss=LOSSES["b"])
+        model.fit(TRAIN[0], labels, batch_size=BATCH, shuffle=False, verbose=0, **fit_args)
+        return model.get_weights()
+
+    _assert_same_weights(trained(class_weight=CLASS_WEIGHT_B),
+                         trained(sample_weight=SAMPLE_WEIGHTS["class b"]["b"]))
+
+
 def test_a_one_head_model_takes_one_optimizer_and_bare_labels():
     keras.utils.set_random_seed(0)
     model = mh.MultiHeadModel(keras.layers.Dense(4), {"y": keras.layers.Dense(1)})
@@ -302,14 +393,33 @@ def test_compile_refuses_what_has_no_per_head_meaning(compile_args, message):
 
 
 @pytest.mark.parametrize("fit_args, message", [
-    ({"sample_weight": np.ones(40, "float32")}, "fit(sample_weight=/class_weight=...)"),
-    ({"class_weight": {0: 1.0}}, "fit(sample_weight=/class_weight=...)"),
     ({"callbacks": [keras.callbacks.ReduceLROnPlateau()]}, "fit(callbacks[0]): ReduceLROnPlateau"),
     ({"callbacks": [keras.callbacks.TensorBoard(write_steps_per_second=True)]},
      "TensorBoard(write_steps_per_second=True)"),
     ({"y": TRAIN[1]["a"]}, "fit: y must be a dict head -> labels"),
 ])
 def test_fit_refuses_what_has_no_per_head_meaning(fit_args, message):
+    model = _compiled()
+    with pytest.raises(ValueError) as error:
+        model.fit(**{"x": TRAIN[0], "y": TRAIN[1], "batch_size": BATCH, "verbose": 0, **fit_args})
+    assert message in _one_line(error)
+
+
+@pytest.mark.parametrize("fit_args, message", [
+    ({"sample_weight": {"c": np.ones(40)}}, "fit(sample_weight=...) names head 'c', but the model's heads"),
+    ({"sample_weight": {"a": np.ones(39)}}, "fit(sample_weight=...)['a']: 39 weights for 40 examples"),
+    ({"sample_weight": np.ones((40, 2))}, "fit(sample_weight=...): shape (40, 2)"),
+    ({"sample_weight": {"b": np.r_[np.ones(39), -1.0]}}, "fit(sample_weight=...)['b']: -1.0 at row 39"),
+    ({"sample_weight": {"b": np.r_[np.nan, np.ones(39)]}}, "fit(sample_weight=...)['b']: nan at row 0"),
+    ({"class_weight": {"z": {0: 1.0}}}, "fit(class_weight=...) names head 'z'"),
+    ({"class_weight": {0: 1.0}}, "fit(class_weight=...) names head 0"),
+    ({"class_weight": {"b": {0: -2.0}}}, "fit(class_weight=...)['b'][0]: -2.0"),
+    ({"class_weight": {"b": {"x": 2.0}}}, "class 'x' is not an integer class index"),
+    ({"class_weight": {"a": {0: 2.0}}}, "is not a class index; class_weight is for classification"),
+    ({"x": tf.data.Dataset.from_tensor_slices(TRAIN).batch(8), "y": None,
+      "sample_weight": np.ones(40)}, "fit(sample_weight=/class_weight=...) takes array data"),
+])
+def test_wrong_weights_are_refused_with_one_line(fit_args, message):
     model = _compiled()
     with pytest.raises(ValueError) as error:
         model.fit(**{"x": TRAIN[0], "y": TRAIN[1], "batch_size": BATCH, "verbose": 0, **fit_args})

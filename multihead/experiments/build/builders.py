@@ -30,6 +30,7 @@ from multihead.training.callbacks import EarlyStopping, ReduceLROnPlateau
 from multihead.training.head_early_stopping import HeadEarlyStopping
 from multihead.datasets.multitask import MultiTaskData
 from multihead.training.keras_model import MultiHeadModel
+from multihead.model.standardize import Standardization, standardize_layer
 from multihead.model.taps import resolve_taps
 from multihead.step.options import options_of
 from multihead.objectives.objective import Objective, resolve_loss, resolve_metric, resolve_optimizer
@@ -131,9 +132,15 @@ def build_layer(spec: Any, path: str, dtype: str | None = None, output_dtype: st
         raise ConfigError(f"{path}: cannot build {name!r}: {str(err).splitlines()[0]}") from None
 
 
-def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
+def build_model(config: ExperimentConfig, input_shape: Any,
+                standardization: Standardization | Mapping[str, Standardization] | None = None,
+                ) -> MultiHeadModel:
     """The model of `config.model`, built for inputs of `input_shape`: `(None, ...)`, or a dict
     input name -> shape for named inputs (see `named_inputs_trunk`).
+
+    With `data.normalize`, `standardization` holds the training split's statistics (one
+    input's, or a dict input name -> those), applied by the model's `preprocess` layer before
+    the trunk (`multihead.model.standardize`).
 
     With `train.mixed_precision`, every layer computes in the mixed policy except each
     head's output layer, which computes in float32 (Keras' advice for a model's outputs:
@@ -158,8 +165,14 @@ def build_model(config: ExperimentConfig, input_shape: Any) -> MultiHeadModel:
         resolve_taps(trunk, config.model.taps, list(heads), where="model.taps")
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    preprocess = None
+    if config.task == "supervised" and config.data.normalize:
+        if standardization is None:  # a caller's bug, said as what is missing
+            raise ConfigError("data.normalize: the model needs the statistics of the training "
+                              "split (the run's inputs.json holds them)")
+        preprocess = standardize_layer(standardization)
     try:
-        model = MultiHeadModel(trunk, heads, taps=config.model.taps)
+        model = MultiHeadModel(trunk, heads, taps=config.model.taps, preprocess=preprocess)
         model.build(input_shape)
         model.partition  # noqa: B018 - validates the trunk/head partition now
     except (ValueError, TypeError, NotImplementedError) as err:  # NotImplementedError: no call()

@@ -39,6 +39,10 @@ class BestCheckpointConfig:
     min_delta: float = _field(0.0, minimum=0)
     per_head: bool = _field(False, doc="one best checkpoint per head, RUN_DIR/best/<head>/: the "
                                        "whole model at that head's best eval/<head>/loss")
+    restore_heads: bool = _field(
+        False, doc="with per_head: end the run with each head's own layers from its best "
+                   "checkpoint, the trunk as the run left it (metrics.json's eval is then of "
+                   "that model)")
 
 
 @dataclasses.dataclass

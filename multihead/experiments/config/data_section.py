@@ -25,6 +25,8 @@ DATA_KINDS = ("mmoe", "mixed", "npz", "csv", "tfrecord", "tfds", "python", "mult
 FILE_KINDS = ("npz", "csv", "tfrecord")
 #: Kinds whose examples are a table of named columns/arrays, read with features and targets.
 TABLE_KINDS = FILE_KINDS + ("tfds",)
+#: `data.normalize: standard`: per-feature (x - mean) / std of the training split.
+NORMALIZE_STANDARD = "standard"
 #: `data.on_nonfinite`: what a non-finite value in the data does.
 NONFINITE_POLICIES = ("error", "drop", "keep")
 
@@ -71,6 +73,11 @@ class DataConfig:
                                      "weights, listed in the run's config.yaml); default: x")
     targets: Any = _field(None, doc="head -> column/array name or list of them; a head not "
                                     "given reads the column/array of its own name")
+    normalize: Union[bool, str, None] = _field(
+        None, doc="standard (or true): standardize each input feature, (x - mean) / std with the "
+                  "mean and std of the training split only (a constant feature: scale 1, as "
+                  "sklearn's StandardScaler); stored with the run (inputs.json) and in the model, "
+                  "so predict, export, load_run and .keras files apply it (docs/data.md)")
     dtypes: dict[str, str] = _field({}, doc="csv/tfrecord: column or feature -> float32, float64, "
                                             "int32 or int64 (default float32)")
     shapes: dict[str, list[int]] = _field({}, doc="tfrecord: feature -> shape of one example "
@@ -136,6 +143,7 @@ def check_data(data: DataConfig, heads: list[str], subset: bool = False) -> None
         raise ConfigError(f"data.on_nan: {data.on_nan!r} differs from data.on_nonfinite "
                           f"{data.on_nonfinite!r}; on_nan is its former name: give only on_nonfinite")
     data.on_nonfinite = data.on_nan = data.on_nonfinite or data.on_nan or "error"
+    data.normalize = _normalize(data.normalize, data.per_head)
     _check_sampling(data, heads)
     if data.per_head:
         return
@@ -186,6 +194,21 @@ def check_data(data: DataConfig, heads: list[str], subset: bool = False) -> None
             raise ConfigError(f"data.targets: expected a mapping head -> column(s), got "
                               f"{describe(data.targets)}")
         _check_head_keys(data.targets, "data.targets", heads)  # other heads read their own name
+
+
+def _normalize(value: Any, per_head: Any) -> str | None:
+    """`data.normalize` as `"standard"` or None (`true` is `standard`, `false` none)."""
+    if value is True:
+        value = NORMALIZE_STANDARD
+    if value is False:
+        value = None
+    if value is not None:
+        check_choice(value, "data.normalize", (NORMALIZE_STANDARD,), error=ConfigError)
+        if per_head:
+            raise ConfigError("data.normalize: not supported with data.per_head (the heads share "
+                              "one input path but have their own training splits); standardize "
+                              "each head's data before, or use one dataset for all heads")
+    return value
 
 
 def _check_tasks(tasks: list[str], heads: list[str], subset: bool = False) -> None:
@@ -284,7 +307,7 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
         return
     defaults = DataConfig()
     for field in dataclasses.fields(DataConfig):
-        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label",
+        if field.name not in _SAMPLING_KEYS + ("on_nan", "on_nonfinite", "missing_label", "normalize",
                                                "allow_empty_heads") and \
                 getattr(data, field.name) != getattr(defaults, field.name):
             raise ConfigError(f"data.{field.name}: not used with data.per_head (each head's "
@@ -307,6 +330,10 @@ def _check_sampling(data: DataConfig, heads: list[str]) -> None:
             if "on_nan" not in raw and "on_nonfinite" not in raw:
                 raw = {"on_nonfinite": data.on_nonfinite, **raw}
         section = _build(DataConfig, raw, where)
+        if section.normalize not in (None, False):
+            raise ConfigError(f"{where}.normalize: not supported with data.per_head (the heads "
+                              "share one input path but have their own training splits); "
+                              "standardize each head's data before")
         if section.sample_weights:
             raise ConfigError(f"{where}.sample_weights: sample weights with one dataset per head "
                               "(data.per_head) are not supported; use one dataset for all heads")

@@ -16,13 +16,7 @@ import yaml
 
 from multihead._boundary import BoundaryError, read_text
 from multihead._checks import (
-    check_bounds,
-    check_choice,
-    check_float,
-    check_keys,
-    describe,
-    suggest,
-)
+    check_bounds, check_choice, check_float, check_keys, describe, suggest)
 from multihead.settings import (
     SettingError,
     check_affinity,
@@ -175,10 +169,9 @@ class DistributeConfig:
                                "workers named by the TF_CONFIG environment variable")
     devices: Union[list[str], None] = _field(
         None, doc="mirrored only, e.g. [/gpu:0, /gpu:1]; default: every GPU, else every CPU device")
-    timeout_s: Union[float, None] = _field(
-        600.0, minimum=1, doc="multi_worker only: a worker that waits longer than this for the "
-                              "others in one all-reduce, or hears no heartbeat, fails with one "
-                              "line; null: wait forever")
+    timeout_s: Union[float, None] = _field(600.0, minimum=1, doc=(
+        "multi_worker only: the longest wait for the other workers (start-up, one all-reduce, "
+        "heartbeats); past it the worker fails with one line; null: wait forever"))
 
 
 @dataclasses.dataclass
@@ -350,6 +343,8 @@ def _check_callbacks(config: ExperimentConfig) -> list[ReduceLROnPlateauConfig]:
         if section is not None and section.per_head:
             _check_per_head(section, f"callbacks.{name}")
         elif section is not None:
+            if getattr(section, "restore_heads", False):
+                raise ConfigError(f"callbacks.{name}.restore_heads: needs per_head: true")
             section.monitor = _check_monitor(config, section.monitor, section.mode,
                                              f"callbacks.{name}.monitor")
     if callbacks.early_stopping is not None and callbacks.early_stopping.restore_best is None:

@@ -44,6 +44,7 @@ from multihead.experiments.config.yaml12 import MAX_BYTES
 from multihead.experiments.results.figures import legend_below
 from multihead.experiments.results.labels import group_labels
 from multihead.experiments.results.pareto import ParetoFront, front_of, pareto_figure
+from multihead.monitoring.head_bests import HeadBest, format_head_bests, head_bests
 from multihead.monitoring.metric_key import metric_direction
 
 #: Hyperparameters that only reseed a run: runs differing only in these are one group.
@@ -153,6 +154,8 @@ class RunResult:
         final: {head: {metric: value}} of the final evaluation (`metrics.json` `eval`).
         best: {head: {metric: value}}, the best of the run's evaluations per metric direction.
         curves: {head: {metric: [(step, value), ...]}} of the run's evaluations.
+        head_bests: with per-head early stopping or best checkpoints, head -> its best
+            evaluation, freeze and best checkpoint (`multihead.monitoring.head_bests`).
     """
 
     run_dir: str
@@ -160,6 +163,7 @@ class RunResult:
     final: dict[str, dict[str, float]]
     best: dict[str, dict[str, float]]
     curves: dict[str, dict[str, list[tuple[int, float]]]]
+    head_bests: dict[str, HeadBest] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +217,9 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `multihead compare --json` prints)."""
         return {
-            "runs": [{"run_dir": r.run_dir, "final": r.final, "best": r.best} for r in self.runs],
+            "runs": [{"run_dir": r.run_dir, "final": r.final, "best": r.best,
+                      "head_bests": {h: b.to_dict() for h, b in r.head_bests.items()}}
+                     for r in self.runs],
             "groups": [{k: v for k, v in dataclasses.asdict(g).items()} for g in self.groups],
             "baseline": self.baseline,
             "skipped": self.skipped,
@@ -261,6 +267,10 @@ class Comparison:
                 f"{run.final[h][m]:.4g} [{run.best.get(h, {}).get(m, math.nan):.4g}]"
                 if m in run.final.get(h, {}) else "-" for h, m in _pairs(r.final for r in self.runs)])
         lines += _table(table)
+        for run in self.runs:
+            if run.head_bests:
+                lines += [line if line else f"run {run.run_dir}:"
+                          for line in format_head_bests(run.head_bests)]
         lines.append("")
         lines.append("groups (mean ± std over seeds):")
         pairs = _pairs(g.mean for g in self.groups)
@@ -352,7 +362,7 @@ def load_result(run_dir: str, directions: Mapping[str, str] | None = None) -> Ru
             seen = [v for _, v in curves.get(head, {}).get(metric, [])] or [value]
             pick = max if direction(metric, directions) == "max" else min
             best.setdefault(head, {})[metric] = pick(seen)
-    return RunResult(run_dir, _flat(config), final, best, curves)
+    return RunResult(run_dir, _flat(config), final, best, curves, head_bests(metrics))
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

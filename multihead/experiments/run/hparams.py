@@ -1,9 +1,9 @@
 """A run's hyperparameters and final metrics for TensorBoard's HParams dashboard.
 
-Every `multihead train` run writes, at its end, one HParams session into its train run
-(`<run_dir>/train`, TensorBoard's convention: a session is a run, and its metrics are
-that run's scalars; an event file at the run directory itself would show as a run
-named `.`):
+Every `multihead train` run writes, at its end, one HParams session into a run of its
+own, `<run_dir>/hparams` (TensorBoard's convention: a session is a run, and its metrics
+are the scalars of that run and of the runs below it; an event file at the run directory
+itself would show as a run named `.`):
 
 - the hyperparameters, named by their config key path: `seed`, `task`, `model.trunk`
   (the architecture, as compact YAML), `train.schedule`, `train.steps` (or `train.epochs`),
@@ -15,6 +15,15 @@ named `.`):
   that differ across a sweep are always there);
 - the final evaluation of `metrics.json` as scalars `final/<head>/<metric>` and
   `final/mean_loss` (the mean of the heads' losses), at the run's last step.
+
+Results first: the session's run holds nothing but those scalars, so the dashboard's metrics
+are the final evaluation only, and TensorBoard checks the first five of them by default. In
+the train run, the session's metrics were every diagnostic the run logs, which TensorBoard
+sorts by name (`agg_cosine/...` before `final/...`) and of which it checks the first five.
+The order is not set by an experiment summary (`hp.hparams_config`) per run because
+TensorBoard reads one such summary per log directory: over `--logdir runs` it would show
+one run's hyperparameters and heads as the columns of all. The diagnostics stay in the
+Scalars and Custom Scalars tabs, where they are curves.
 
 A seed (`seed`, any `*.seed`) is logged as its decimal string: TensorBoard prints a number
 to 5 significant digits (seed 1 as `1.0000`, 123456 as `1.2346e+5`), and a seed is an
@@ -47,8 +56,8 @@ if TYPE_CHECKING:  # annotation only
 
 HParamValue = bool | int | float | str
 
-#: The run a session is written to: the train run (`Monitor` writes `<log_dir>/train`).
-TRAIN_RUN = "train"
+#: The run a session is written to: its own, beside `train` and `eval` (see the docstring).
+SESSION_RUN = "hparams"
 
 
 def _scalar(value: Any) -> HParamValue:
@@ -146,13 +155,13 @@ def final_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def write_run_hparams(run_dir: str, config: ExperimentConfig, metrics: Mapping[str, Any],
                       overrides: Sequence[str] = ()) -> None:
-    """Writes the run's HParams session and final metrics into its train run, `<run_dir>/train`
-    (see the module docstring)."""
+    """Writes the run's HParams session and final metrics into its session run,
+    `<run_dir>/hparams` (see the module docstring)."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 
     values = run_hparams(config, overrides)
-    writer = tf.summary.create_file_writer(os.path.join(run_dir, TRAIN_RUN))
+    writer = tf.summary.create_file_writer(os.path.join(run_dir, SESSION_RUN))
     try:
         with writer.as_default(step=int(metrics.get("steps") or 0)):
             hp.hparams(values, trial_id=os.path.basename(os.path.normpath(run_dir)))

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 
-from multihead._boundary import BoundaryError, inside, read_json, read_text
+from multihead._boundary import BoundaryError, inside, read_text
 from multihead.training.keras_model import MultiHeadModel
 from multihead.training.trainer import Trainer
 from multihead.experiments.build.builders import build_model, build_objectives, build_trainer, build_trunk
@@ -31,7 +31,11 @@ from multihead.experiments.config.schema import (
     objective_configs,
     parse_yaml,
 )
-from multihead.experiments.run.supervised import INPUTS_FILE
+from multihead.experiments.run.inputs_record import (
+    INPUTS_FILE,
+    run_input_shape,
+    run_standardization,
+)
 from multihead.experiments.config.yaml12 import MAX_BYTES
 
 
@@ -55,42 +59,19 @@ class LoadedRun:
     trainer: Trainer | None = None
 
 
-def run_input_shape(run_dir: str, config: ExperimentConfig | None = None) -> Any:
-    """The model input shape of a run, from its `inputs.json` (the run's data is never read
-    or built again: a config's data source may be code).
-
-    Args:
-        run_dir: the run directory.
-        config: unused; kept so existing callers keep working.
+def build_run_model(config: ExperimentConfig, run_dir: str) -> MultiHeadModel:
+    """A supervised run's model, unrestored, from its config and `inputs.json` (input shape and,
+    with `data.normalize`, the training split's statistics).
 
     Raises:
-        ConfigError: `inputs.json` is missing, not a regular file in the run, or not a
-            shape record (one line naming the file).
+        ConfigError: the run records no statistics while its config normalizes.
     """
-    path = os.path.join(run_dir, INPUTS_FILE)
-    if not os.path.lexists(path):
-        raise ConfigError(f"{path}: missing; the run's input shape is read from it (runs written "
-                          "by `multihead train` have it): copy it from the run that wrote the "
-                          "checkpoints")
-    try:
-        tree = read_json(run_dir, INPUTS_FILE, limit=1 << 20)
-        if "shape" in tree and not isinstance(tree["shape"], dict):
-            return _shape(tree, path)
-        if not tree:
-            raise BoundaryError(f"{path}: holds no input")
-        return {str(name): _shape(spec, f"{path}: {name}") for name, spec in tree.items()}
-    except BoundaryError as err:
-        raise ConfigError(str(err)) from None
-
-
-def _shape(spec: Any, where: str) -> tuple[int | None, ...]:
-    shape = spec.get("shape") if isinstance(spec, dict) else None
-    if not isinstance(shape, list) or not shape or len(shape) > 16 or any(
-            d is not None and (isinstance(d, bool) or not isinstance(d, int) or not 0 < d < 2**31)
-            for d in shape):
-        raise BoundaryError(f"{where}: shape must be a list [null, d1, ...] of positive "
-                            f"dimensions, got {shape!r}")
-    return tuple(shape)
+    standardization = run_standardization(run_dir)
+    if config.data.normalize and standardization is None:
+        raise ConfigError(f"{os.path.join(run_dir, INPUTS_FILE)}: holds no normalize statistics, "
+                          "but the run's config has data.normalize; copy inputs.json from the "
+                          "run that wrote the checkpoints")
+    return build_model(config, run_input_shape(run_dir), standardization)
 
 
 def read_run_config(run_dir: str, allow_import: Sequence[str] = ()) -> ExperimentConfig:
@@ -253,7 +234,7 @@ def load_run(run_dir: str | os.PathLike[str], checkpoint: str | None = None,
                               "not both")
         checkpoint = best_checkpoint_name(config, best)
     path = run_checkpoint(run_dir, checkpoint)
-    model = build_model(config, run_input_shape(run_dir))
+    model = build_run_model(config, run_dir)
     built = None
     if trainer:
         built = build_trainer(config, model, build_objectives(config), run_dir=None,

@@ -30,7 +30,7 @@ RESUMABLE_CHANGES = ("train.steps", "train.epochs", "checkpoint.every", "checkpo
                      "distribute.strategy", "distribute.devices")
 
 #: The folders of a run directory, each the run's own (never a symlink).
-RUN_FOLDERS = ("checkpoints", "train", "eval", "best")
+RUN_FOLDERS = ("checkpoints", "train", "eval", "best", "hparams")
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

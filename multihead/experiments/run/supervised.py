@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Any, ClassVar, Sequence
@@ -30,18 +29,18 @@ from multihead.experiments.build.data_sources import input_spec
 from multihead.experiments.run.dry_run import dry_run
 from multihead.experiments.run.guard import RunInterrupted, stop_if_interrupted
 from multihead.experiments.run.history import HistoryError, RunHistory
+from multihead.experiments.run.inputs_record import (
+    check_same_standardization,
+    input_standardization,
+    write_inputs,
+)
 from multihead.training.callbacks import Callback, EarlyStopping
 from multihead.datasets.multitask import MultiTaskData
-from multihead._boundary import write_atomic
 from multihead.step.distribute import scope
 from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import Objective, resolve_metric
 from multihead.training.sampling import TaskSampling
 from multihead.training.streams import batches_per_epoch
-
-
-#: Where a run records its model's input (written before training starts).
-INPUTS_FILE = "inputs.json"
 
 
 @dataclasses.dataclass
@@ -52,6 +51,7 @@ class SupervisedRunner:
     objectives: dict[str, Objective]
     trunk: Any = "per_head"
     strategy: Any = None
+    standardization: Any = None
     resumable: ClassVar[bool] = True
 
     def check(self) -> None:
@@ -62,7 +62,8 @@ class SupervisedRunner:
             dry_run(self)
 
     def _baselines(self, trainer: Any) -> dict[str, dict[str, float]]:
-        """Each head's constant-predictor metrics on the eval data (`metrics.json` `baseline`)."""
+        """Each head's constant-predictor metrics on the eval data (`metrics.json` `baseline`),
+        weighted as its evaluation is when it has sample weights."""
         baselines = {}
         for head, objective in self.objectives.items():
             data = self.data[head] if isinstance(self.data, dict) else self.data
@@ -70,7 +71,8 @@ class SupervisedRunner:
             output = prediction_fn(self.model, head, objective)(self.model(first), first)
             baselines[head] = constant_baseline_metrics(
                 trainer.loss_fns[head], head, data.y_train[head], data.y_eval[head],
-                tuple(output.shape[1:]), [resolve_metric(m, head, objective.loss) for m in objective.metrics])
+                tuple(output.shape[1:]), [resolve_metric(m, head, objective.loss) for m in objective.metrics],
+                w_train=data.w_train.get(head), w_eval=data.w_eval.get(head))
         return baselines
 
     def run(self, run_dir: str, verbose: bool = True, resume: bool = False,
@@ -80,7 +82,9 @@ class SupervisedRunner:
         the run with a checkpoint of the last step done and `RunInterrupted`."""
         cfg = self.config
         if not resume:
-            write_inputs(run_dir, self.data)
+            write_inputs(run_dir, self.data, self.standardization)
+        elif self.standardization is not None:
+            check_same_standardization(run_dir, self.standardization)
         trainer = build_trainer(cfg, self.model, self.objectives, run_dir, trunk=self.trunk,
                                 strategy=self.strategy, write_config=not resume)
         checkpoints = CheckpointManager(os.path.join(run_dir, "checkpoints"), self.model, trainer,
@@ -101,6 +105,7 @@ class SupervisedRunner:
         except HistoryError as err:
             raise ConfigError(f"--resume: {err}") from None
         remaining = total - trainer.global_step
+        restored_heads: dict[str, str] = {}
         # A fresh run of train.epochs trains them as fit(epochs=...), whose progress line
         # counts epochs; a resumed one trains the remaining steps.
         length = {"epochs": cfg.train.epochs} if cfg.train.epochs and not trainer.global_step \
@@ -119,6 +124,9 @@ class SupervisedRunner:
                 trainer.close()
                 raise
             final_eval = _final_eval(history.evals, callbacks.early_stopping)
+            if cfg.callbacks.best_checkpoint is not None and cfg.callbacks.best_checkpoint.restore_heads:
+                restored_heads = _restore_head_bests(self.model, self.objectives, callbacks, run_dir)
+                final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size, log=False)
         else:
             final_eval = trainer.evaluate(eval_data, batch_size=cfg.train.batch_size)
         _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
@@ -147,6 +155,7 @@ class SupervisedRunner:
             "stopped": ({"reason": trainer.stop_reason, "step": trainer.global_step}
                         if trainer.stop_reason is not None else None),
             **_callback_metrics(callbacks, run_dir),
+            **({"restored_heads": restored_heads} if restored_heads else {}),
         }
 
 
@@ -221,22 +230,6 @@ def _sampling(config: ExperimentConfig) -> TaskSampling:
                         weights=dict(data.sampling_weights) or None, seed=config.seed)
 
 
-def write_inputs(run_dir: str, data: MultiTaskData | dict[str, MultiTaskData]) -> None:
-    """`RUN_DIR/inputs.json`: the model's input, so a finished run is rebuilt (load_run, export,
-    predict) without reading its data again: `{"shape": [null, ...], "dtype": ...}` or a mapping
-    input name -> that."""
-    def spec(a: Any) -> dict[str, Any]:
-        return {"shape": [None] + [int(d) for d in a.shape[1:]], "dtype": str(a.dtype)}
-
-    if isinstance(data, dict):  # every head's input has the same layout (input_spec checks)
-        data = next(iter(data.values()))
-    x = _tree(data.x_train)
-    tree = {k: spec(v) for k, v in x.items()} if isinstance(x, dict) else spec(x)
-    os.makedirs(run_dir, exist_ok=True)
-    # Atomic: a full disk leaves no inputs.json rather than an empty one.
-    write_atomic(os.path.join(run_dir, INPUTS_FILE), json.dumps(tree, indent=2))
-
-
 def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
                 early_stopping: EarlyStopping | None) -> dict[str, dict[str, float]]:
     """The evaluation of the weights the run ends with: the last one, or that of the best
@@ -245,6 +238,24 @@ def _final_eval(evals: list[tuple[int, dict[str, dict[str, float]]]],
             early_stopping.best_step is not None:
         return dict(evals)[early_stopping.best_step]
     return evals[-1][1]
+
+
+def _restore_head_bests(model: Any, objectives: Any, callbacks: RunCallbacks,
+                        run_dir: str) -> dict[str, str]:
+    """Each objective's own heads from its best checkpoint; the trunk stays as the run left
+    it. The trunk cannot be at every head's best step at once; the one the run ends with is
+    the trunk the heads that trained longest were last evaluated with, and a head frozen
+    earlier sent it no gradient since. -> objective -> the checkpoint it came from."""
+    from multihead.io.checkpoints import restore_checkpoint
+
+    restored = {}
+    for name, best in callbacks.head_best.items():
+        if best.path is None:
+            continue
+        reads = [name] if name in model.heads else getattr(objectives[name], "reads", None) or []
+        restore_checkpoint(best.path, model, parts=[f"heads/{h}" for h in reads if h in model.heads])
+        restored[name] = os.path.relpath(best.path, run_dir)
+    return restored
 
 
 def _callback_metrics(callbacks: RunCallbacks, run_dir: str) -> dict[str, Any]:
@@ -308,9 +319,10 @@ def prepare(config: ExperimentConfig) -> SupervisedRunner:
     strategy = build_strategy(config)  # first: a multi-worker strategy precedes any TF work
     keras.utils.set_random_seed(config.seed)
     data = build_data(config)
+    standardization = input_standardization(config, data)
     with scope(strategy):  # mirrored variables
-        model = build_model(config, input_spec(data))
+        model = build_model(config, input_spec(data), standardization)
     objectives = build_objectives(config)
     build_callbacks(config, best_dir=None)  # a head's learning-rate schedule fails here, not mid-run
     return SupervisedRunner(config, data, model, objectives, trunk=build_trunk(config),
-                            strategy=strategy)
+                            strategy=strategy, standardization=standardization)
