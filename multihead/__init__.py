@@ -66,6 +66,8 @@ _EXPORTS = {
     "Partition": "multihead.model.partition",
     "RunReport": "multihead.monitoring.report",
     "load_report": "multihead.monitoring.report",
+    "Grouping": "multihead.monitoring.groupings",
+    "task_groupings": "multihead.monitoring.groupings",
     "ReplayBuffer": "multihead.rl.replay",
     "TargetNetwork": "multihead.rl.target_network",
     "variable_addresses": "multihead.model.addresses",
@@ -170,6 +172,8 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.experiments.run.resume import RunInputError
     from multihead.experiments.results.compare import Comparison
     from multihead.experiments.results.compare import compare
+    from multihead.monitoring.groupings import Grouping
+    from multihead.monitoring.groupings import task_groupings
 
 
 def __getattr__(name: str) -> _Any:
@@ -195,6 +199,7 @@ __all__ = [
     "BufferedAggregator",
     "CoordinatewiseAggregator",
     "GramianWeighting",
+    "Grouping",
     "LOSS_WEIGHTINGS",
     "LossWeighting",
     "StateSpec",
@@ -263,5 +268,6 @@ __all__ = [
     "restore_checkpoint",
     "run_experiment",
     "save_checkpoint",
+    "task_groupings",
     "variable_addresses",
 ]

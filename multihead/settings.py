@@ -139,6 +139,29 @@ def check_strategy_limits(strategy: str | None, *, rep_grad: bool,
             "pcgrad or mgda, or train on one device"))
 
 
+def check_affinity(affinity_every: int, logging: bool, strategy: str | None,
+                   spell: Spelling) -> None:
+    """Inter-task affinities are written to TensorBoard by the step on one device.
+
+    Args:
+        affinity_every: the affinity cadence (0: off).
+        logging: whether TensorBoard logging is on.
+        strategy: how the message names the `tf.distribute` strategy, or None for one device.
+        spell: the spelling of the calling layer.
+    """
+    if not affinity_every:
+        return
+    if not logging:
+        raise SettingError("affinity_every", (
+            f"{spell.key('affinity_every')}: the affinities are written to TensorBoard, which "
+            f"is off ({spell.setting('log_dir', None)}); turn it on, or set "
+            f"{spell.setting('affinity_every', 0)}"))
+    if strategy is not None:
+        raise SettingError("affinity_every", (
+            f"{spell.key('affinity_every')}: inter-task affinity is not supported with "
+            f"{strategy} yet; set {spell.setting('affinity_every', 0)}, or train on one device"))
+
+
 def check_trunk_aggregation(schedule: str, heads: Mapping[str, tuple[bool, int]],
                             spell: Spelling) -> None:
     """What trunk aggregation needs of the schedule and the heads.

@@ -221,22 +221,59 @@ def cmd_report(args: argparse.Namespace) -> int:
         directory = os.path.dirname(os.path.abspath(args.png))
         if not os.path.isdir(directory):
             raise UsageError(f"--png {args.png!r}: directory {directory!r} does not exist")
+    if args.groups_config and args.groups is None:
+        raise UsageError("--groups-config FILE: give --groups N too (the groups it writes)")
     try:
         run = report.load_report(args.run_dir)
     except report.ReportError as err:
         raise UsageError(str(err)) from None
+    grouping = _groupings(args, run) if args.groups is not None else None
     if args.png:
         try:
             report.plot_report(run, args.png)
         except ImportError:
             raise UsageError("--png needs matplotlib: pip install 'multihead[plot]'") from None
     if args.json:
-        print(json.dumps(report.report_to_dict(run), indent=2))
+        tree = report.report_to_dict(run)
+        if grouping is not None:
+            from multihead.monitoring.groupings import grouping_to_dict
+
+            tree["groupings"] = grouping_to_dict(grouping)
+        print(json.dumps(tree, indent=2))
     else:
         print(report.format_report(run))
+        if grouping is not None:
+            from multihead.monitoring.groupings import format_grouping
+
+            print("\n" + format_grouping(grouping, args.groups))
         if args.png:
             print(f"wrote {args.png}")
+        if args.groups_config:
+            print(f"wrote {args.groups_config} (multihead sweep {args.groups_config}: one run per group)")
     return 0
+
+
+def _groupings(args: argparse.Namespace, run: Any) -> Any:
+    """`report --groups N`: the split of the run's heads with the largest total affinity;
+    with `--groups-config FILE`, written as a sweep of one run per group."""
+    from multihead.monitoring.groupings import task_groupings
+
+    if args.groups < 1:
+        raise UsageError(f"--groups {args.groups}: must be >= 1")
+    if not run.affinity:
+        raise UsageError(f"--groups: {args.run_dir!r} has no affinity/<i>/<j> scalars; train it "
+                         "with log.affinity_every: N (Trainer(affinity_every=N))")
+    grouping = task_groupings(run.affinity, args.groups)
+    if args.groups_config:
+        from multihead._boundary import BoundaryError
+        from multihead.experiments.results.groups import write_grouped_sweep
+
+        try:
+            write_grouped_sweep(args.run_dir, grouping, args.groups_config,
+                                f", from multihead report --groups {args.groups}")
+        except BoundaryError as err:
+            raise UsageError(f"--groups-config {args.groups_config!r}: {err}") from None
+    return grouping
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -302,8 +339,9 @@ def _add_commands(sub: Any) -> None:
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.add_argument("--resume", metavar="RUN_DIR",
                        help="continue RUN_DIR from its latest checkpoint (exactly, as if never stopped)")
-    train.add_argument("--only-head", metavar="HEAD",
-                       help="train HEAD alone (same trunk, data and optimizer): a single-task baseline")
+    train.add_argument("--only-head", metavar="HEAD[,HEAD...]",
+                       help="train HEAD alone (same trunk, data and optimizer): a single-task "
+                            "baseline; several heads: that group alone")
     # A sweep's trials: CONFIG lies in DIR, read through multihead._boundary (no symlink, no FIFO).
     train.add_argument("--config-inside", metavar="DIR", help=argparse.SUPPRESS)
     train.set_defaults(func=cmd_train)
@@ -337,8 +375,8 @@ def _add_commands(sub: Any) -> None:
     validate = _command(sub, "validate", False, help="check a config's rules; with --build, also "
                                                      "its data, model and a first step")
     with_config(validate)
-    validate.add_argument("--only-head", metavar="HEAD",
-                          help="check the single-task baseline train --only-head HEAD would train")
+    validate.add_argument("--only-head", metavar="HEAD[,HEAD...]",
+                          help="check the run train --only-head HEAD would train")
     validate.add_argument("--build", action="store_true",
                           help="also read the data, build the model and the objectives and run one "
                                "forward and backward pass, as train does before its first step")
@@ -352,6 +390,12 @@ def _add_commands(sub: Any) -> None:
     rep.add_argument("run_dir", help="a run directory (with train/ event files)")
     rep.add_argument("--json", action="store_true", help="print JSON instead of tables")
     rep.add_argument("--png", metavar="FILE", help="also draw loss, gradient-norm and conflict plots")
+    rep.add_argument("--groups", type=int, metavar="N",
+                     help="split the heads into at most N groups with the largest total "
+                          "inter-task affinity (needs log.affinity_every; docs/affinity.md)")
+    rep.add_argument("--groups-config", metavar="FILE",
+                     help="with --groups: write the run's config with a sweep of one run per "
+                          "group (multihead sweep FILE)")
     rep.set_defaults(func=cmd_report)
 
 
@@ -376,7 +420,7 @@ def _add_sweep_parser(sub: Any) -> None:
     sweep.add_argument("--simplex", type=int, metavar="N",
                        help="loss-weight preferences on the simplex over the heads, N per edge "
                             "(model.heads.<head>.weight, a zip axis: N trials for two heads)")
-    sweep.add_argument("--only-head", metavar="HEAD",
+    sweep.add_argument("--only-head", metavar="HEAD[,HEAD...]",
                        help="every trial trains HEAD alone, as train --only-head: single-task "
                             "baselines over seeds (e.g. --grid seed=0,1,2)")
     sweep.add_argument("--trials", type=int, metavar="N", help="random draws / Optuna trials (default 10)")

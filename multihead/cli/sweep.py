@@ -73,10 +73,11 @@ def _only_head(config_path: str, base: dict[str, Any], head: str,
     """`sweep --only-head HEAD`: the base config every trial runs is the single-task baseline
     of HEAD (`train --only-head`), so each trial trains HEAD alone."""
     from multihead.experiments.config.schema import from_dict, to_dict
-    from multihead.experiments.run.single_task import only_head
+    from multihead.experiments.run.single_task import head_list, only_heads
 
     config = from_dict(base, config_path, allow_import)
-    return to_dict(only_head(config, head, source=f"{config_path}: --only-head", allow_import=allow_import))
+    return to_dict(only_heads(config, head_list(head), source=f"{config_path}: --only-head",
+                              allow_import=allow_import))
 
 
 def _simplex_axes(spec: Any, heads: Sequence[str], per_edge: int) -> None:

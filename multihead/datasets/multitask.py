@@ -62,8 +62,15 @@ class MultiTaskData:
 
 
 def _task_weights(num_tasks: int, input_dim: int, correlation: float, scale: float,
-                  rng: np.random.Generator) -> np.ndarray:
-    gram = np.full((num_tasks, num_tasks), correlation) + (1.0 - correlation) * np.eye(num_tasks)
+                  rng: np.random.Generator, clusters: Sequence[Sequence[int]] | None = None,
+                  ) -> np.ndarray:
+    gram = np.full((num_tasks, num_tasks), correlation)
+    if clusters is not None:  # correlated within a cluster, orthogonal across
+        same = np.zeros((num_tasks, num_tasks), bool)
+        for members in clusters:
+            same[np.ix_(members, members)] = True
+        gram = np.where(same, gram, 0.0)
+    gram = gram + (1.0 - correlation) * np.eye(num_tasks)
     try:
         factor = np.linalg.cholesky(gram)
     except np.linalg.LinAlgError:  # correlation 1: singular but positive semi-definite
@@ -84,6 +91,7 @@ def mmoe_synthetic(
     noise_std: float = 0.1,
     classification: Sequence[str] = (),
     seed: int = 0,
+    clusters: Sequence[Sequence[str]] | None = None,
 ) -> MultiTaskData:
     """Generates the MMoE synthetic multi-task regression data (see module docstring).
 
@@ -99,6 +107,9 @@ def mmoe_synthetic(
         classification: task names whose label is binarised at the training
             median (the mixed classification + regression variant).
         seed: seed of the generator; equal seeds give equal data.
+        clusters: groups of task names, each task in one: `correlation` is then the cosine
+            of two tasks of one cluster, and tasks of different clusters are orthogonal
+            (cosine 0; their labels are independent). None: one cluster of every task.
 
     Returns:
         The train and eval splits.
@@ -112,9 +123,7 @@ def mmoe_synthetic(
     k = len(names)
     if k < 1 or len(set(names)) != k:
         raise ValueError(f"tasks must be a positive count or distinct names, got {tasks!r}")
-    lower = -1.0 / (k - 1) if k > 1 else -1.0
-    if not lower < correlation <= 1.0:
-        raise ValueError(f"correlation must be in ({lower:.4g}, 1] for {k} tasks, got {correlation}")
+    groups = _correlated_groups(clusters, names, correlation)
     if input_dim < k:
         raise ValueError(f"input_dim ({input_dim}) must be at least the number of tasks ({k})")
     train_size = check_int(train_size, "train_size", minimum=1)
@@ -124,7 +133,7 @@ def mmoe_synthetic(
         raise ValueError(f"classification names task {unknown[0]!r}, but the tasks are {names}")
 
     rng = np.random.default_rng(seed)
-    weights = _task_weights(k, input_dim, correlation, scale, rng)
+    weights = _task_weights(k, input_dim, correlation, scale, rng, groups)
     alpha = rng.standard_normal(num_sinusoids)
     beta = rng.standard_normal(num_sinusoids)
     x = rng.standard_normal((train_size + eval_size, input_dim))
@@ -148,6 +157,24 @@ def mmoe_synthetic(
         kinds=kinds,
         task_correlation=float(correlation),
     )
+
+
+def _correlated_groups(clusters: Sequence[Sequence[str]] | None, names: Sequence[str],
+                       correlation: float) -> list[list[int]]:
+    """The positions in `names` of each cluster's tasks (every task in exactly one cluster;
+    None: one cluster of all), checked against the range of `correlation`."""
+    groups = [list(range(len(names)))]
+    if clusters is not None:
+        seen = [t for cluster in clusters for t in cluster]
+        if sorted(seen) != sorted(names):
+            raise ValueError(f"clusters must hold every task once, got {list(map(list, clusters))} "
+                             f"for tasks {list(names)}")
+        groups = [[list(names).index(t) for t in cluster] for cluster in clusters if cluster]
+    size = max(len(g) for g in groups)
+    lower = -1.0 / (size - 1) if size > 1 else -1.0
+    if not lower < correlation <= 1.0:
+        raise ValueError(f"correlation must be in ({lower:.4g}, 1] for {size} tasks, got {correlation}")
+    return groups
 
 
 class DataPosition(tf.Module):

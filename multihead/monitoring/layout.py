@@ -12,7 +12,9 @@ first evaluation on):
   non-finite, due steps without a label, and its trunk-gradient cosine with each other head;
 * with an aggregated trunk (`TrunkPolicy`), a section `trunk aggregation`: the norm
   of the aggregated trunk gradient, each head's aggregation weight, loss weight and
-  trunk-gradient norm fed to the aggregator, each pair's cosine, PCGrad's projections.
+  trunk-gradient norm fed to the aggregator, each pair's cosine, PCGrad's projections;
+* with affinity logging, a section `inter-task affinity`: one chart per ordered pair
+  `i -> j` (`affinity/<i>/<j>`, see `multihead.step.affinity`).
 
 The same tag in the `eval` run (`loss/<head>`) is a second line, in the eval run's colour.
 
@@ -37,6 +39,9 @@ if TYPE_CHECKING:  # annotation only: the proto module is imported where the lay
 #: The title of the section of an aggregated trunk's tags.
 AGGREGATION_SECTION = "trunk aggregation"
 
+#: The title of the section of the inter-task affinities.
+AFFINITY_SECTION = "inter-task affinity"
+
 #: What a line is, by (kind, part) of its tag; the order is the charts' order in a section.
 _HEAD_CHARTS = (
     ((tags.LOSS, None), "loss"),
@@ -59,6 +64,7 @@ _AGGREGATION_CHARTS = (
     ((tags.AGG_COSINE, None), "trunk gradient cosine fed to the aggregator"),
     ((tags.AGG_PROJECTIONS, None), "PCGrad projections"),
 )
+_AFFINITY_CHARTS = (((tags.AFFINITY, None), "inter-task affinity"),)
 
 
 def _charts(chart_kinds: Sequence[tuple[tuple[str, str | None], str]],
@@ -71,7 +77,8 @@ def _charts(chart_kinds: Sequence[tuple[tuple[str, str | None], str]],
     for (kind, part), what in chart_kinds:
         for tag, p in parsed:
             if p.kind == kind and p.part == part and keep(p):
-                title = f"{', '.join(p.heads)}: {what} ({tag})" if p.heads else f"{what} ({tag})"
+                joined = (" -> " if kind == tags.AFFINITY else ", ").join(p.heads)  # directed
+                title = f"{joined}: {what} ({tag})" if p.heads else f"{what} ({tag})"
                 charts.append(layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(
                     tag=[f"^{re.escape(tag)}$"])))
     return charts
@@ -99,7 +106,8 @@ def custom_scalars_layout(heads: Sequence[str], written: Iterable[str],
 
     Returns:
         A `layout_pb2.Layout`: a section per head with at least one chart, then the
-        aggregation section when the run aggregates; one tag per chart.
+        aggregation section when the run aggregates, then the affinity section when it
+        logs affinities; one tag per chart.
     """
     from tensorboard.plugins.custom_scalar import layout_pb2
 
@@ -118,4 +126,7 @@ def custom_scalars_layout(heads: Sequence[str], written: Iterable[str],
     aggregation = _charts(_AGGREGATION_CHARTS, parsed, lambda p: True)
     if aggregation:
         categories.append(layout_pb2.Category(title=AGGREGATION_SECTION, chart=aggregation))
+    affinity = _charts(_AFFINITY_CHARTS, parsed, lambda p: True)
+    if affinity:
+        categories.append(layout_pb2.Category(title=AFFINITY_SECTION, chart=affinity))
     return layout_pb2.Layout(category=categories)

@@ -26,6 +26,8 @@ section per head, one chart per tag: see `multihead.monitoring.layout`):
   on the step's batch (expert utilisation), the mean entropy of its gate weights,
   and their histogram (at the histogram cadence); computed at the parameters the
   step starts from (`Monitor.gates`).
+* `affinity/<i>/<j>`: with `affinity_every`, the inter-task affinity of head i onto head j
+  (Fifty et al. 2021), computed by the step before its updates (`Monitor.affinity`).
 * `config` (text, step 0): the resolved experiment config, via `write_config`.
 * `trunk_blocks` (text, step 0): with trunk taps, the trunk blocks each head trains
   (`multihead.model.taps.blocks_table`), written by the `Trainer`.
@@ -64,8 +66,9 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from multihead import _keras_internals as internals
-from multihead._checks import check_choice, check_int
+from multihead._checks import check_choice
 from multihead.monitoring import tags
+from multihead.monitoring.cadence import Cadence
 from multihead.monitoring.gradient_stats import (
     _dense,
     clipped_gradients,
@@ -156,6 +159,9 @@ class Monitor:
             a few times a plain step, so keep this a multiple of `every`.
         variable_norms: also write each variable's gradient norm.
         grad_cosine: write the cosine of every pair of heads' trunk gradients.
+        affinity_every: write the inter-task affinities `affinity/<i>/<j>` after updates
+            `1, affinity_every, ...` (`multihead.step.affinity`, docs/affinity.md); 0: never.
+        affinity_lookahead: `"optimizer"` (each head's own planned trunk update) or `"sgd"`.
         eval_metrics: head -> the names of the metrics `write_eval` will write for it (the
             loss aside; `Trainer` passes its objectives' metrics): each gets a chart in the
             head's Custom Scalars section, after its loss.
@@ -168,14 +174,18 @@ class Monitor:
         histograms_every: int = 1000,
         variable_norms: bool = False,
         grad_cosine: bool = True,
+        affinity_every: int = 0,
+        affinity_lookahead: str = "optimizer",
         eval_metrics: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        self.every = check_int(every, "every", minimum=1,
-                               hint="scalars are written every this many steps")
-        self.histograms_every = check_int(histograms_every, "histograms_every", minimum=0,
-                                          hint="0 disables histograms")
+        #: When it writes (scalars, histograms, affinities): `multihead.monitoring.cadence`.
+        self.cadence = Cadence(every, histograms_every, affinity_every)
+        self.every, self.histograms_every = self.cadence.every, self.cadence.histograms_every
+        self.affinity_every = self.cadence.affinity_every
         self.variable_norms = bool(variable_norms)
         self.grad_cosine = bool(grad_cosine)
+        self.affinity_lookahead = check_choice(affinity_lookahead, "affinity_lookahead",
+                                               ("optimizer", "sgd"))
         self.log_dir = os.fspath(log_dir)
         self._eval_metrics = {h: list(names) for h, names in (eval_metrics or {}).items()}
         #: Set when the step runs under a `tf.distribute` strategy (by `TrainStep`). Then
@@ -189,9 +199,6 @@ class Monitor:
                              if internals.summary_writer_resource(self._train_writer) is not None
                              else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
-        with tf.init_scope():  # read by the compiled step: the step `log_last` names
-            self._last = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="monitor_last")
-        self._last_step = -1
         # Set by `bind`.
         self._heads: tuple[str, ...] = ()
         self._trunk_ids: set[int] = set()
@@ -321,36 +328,15 @@ class Monitor:
 
     def log_last(self, step: int) -> None:
         """Also writes the scalars of update `step` (the last of a `fit`), whatever `every`."""
-        self._last_step = int(step)
-        self._last.assign(self._last_step)
-
-    # A step taken at counter value `step` is written at `done = step + 1`, the number of
-    # updates done after it: evaluations and checkpoints count steps the same way.
-
-    def _scalars_due(self, done: tf.Tensor) -> tf.Tensor:
-        return (tf.equal(done % self.every, 0) | tf.equal(done, 1)
-                | tf.equal(done, self._last.read_value()))
-
-    def _histograms_due(self, done: tf.Tensor) -> tf.Tensor:
-        if not self.histograms_every:
-            return tf.constant(False)
-        return tf.equal(done % self.histograms_every, 0) | tf.equal(done, 1)
+        self.cadence.log_last(step)
 
     def logs_at(self, step: int) -> bool:
-        """Whether the step taken at counter value `step` writes scalars or histograms."""
-        done = step + 1
-        return (done % self.every == 0 or done in (1, self._last_step)
-                or bool(self.histograms_every and done % self.histograms_every == 0))
+        """Whether the step taken at counter value `step` writes anything (`Cadence`)."""
+        return self.cadence.logs_at(step)
 
     def quiet_steps_from(self, step: int) -> int:
         """How many consecutive steps from `step` (a step that does not log) do not log."""
-        done = step + 1
-        gaps = [self.every - done % self.every]
-        if self.histograms_every:
-            gaps.append(self.histograms_every - done % self.histograms_every)
-        if self._last_step > done:
-            gaps.append(self._last_step - done)
-        return min(gaps)
+        return self.cadence.quiet_steps_from(step)
 
     def monitored(self, step: tf.Tensor, update: Callable[[], T]) -> T:
         """The body of one compiled step taken at counter value `step`, monitored.
@@ -370,7 +356,7 @@ class Monitor:
         if self._step is not None:
             raise RuntimeError("Monitor.monitored cannot be nested")
         done = step + 1
-        scalars_due = self._scalars_due(done)
+        scalars_due = self.cadence.scalars_due(done)
         self._step, self._seen = done, []
         try:
             with self._step_writer.as_default(step=done), tf.summary.record_if(lambda: scalars_due):
@@ -394,7 +380,7 @@ class Monitor:
             with tf.compat.v1.name_scope(None):
                 fn()
 
-        self._gated(self._scalars_due(self._step), body)
+        self._gated(self.cadence.scalars_due(self._step), body)
 
     def gates(self, gate_weights: Callable[[], Mapping[str, tf.Tensor]]) -> None:
         """Inside `monitored`, before the step's updates: per head, the mean gate weight per
@@ -425,7 +411,21 @@ class Monitor:
                     self._emit_histogram(tags.gate_hist(head), w)
 
         self.when_scalars(scalars)
-        self._gated(self._histograms_due(self._step), histograms)
+        self._gated(self.cadence.histograms_due(self._step), histograms)
+
+    def affinity(self, compute: Callable[[], Mapping[str, tf.Tensor]]) -> None:
+        """Inside `monitored`, before the step's updates: on affinity steps (`affinity_every`)
+        writes the scalars `compute()` returns, tag -> value (`affinity/<i>/<j>`); `compute`
+        runs only on those steps."""
+        if not self.active or not self.affinity_every:
+            return
+
+        def write() -> None:
+            with tf.compat.v1.name_scope(None):
+                for tag, value in compute().items():
+                    self._emit_scalar(tag, value)
+
+        self._gated(self.cadence.affinity_due(self._step), write)
 
     def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
         """`fn()` only when `due`, as a functional `If` that is not lowered.
@@ -530,13 +530,13 @@ class Monitor:
                 self._write_cosines(head, trunk, trunk_norm, earlier, step)
             self._recorded_at[head].assign(step)
 
-        self._gated(self._scalars_due(step), scalars)
+        self._gated(self.cadence.scalars_due(step), scalars)
         if self.histograms_every:
             def histograms() -> None:
                 for g, v in pairs:
                     self._emit_histogram(tags.grad_hist(head, self._address(v)), _dense(g))
 
-            self._gated(self._histograms_due(step), histograms)
+            self._gated(self.cadence.histograms_due(step), histograms)
 
     def _address(self, variable: keras.Variable) -> str:
         return self._addresses.get(id(variable)) or variable.path

@@ -105,6 +105,10 @@ class RunReport:
             trunk gradient the trunk optimizer applied (`agg_update_norm`); else None.
         head_bests: with per-head early stopping or best checkpoints, head -> its best
             evaluation, freeze and best checkpoint (`metrics.json`).
+        affinity: with affinity logging (`log.affinity_every`), `affinity[i][j]` = the mean
+            over the logged steps of the inter-task affinity of head i onto head j
+            (`affinity/<i>/<j>`, NaN steps left out), for every head i that moved the
+            trunk; empty without.
     """
 
     run_dir: str
@@ -117,6 +121,7 @@ class RunReport:
     gate_entropy: dict[str, float] = dataclasses.field(default_factory=dict)
     mean_agg_update_norm: float | None = None
     head_bests: dict[str, HeadBest] = dataclasses.field(default_factory=dict)
+    affinity: dict[str, dict[str, float | None]] = dataclasses.field(default_factory=dict)
 
     @property
     def aggregated(self) -> bool:
@@ -286,7 +291,26 @@ def load_report(run_dir: str | os.PathLike[str]) -> RunReport:
                 conflict[a][b] = _mean(cosines.get(frozenset((a, b))))
     utilisation, entropy = _gate_utilisation(train, heads)
     return RunReport(run_dir, heads, summaries, conflict, train, evals, utilisation, entropy,
-                     _mean(train.get(tags.AGG_UPDATE_NORM)), head_bests(metrics))
+                     _mean(train.get(tags.AGG_UPDATE_NORM)), head_bests(metrics),
+                     _affinity(train, heads))
+
+
+def _affinity(train: Mapping[str, Series], heads: Sequence[str]) -> dict[str, dict[str, float | None]]:
+    """`[i][j]`: the mean of `affinity/<i>/<j>` over its finite logged values (None: none)."""
+    means: dict[str, dict[str, float | None]] = {}
+    for tag, series in train.items():
+        parsed = tags.parse(tag)
+        if parsed is None or parsed.kind != tags.AFFINITY:
+            continue
+        finite = series.values[np.isfinite(series.values)]
+        means.setdefault(parsed.heads[0], {})[parsed.heads[1]] = (
+            float(np.mean(finite)) if len(finite) else None)
+    order = {h: k for k, h in enumerate(heads)}
+
+    def rank(head: str) -> int:
+        return order.get(head, len(order))
+
+    return {i: {j: means[i][j] for j in sorted(means[i], key=rank)} for i in sorted(means, key=rank)}
 
 
 def _last_evaluation(evals: Mapping[str, Series], head: str) -> tuple[int | None, dict[str, float]]:
@@ -357,6 +381,7 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
         "mean_agg_update_norm": clean(report.mean_agg_update_norm),
         "head_bests": {h: {k: clean(v) for k, v in b.to_dict().items()}
                        for h, b in report.head_bests.items()},
+        "affinity": {i: {j: clean(v) for j, v in row.items()} for i, row in report.affinity.items()},
         "empty": _why_empty(report),
     }
 
@@ -443,6 +468,15 @@ def format_report(report: RunReport) -> str:
             "-" if report.conflict[a][b] is None else f"{report.conflict[a][b]:+.3f}"
             for b in report.heads))
     lines += _table(matrix)
+    if report.affinity:
+        lines += ["", "inter-task affinity of the row's update onto the column's loss, mean over "
+                  "logged steps (> 0: it lowers it)"]
+        columns = [h for h in report.heads if any(h in row for row in report.affinity.values())]
+        table = [("",) + tuple(columns)]
+        for i, row in report.affinity.items():
+            table.append((i,) + tuple("-" if row.get(j) is None else f"{row[j]:+.3g}"
+                                      for j in columns))
+        lines += _table(table)
     if report.utilisation:
         width = max(len(row) for row in report.utilisation.values())
         lines += ["", "gate utilisation: mean gate weight per expert at the last logged step "

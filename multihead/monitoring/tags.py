@@ -2,7 +2,8 @@
 
 Tags are `kind/head/...`, so TensorBoard's Scalars page has one section per kind
 with one card per head. A pair of heads is always `<a>/<b>`, `a` before `b` in
-head order (head names hold no `/`, so the pair splits unambiguously). Variables
+head order (head names hold no `/`, so the pair splits unambiguously), except
+`affinity/<i>/<j>`, which is directed: the affinity of head i onto head j (i = j too). Variables
 are named by their stable address (`trunk/0/kernel`, `heads/a/bias`, see
 `multihead.model.addresses`), so two builds of one architecture write the same tags.
 
@@ -23,6 +24,7 @@ Train run (`<log_dir>/train`):
 | `missing_label_skips/<head>`          | due steps skipped: no row of the batch had a label     |
 | `loss_scale/<head>`                   | the head's dynamic loss scale after the step (float16) |
 | `grad_cosine/<a>/<b>`                 | cosine of a's and b's trunk gradients                  |
+| `affinity/<i>/<j>`                    | inter-task affinity of head i onto head j (ordered)    |
 | `agg_weight/<head>`                   | the aggregator's weight of the head's trunk gradient   |
 | `agg_loss_weight/<head>`              | a loss weighting's weight of the head's loss           |
 | `agg_trunk_grad_norm/<head>`          | norm of the head's trunk gradient fed to the aggregator|
@@ -54,6 +56,7 @@ NONFINITE_SKIPS = "nonfinite_skips"
 MISSING_LABEL_SKIPS = "missing_label_skips"
 LOSS_SCALE = "loss_scale"
 GRAD_COSINE = "grad_cosine"
+AFFINITY = "affinity"
 AGG_WEIGHT = "agg_weight"
 AGG_LOSS_WEIGHT = "agg_loss_weight"
 AGG_TRUNK_GRAD_NORM = "agg_trunk_grad_norm"
@@ -74,7 +77,7 @@ TRUNK, HEAD, VAR, PART = "trunk", "head", "var", "part"
 
 _PER_HEAD = (LOSS, LR, UPDATE_RATIO, LOSS_WEIGHT, NONFINITE_SKIPS, MISSING_LABEL_SKIPS, LOSS_SCALE,
              AGG_WEIGHT, AGG_LOSS_WEIGHT, AGG_TRUNK_GRAD_NORM)
-_PAIRS = (GRAD_COSINE, AGG_COSINE)
+_PAIRS = (GRAD_COSINE, AGG_COSINE, AFFINITY)
 _RUN_WIDE = (AGG_PROJECTIONS, AGG_UPDATE_NORM, CONFIG, TRUNK_BLOCKS, EPISODE_RETURN,
              EPISODE_LENGTH)
 
@@ -150,6 +153,12 @@ def loss_scale(head: str) -> str:
 def grad_cosine(a: str, b: str) -> str:
     """`grad_cosine/<a>/<b>`; the writer passes `a` before `b` in head order."""
     return f"{GRAD_COSINE}/{a}/{b}"
+
+
+def affinity(source: str, target: str) -> str:
+    """`affinity/<i>/<j>`: the affinity of head `source` (i) onto head `target` (j), directed
+    (`multihead.step.affinity`)."""
+    return f"{AFFINITY}/{source}/{target}"
 
 
 def agg_weight(head: str) -> str:

@@ -32,6 +32,8 @@ from multihead.objectives.objective import (
 from multihead.objectives.parts import check_objectives, declares_trunk, objective_order, resolve_parts
 from multihead.settings import PYTHON, check_loss_scaling, check_rep_grad_trunk, check_strategy_limits
 from multihead.step import distribute
+from multihead.step.affinity import TaskAffinity
+from multihead.step.forward import ForwardPass
 from multihead.step.freezing import FrozenHeads
 from multihead.step.loss_scales import DynamicLossScale, LossScales, computes_in_float16
 from multihead.step.options import StepOptions
@@ -123,11 +125,18 @@ class StepAssembly:
             with distribute.scope(strategy):
                 self.trunk_update.build(model.trunk_variables)
             rule = self.trunk_update
+        affinity = None
+        if monitor is not None and monitor.affinity_every:
+            affinity = TaskAffinity(model, heads, rule,
+                                    ForwardPass(model, rule, strategy, self.loss_scales),
+                                    monitor.affinity_lookahead, self.options.fused_updates,
+                                    self.loss_scales)
         step = TrainStep(model, heads, self.options, self.step_variable, rule, monitor,
                          strategy=strategy, target_networks=self.target_networks,
-                         frozen=self.frozen, loss_scales=self.loss_scales)
+                         frozen=self.frozen, loss_scales=self.loss_scales, affinity=affinity)
         if monitor is not None:  # before the first trace
-            self._bind(monitor, heads, rule.summary_tags() + step.summary_tags())
+            self._bind(monitor, heads, rule.summary_tags() + step.summary_tags()
+                       + (affinity.tags() if affinity is not None else []))
         # Which trunk blocks each head's gradient reaches (trunk taps), once, at step 0.
         blocks = blocks_table(model.trunk, {
             n: p.var_list for n, p in resolve_parts(model, self.objectives).items()})

@@ -34,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from multihead.step import distribute
+from multihead.step.affinity import TaskAffinity
 from multihead.step.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
 from multihead.step.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.step.forward import Forward, ForwardPass
@@ -82,13 +83,17 @@ class TrainStep:
             None: no head is ever frozen.
         loss_scales: each head's dynamic loss scale (float16): a head's objective is
             scaled in `forward`, its gradient unscaled by the applier; None: none.
+        affinity: computes the inter-task affinities the monitor writes on its affinity
+            steps, before the updates (`multihead.step.affinity`), or None.
     """
 
     def __init__(self, model: HeadsModel, heads: Sequence[HeadSpec], options: StepOptions,
                  step: tf.Variable, rule: TrunkRule, monitor: Monitor | None = None,
                  strategy: tf.distribute.Strategy | None = None, target_networks: Sequence[Any] = (),
-                 frozen: FrozenHeads | None = None, loss_scales: LossScales | None = None) -> None:
+                 frozen: FrozenHeads | None = None, loss_scales: LossScales | None = None,
+                 affinity: TaskAffinity | None = None) -> None:
         self._model = model
+        self._affinity = affinity
         self._loss_scales = loss_scales
         self._frozen = frozen
         self._heads = tuple(heads)
@@ -258,6 +263,9 @@ class TrainStep:
                 if gate_weights is not None and self._strategy is None and not own_batches:
                     # before the updates; with own batches the gates see no one batch
                     self._monitor.gates(lambda: gate_weights(inputs, training=True))
+                if self._affinity is not None:  # before the updates, at the same parameters
+                    self._monitor.affinity(
+                        lambda: self._affinity(inputs, targets, heads, step, own_batches))
                 out = update()
                 self._count_and_log(heads, step, out[1])
                 return out

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from multihead._checks import check_int
+from multihead.settings import PYTHON, check_affinity
 from multihead.datasets.multitask import DataPosition
 from multihead.model.model_view import HeadsModel
 from multihead.monitoring.monitor import Monitor
@@ -75,6 +76,7 @@ class Trainer:
         log_every: write scalars every this many steps.
         histograms_every: write gradient histograms every this many steps (0: never).
         log_variable_norms: also write each variable's gradient norm.
+        affinity_every, affinity_lookahead: inter-task affinities (`Monitor`, docs/affinity.md).
         trunk: `"per_head"` (each head's optimizer updates the trunk with its own
             slots), or a `TrunkPolicy` (or a dict of its fields): one trunk
             optimizer applies an aggregate of the heads' trunk gradients and each
@@ -89,7 +91,7 @@ class Trainer:
             losses are batch means, so results match single-device training on
             the same global batch. Only the chief logs to TensorBoard and writes
             checkpoints. Not supported with a strategy: XLA, trunk aggregation with
-            `rep_grad` or a loss weighting.
+            `rep_grad` or a loss weighting, inter-task affinity.
         target_networks: `multihead.TargetNetwork`s whose `update()` runs inside the
             compiled train step, after the optimizers applied (never in `evaluate`).
         max_nonfinite_steps: `fit` stops with an error naming the head when a head's
@@ -108,19 +110,17 @@ class Trainer:
         log_dir: str | os.PathLike[str] | None = None,
         log_every: int = 100,
         *,
-        histograms_every: int = 1000,
-        log_variable_norms: bool = False,
+        histograms_every: int = 1000, log_variable_norms: bool = False,
+        affinity_every: int = 0, affinity_lookahead: str = "optimizer",
         trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
         strategy: tf.distribute.Strategy | None = None,
-        max_nonfinite_steps: int = 10,
-        target_networks: Sequence[Any] = (),
+        max_nonfinite_steps: int = 10, target_networks: Sequence[Any] = (),
         **options: Any,
     ) -> None:
         if not isinstance(model, HeadsModel):
             raise TypeError(f"model must be a MultiHeadModel, got {type(model).__name__}")
         #: How the step runs (`StepOptions`), built once from the keywords.
         self.options = StepOptions.from_keywords(schedule=schedule, **options)
-        check_int(log_every, "log_every", minimum=1, hint="scalars are written every this many steps")
         self._nonfinite_limit = check_int(max_nonfinite_steps, "max_nonfinite_steps", minimum=1)
         self._assembly = parts = StepAssembly(
             model, objectives, self.options, trunk=trunk, strategy=strategy,
@@ -156,9 +156,9 @@ class Trainer:
                               self.data_position, self.step_variable, strategy, parts.rep_grad)
         # Built now so a bad metric name fails at construction.
         self._evaluations = Evaluations(model, self.objectives, self.loss_fns, predictions, self._feed)
-        self.monitor, self._scratch_logs = _monitor(log_dir, self.is_chief, log_every,
-                                                    histograms_every, log_variable_norms,
-                                                    self._evaluations.metric_names())
+        self.monitor, self._scratch_logs = _monitor(
+            log_dir, strategy, self._evaluations.metric_names(), log_every, histograms_every,
+            log_variable_norms, affinity_every, affinity_lookahead)
         self._runner.monitor = self.monitor
         #: Set by a callback to end `fit` after the current compiled call.
         self.stop_training = False
@@ -406,22 +406,27 @@ def _nothing() -> None:
     """Flushes no logs (a trainer without TensorBoard)."""
 
 
-def _monitor(log_dir: str | os.PathLike[str] | None, is_chief: bool, every: int,
-             histograms_every: int, variable_norms: bool,
-             eval_metrics: Mapping[str, Sequence[str]]) -> tuple[Monitor | None, str | None]:
+def _monitor(log_dir: str | os.PathLike[str] | None, strategy: tf.distribute.Strategy | None,
+             eval_metrics: Mapping[str, Sequence[str]], every: int, histograms_every: int,
+             variable_norms: bool, affinity_every: int, affinity_lookahead: str,
+             ) -> tuple[Monitor | None, str | None]:
     """The TensorBoard monitor (None without `log_dir`), told the metrics `evaluate` writes
     (`eval_metrics`, for its Custom Scalars layout), and the scratch directory it writes to on a
-    non-chief worker (`close` removes it), or None.
+    non-chief worker (`close` removes it), or None; the cadences are checked first.
 
     Every worker of a multi-worker run monitors, so all of them trace the same step
     variants at the same steps (their all-reduces pair up only then); the others write
     to a scratch directory, as Keras' TensorBoard callback does.
     """
+    check_int(every, "log_every", minimum=1, hint="scalars are written every this many steps")
+    check_affinity(check_int(affinity_every, "affinity_every", minimum=0), log_dir is not None,
+                   strategy and f"a strategy ({type(strategy).__name__})", PYTHON)
     if log_dir is None:
         return None, None
-    scratch = None if is_chief else tempfile.mkdtemp(prefix="multihead-worker-logs-")
+    scratch = None if distribute.is_chief(strategy) else tempfile.mkdtemp(prefix="multihead-worker-logs-")
     monitor = Monitor(os.fspath(scratch or log_dir), every=every, histograms_every=histograms_every,
-                      variable_norms=variable_norms, eval_metrics=eval_metrics)
+                      variable_norms=variable_norms, eval_metrics=eval_metrics,
+                      affinity_every=affinity_every, affinity_lookahead=affinity_lookahead)
     return monitor, scratch
 
 

@@ -366,6 +366,8 @@ def build_trainer(config: ExperimentConfig, model: MultiHeadModel, objectives: M
                       log_dir=run_dir if cfg.log.tensorboard else None, log_every=cfg.log.every,
                       histograms_every=cfg.log.histograms_every,
                       log_variable_norms=cfg.log.variable_norms,
+                      affinity_every=cfg.log.affinity_every,
+                      affinity_lookahead=cfg.log.affinity_lookahead,
                       trunk=trunk, strategy=strategy,
                       max_nonfinite_steps=cfg.train.max_nonfinite_steps,
                       target_networks=list(target_networks), **options_of(cfg.train))

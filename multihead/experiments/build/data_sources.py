@@ -227,6 +227,7 @@ def _synthetic(data: DataConfig, heads: list[str], seed: int) -> MultiTaskData:
             tasks=tasks, correlation=data.correlation, train_size=data.train_size,
             eval_size=data.eval_size, input_dim=data.input_dim, num_sinusoids=data.num_sinusoids,
             scale=data.scale, noise_std=data.noise_std, classification=classification, seed=seed,
+            clusters=data.clusters,
         )
     except ValueError as err:
         raise ConfigError(f"data: {err}") from None

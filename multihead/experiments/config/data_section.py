@@ -43,7 +43,11 @@ class DataConfig:
                            "npz, csv, tfrecord: files; tfds: a prepared tensorflow_datasets "
                            "dataset; python: module:function")
     tasks: Union[list[str], None] = _field(None, doc="task names; default: the model's heads")
-    correlation: float = _field(0.5, doc="cosine similarity of the task weight vectors")
+    correlation: float = _field(0.5, doc="cosine similarity of the task weight vectors (within "
+                                         "a cluster, with data.clusters)")
+    clusters: Union[list[list[str]], None] = _field(
+        None, doc="mmoe/mixed: groups of tasks, correlated within a group (data.correlation), "
+                  "orthogonal across (cosine 0); default: one group of all tasks")
     train_size: int = _field(20000, minimum=1)
     eval_size: int = _field(2000, minimum=1)
     input_dim: int = _field(100, minimum=1, doc="mmoe/mixed only; other kinds take it from the data")
@@ -130,8 +134,9 @@ def data_from_dict(raw: Any, heads: Sequence[str]) -> DataConfig:
 _SAMPLING_KEYS = ("per_head", "sampling", "temperature", "sampling_weights", "seed")
 
 
-def check_data(data: DataConfig, heads: list[str]) -> None:
-    """`data` keys against its kind and the heads; the files themselves are read by the builder.
+def check_data(data: DataConfig, heads: list[str], subset: bool = False) -> None:
+    """`data` keys against its kind and the heads (with `subset`, some heads of the generated
+    tasks: `train.only_heads`); the files themselves are read by the builder.
     With `data.per_head`, each head's section is checked on its own and replaces the raw
     mapping in `data.per_head`. `on_nan` (the former name) and `on_nonfinite` end equal."""
     if data.on_nan is not None and data.on_nonfinite is not None and data.on_nan != data.on_nonfinite:
@@ -167,7 +172,9 @@ def check_data(data: DataConfig, heads: list[str]) -> None:
             raise ConfigError(f"data.{key}: only used with kind csv or tfrecord, but kind is "
                               f"{kind!r}; remove it")
     if data.tasks is not None and kind in ("mmoe", "mixed"):
-        _check_tasks(data.tasks, heads)
+        _check_tasks(data.tasks, heads, subset)
+    if data.clusters is not None:
+        _check_clusters(data, heads, kind)
     if data.options and kind not in ("python", "multidigits", "esmm"):
         raise ConfigError(f"data.options: only used with kind python, multidigits or esmm, but kind is "
                           f"{kind!r}; remove it")
@@ -204,19 +211,37 @@ def _normalize(value: Any, per_head: Any) -> str | None:
     return value
 
 
-def _check_tasks(tasks: list[str], heads: list[str]) -> None:
-    """Every generated task has a head, except in a single-task baseline (one head trained on
-    the multi-task run's data, `train --only-head`), where the others are generated and
-    dropped so the kept head sees the same data."""
+def _check_tasks(tasks: list[str], heads: list[str], subset: bool = False) -> None:
+    """Every generated task has a head, except in a single-task baseline or a group of heads
+    (trained on the multi-task run's data, `train --only-head`, `train.only_heads`), where
+    the others are generated and dropped so the kept heads see the same data."""
     for i, task in enumerate(tasks):
         if task in tasks[:i]:
             raise ConfigError(f"data.tasks[{i}]: task {task!r} is listed twice")
-    if len(heads) > 1:
+    if len(heads) > 1 and not subset:
         for i, task in enumerate(tasks):
             if task not in heads:
                 raise ConfigError(f"data.tasks[{i}]: task {task!r} has no head (heads: {heads}); "
                                   "add the head or remove the task (only a one-head baseline "
                                   "may generate tasks it does not train)")
+
+
+def _check_clusters(data: DataConfig, heads: list[str], kind: str) -> None:
+    """`data.clusters`: groups of the generated tasks, each task in exactly one."""
+    if kind not in ("mmoe", "mixed"):
+        raise ConfigError(f"data.clusters: only used with kind mmoe or mixed, but kind is "
+                          f"{kind!r}; remove it")
+    tasks = data.tasks if data.tasks is not None else heads
+    seen = [t for cluster in data.clusters for t in cluster]
+    for task in seen:
+        if task not in tasks:
+            raise ConfigError(f"data.clusters: {task!r} is not a task (tasks: {tasks})")
+        if seen.count(task) > 1:
+            raise ConfigError(f"data.clusters: task {task!r} is in two clusters")
+    missing = [t for t in tasks if t not in seen]
+    if missing:
+        raise ConfigError(f"data.clusters: tasks {missing} are in no cluster; put each task in "
+                          "one (a cluster of one task is [name])")
 
 
 def missing_label_of(data: DataConfig, head: str) -> float | None:

@@ -74,6 +74,20 @@ def trains_trunk(spec: ObjectiveConfig) -> bool:
     return spec.trains_trunk and spec.trunk_scale != 0
 
 
+def check_only_heads(only: list[str] | None, heads: list[str]) -> None:
+    """`train.only_heads`: null, or distinct heads of the model."""
+    if only is None:
+        return
+    if not only:
+        raise ConfigError("train.only_heads: give at least one head, or null for every head")
+    for head in only:
+        if head not in heads:
+            raise ConfigError(f"train.only_heads: the model has no head {head!r}"
+                              f"{suggest(str(head), heads)}; its heads are {heads}")
+    if len(set(only)) != len(only):
+        raise ConfigError(f"train.only_heads: a head is named twice in {only}")
+
+
 def check_objectives(config: ExperimentConfig) -> None:
     """The heads' and objectives' names (the rule `Trainer` applies), the standalone
     objectives' reads; every head is trained by some objective."""

@@ -19,6 +19,7 @@ from multihead._checks import (
     check_bounds, check_choice, check_float, check_keys, describe, suggest)
 from multihead.settings import (
     SettingError,
+    check_affinity,
     check_loss_scaling,
     check_rep_grad_data,
     check_rep_grad_trunk,
@@ -27,11 +28,13 @@ from multihead.settings import (
 )
 from multihead.experiments.config.data_section import DataConfig, check_data
 from multihead.experiments.config.errors import ConfigError
+from multihead.experiments.config.spelling import CONFIG as _CONFIG, ConfigSpelling as _ConfigSpelling
 from multihead.experiments.config.yaml12 import MAX_BYTES
 from multihead.experiments.config.objective_section import (
     HeadConfig,
     ObjectiveConfig,
     check_objectives as _check_objectives,
+    check_only_heads,
     objective_configs,
     objective_path,
     trains_trunk as _trains_trunk,
@@ -51,44 +54,6 @@ from multihead.experiments.config.rl_section import (
     TD3Config,
 )
 from multihead.monitoring.metric_key import MEAN_LOSS, MetricKey
-from multihead.step.options import config_options
-
-
-class _ConfigSpelling:
-    """The key paths and YAML values of the core's setting fields (`multihead.settings`),
-    so a rule written once in the core words its error for a config."""
-
-    _KEYS = {**{name: f"train.{name}" for name in config_options()},
-             "log_dir": "log.tensorboard", "trunk": "train.trunk",
-             "trunk.rep_grad": "train.trunk.rep_grad", "trunk.aggregator": "train.trunk.aggregator",
-             "trunk.dtype": "train.trunk.dtype", "trunk.options": "train.trunk.options",
-             "trunk.loss_weighting": "train.trunk.loss_weighting",
-             "trunk.loss_weighting_options": "train.trunk.loss_weighting_options"}
-
-    def __init__(self, standalone: Sequence[str] = ()) -> None:
-        self._standalone = frozenset(standalone)
-
-    def key(self, field: str, head: str | None = None) -> str:
-        if field.startswith("objectives."):  # an objective's setting
-            name = field.partition(".")[2]
-            if head is None:
-                return name
-            section = "objectives" if head in self._standalone else "model.heads"
-            return f"{section}.{head}.{name}"
-        return self._KEYS[field]
-
-    def value(self, value: Any) -> str:
-        if isinstance(value, bool) or value is None:
-            return {True: "true", False: "false", None: "null"}[value]
-        return str(value)
-
-    def setting(self, field: str, value: Any, head: str | None = None) -> str:
-        if field == "log_dir":  # the API's log directory is the config's switch
-            return f"log.tensorboard: {self.value(value is not None)}"
-        return f"{self.key(field, head)}: {self.value(value)}"
-
-
-_CONFIG = _ConfigSpelling()
 
 
 def _config_error(err: SettingError) -> ConfigError:
@@ -168,6 +133,8 @@ class TrainConfig(StepSection):
         None, choices=("float16", "bfloat16"),
         doc="compute in float16 (a dynamic loss scale per head) or bfloat16, each head's output "
             "layer in float32; variables stay float32; default: float32 (docs/training.md)")
+    only_heads: Union[list[str], None] = _field(None, doc="train these heads alone, as train "
+                                                "--only-head does (docs/affinity.md); null: all")
 
 
 @dataclasses.dataclass
@@ -178,6 +145,10 @@ class LogConfig:
     histograms_every: int = _field(1000, minimum=0,
                                    doc="gradient histograms every this many steps; 0: never")
     variable_norms: bool = _field(False, doc="also log each variable's gradient norm")
+    affinity_every: int = _field(0, minimum=0, doc="inter-task affinities affinity/<i>/<j> every "
+                                                   "this many steps (docs/affinity.md); 0: never")
+    affinity_lookahead: str = _field("optimizer", choices=("optimizer", "sgd"), doc="each head's "
+                                     "own optimizer step, or the paper's plain gradient step")
     tensorboard: bool = _field(True, doc="write TensorBoard events; false is needed for XLA")
 
 
@@ -246,6 +217,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
             spec.weight = _check_weight(spec.weight, f"{path}.weight")
             spec.trunk_scale = _check_weight(spec.trunk_scale, f"{path}.trunk_scale", minimum=None)
         _check_objectives(config)
+        check_only_heads(config.train.only_heads, list(config.model.heads))
         config.train.trunk = _check_trunk(config)
         _check_length(config.train, config.task)
         config.callbacks.reduce_lr_on_plateau = _check_callbacks(config)
@@ -254,7 +226,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
             from multihead.experiments.config.sweep_section import sweep_spec
 
             sweep_spec(config.sweep)
-        check_data(config.data, list(objective_configs(config)))
+        check_data(config.data, list(objective_configs(config)), config.train.only_heads is not None)
         trunk = config.train.trunk
         try:
             check_rep_grad_data(isinstance(trunk, TrunkConfig) and trunk.rep_grad,
@@ -265,6 +237,7 @@ def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = 
                                              spell=_CONFIG)
             check_loss_scaling(config.train.mixed_precision == "float16",
                                isinstance(trunk, TrunkConfig), _CONFIG)
+            check_affinity(config.log.affinity_every, config.log.tensorboard, None, _CONFIG)
         except SettingError as err:
             raise _config_error(err) from None
         for section, tasks in (("env", tuple(RL_TASKS)), *((task, (task,)) for task in RL_TASKS)):
@@ -468,6 +441,8 @@ def _check_distribute(config: ExperimentConfig) -> None:
     try:
         step_options(config.train).check(
             logging=False, strategy=f"distribute.strategy {dist.strategy}", spell=_CONFIG)
+        check_affinity(config.log.affinity_every, True, f"distribute.strategy {dist.strategy}",
+                       _CONFIG)
         check_strategy_limits(f"distribute.strategy {dist.strategy}",
                               rep_grad=isinstance(trunk, TrunkConfig) and trunk.rep_grad,
                               loss_weighting=weighting, spell=_CONFIG)

@@ -389,10 +389,19 @@ def _mean_std(trees: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict,
 
 
 def group_runs(runs: Sequence[RunResult]) -> list[tuple[dict[str, Any], list[RunResult]]]:
-    """Runs grouped by the config values that differ between them, seeds aside; in first-seen order."""
+    """Runs grouped by the config values that differ between them, seeds aside; in first-seen
+    order. A head's keys (`model.heads.<head>.*`) differ only between runs that train that
+    head: runs of some heads each (`train.only_heads`, a task grouping) differ in
+    `train.only_heads`, not in the keys of the heads they drop."""
     keys = sorted({k for r in runs for k in r.config})
-    varying = [k for k in keys if k not in SEED_KEYS
-               and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
+
+    def values(key: str) -> set[str]:
+        told = [r.config.get(key) for r in runs]
+        if key.startswith("model.heads."):
+            told = [v for v in told if v is not None]
+        return {json.dumps(v, sort_keys=True) for v in told}
+
+    varying = [k for k in keys if k not in SEED_KEYS and len(values(k)) > 1]
     groups: dict[str, tuple[dict[str, Any], list[RunResult]]] = {}
     for run in runs:
         hparams = {k: run.config.get(k) for k in varying}

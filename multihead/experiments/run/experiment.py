@@ -54,18 +54,21 @@ class RunResult:
 
 def load_experiment(path: str, overrides: Sequence[str] = (), allow_import: Sequence[str] = (),
                     only_head: str | None = None, inside: str | None = None) -> ExperimentConfig:
-    """The validated config of `path` with `overrides`; with `only_head`, its single-task
-    baseline (that head alone); with `inside`, `path` is read through the boundary of that
-    directory (a sweep's trial: regular file, no symlink out, no FIFO).
+    """The validated config of `path` with `overrides`, its `train.only_heads` alone; with
+    `only_head` (a head, or heads `y1,y3`), those heads alone (one: its single-task baseline);
+    with `inside`, `path` is read through the boundary of that directory (a sweep's trial:
+    regular file, no symlink out, no FIFO).
 
     Raises:
         ConfigError: one line naming the file and the key.
     """
-    config = load_config(path, overrides, allow_import=allow_import, inside=inside)
-    if only_head:
-        from multihead.experiments.run.single_task import only_head as single
+    from multihead.experiments.run.single_task import head_list, only_heads, selected_heads
 
-        config = single(config, only_head, source=f"{path}: --only-head", allow_import=allow_import)
+    config = selected_heads(load_config(path, overrides, allow_import=allow_import, inside=inside),
+                            path, allow_import)
+    if only_head:
+        config = only_heads(config, head_list(only_head), source=f"{path}: --only-head",
+                            allow_import=allow_import)
     return config
 
 
@@ -134,6 +137,9 @@ def run_experiment(config: str | os.PathLike[str] | ExperimentConfig, *,
             raise RunInputError("overrides and only_head apply to a config file; apply them to "
                                 "the ExperimentConfig object instead")
         source = _OBJECT_SOURCE
+        from multihead.experiments.run.single_task import selected_heads
+
+        config = selected_heads(config, source, allow_import)
     else:
         source = os.fspath(config)
         config = load_experiment(source, overrides, allow_import, only_head, inside=config_inside)

@@ -132,8 +132,7 @@ class SupervisedRunner:
         _checkpoint_now(checkpoints, trainer)  # the end of the run is always a resumable checkpoint
         # The training-set metrics go to metrics.json only: the eval run in TensorBoard holds
         # evaluations of the eval data.
-        final_train = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8,
-                                         log=False)
+        final_train = trainer.evaluate(train_data, batch_size=cfg.train.batch_size * 8, log=False)
         baselines = self._baselines(trainer)
         if trainer.is_chief:  # the other workers of a multi-worker run write nothing
             save_checkpoint(os.path.join(run_dir, "checkpoints", "final"), self.model,
@@ -146,6 +145,7 @@ class SupervisedRunner:
             "steps_per_s": history.steps_per_s,
             "segments": history.segments,
             "train": last_logged_losses(run_dir) if trainer.is_chief else {},
+            **_affinity(run_dir, bool(cfg.log.affinity_every and trainer.is_chief)),
             "final_train": final_train,
             "eval": final_eval,
             "baseline": baselines,
@@ -183,6 +183,20 @@ def last_logged_losses(run_dir: str) -> dict[str, dict[str, float]]:
     except ReportError:  # nothing logged
         return {}
     return {h: {"loss": s.final_loss, "step": s.final_step} for h, s in summaries.items()}
+
+
+def _affinity(run_dir: str, logged: bool) -> dict[str, dict[str, dict[str, float | None]]]:
+    """`{"affinity": [i][j]}`: the mean inter-task affinity of head i onto head j over the run's
+    logged steps (`RunReport.affinity`), read from its event files, those of a resumed run's
+    earlier segments included; `{}` when the run does not log them (`logged`)."""
+    from multihead.monitoring.report import ReportError, load_report
+
+    if not logged:
+        return {}
+    try:
+        return {"affinity": load_report(run_dir).affinity}
+    except ReportError:  # nothing logged
+        return {"affinity": {}}
 
 
 def _checkpoint_now(checkpoints: CheckpointManager, trainer: Any) -> str:
