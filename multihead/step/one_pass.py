@@ -154,6 +154,10 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[HeadSpec], weights: Sequence[floa
         values = fast()
     else:
         ok = conditions[0] if len(conditions) == 1 else tf.reduce_all(tf.stack(conditions))
+        # Lowered (Switch/Merge), as the per-head path's own conds: kept a function call, the
+        # per-head branch would be optimised apart from the step and round otherwise than a
+        # per-head trainer's step (measured: 2e-10 on a trunk bias under `mean`). Lowered, its
+        # nodes are visited untaken on every step: ~0.2 ms at K = 4 (docs/performance.md).
         values = tf.cond(ok, fast, lambda: _per_head_values(per_head(), agg, trunk_var_list))
 
     plans = [PlannedUpdate(trunk_optimizer, values.trunk, trunk_var_list,
