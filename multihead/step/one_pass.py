@@ -15,7 +15,8 @@ rounding (the sum is taken at the trunk output instead of over the trunk's gradi
 The trunk rule (`multihead.step.trunk_update.TrunkUpdate.plan`) takes this path on steps that
 need no per-head trunk gradient: not a logging step (the aggregation's per-head norms and
 cosines are written from the per-head gradients), not under a strategy, every aggregated
-objective its own head's alone. When a head is guarded, or may not take part, the step
+objective its own head's alone; and not with `rep_grad`, whose combination at the trunk output
+(K head-sized passes, one trunk pass) is as cheap. When a head is guarded, or may not take part, the step
 checks the one-pass result: every aggregated loss and gradient finite and every head taking
 part. Otherwise it redoes the step per head within the same compiled step (`tf.cond`), so
 a non-finite head is isolated and dropped exactly as without this path. A weight of 0 keeps

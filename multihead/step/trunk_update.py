@@ -25,8 +25,9 @@ Two ways to get the `g_k` of an aggregate:
 Where the combination is linear in the `g_k` (constant weights, under a loss weighting
 that reads no gradient), a step that needs no per-head trunk gradient takes none: one
 backward pass of the weighted loss gives `d` (`multihead.step.one_pass`, on by default:
-`StepOptions.one_pass_backward`); a step whose result fails its check (a non-finite
-gradient, a head not taking part) redoes it per head, as below.
+`StepOptions.one_pass_backward`; not with `rep_grad`, which keeps its own way); a step whose
+result fails its check (a non-finite gradient, a head not taking part) redoes it per head,
+as below.
 
 Dropped heads: a guarded head whose loss or gradient is not finite drops out of
 the step, and so does a head that does not take part in it (`HeadsPass.active`:
@@ -158,7 +159,8 @@ class _Aggregated:
         replica_grads = p.given[0] if p.given is not None else None
         weights = (one_pass.linear_weights(self.aggregator_for(tuple(h.name for h in agg)),
                                            self.weighting, len(agg))
-                   if self.one_pass and one_pass.takes_one_pass(p, agg) else None)
+                   if self.one_pass and not self.policy.rep_grad
+                   and one_pass.takes_one_pass(p, agg) else None)
         if weights is None:
             plans = self._per_head_plans(p, agg)
         else:

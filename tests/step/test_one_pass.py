@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import multihead as mh
-from conftest import make_batch, make_model, weights
+from conftest import make_batch, make_model, make_tapped, weights
 from multihead.step.trunk_rule import Backward
 
 HEADS = ("a", "b", "c", "d")
@@ -171,3 +171,29 @@ def test_logging_steps_log_each_heads_trunk_gradient_between_one_pass_steps(tmp_
     for step in (1, 2, 4):  # 4: after the one-pass step 3
         for tag, value in expected[step].items():
             assert logged[tag][step] == pytest.approx(value, rel=1e-5, abs=1e-7), (tag, step)
+
+
+def _mmoe(seed: int) -> mh.MultiHeadModel:
+    keras.utils.set_random_seed(seed)
+    model = mh.MultiHeadModel(mh.MMoE(["main", "aux"], experts=4, expert_units=[6]),
+                              {h: keras.layers.Dense(1) for h in ("main", "aux")})
+    model.build((None, 5))
+    return model
+
+
+@pytest.mark.parametrize("make", [_mmoe, make_tapped], ids=["mmoe", "trunk-tap"])
+def test_a_routing_trunk_and_a_trunk_tap_take_one_pass_too(make, monkeypatch):
+    # Neither has the one trunk output rep_grad needs: each head sees its own gate's mix, or
+    # `aux` reads an inner block of the trunk.
+    passes = _count_per_head_backward_passes(monkeypatch)
+    heads = ("main", "aux")
+    trainers = [mh.Trainer(make(seed=1), {h: mh.Objective("mse", keras.optimizers.SGD(0.05))
+                                          for h in heads},
+                           trunk=mh.TrunkPolicy("sgd", "mean"), one_pass_backward=flag)
+                for flag in (True, False)]
+    for step in range(3):
+        for trainer in trainers:
+            trainer.step(make_batch(heads, seed=step))
+    assert int(passes.numpy()) == 3 * len(heads)  # the per-head trainer's only
+    for x, y in zip(*(_state(t) for t in trainers)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=BOUND)
