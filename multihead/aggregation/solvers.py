@@ -147,6 +147,29 @@ def simplex_qp_active_set(gram: tf.Tensor, reg: float | None = None) -> tf.Tenso
 #: MGDA enumerates the simplex's faces up to this many heads; above, the 2^K solves cost
 
 
+def _simplex_tableau(objective: tf.Tensor, rows: tf.Tensor, bounds: tf.Tensor,
+                     valid: tf.Tensor) -> tf.Tensor:
+    """`simplex_lp`'s starting tableau: the equalities `1.w = 1` and `rows_j.w - s_j = b_j`,
+    each row signed so that its right side is >= 0 and with its artificial variable (the
+    starting basis), then the rows `z_j - c_j` of phase 2 (`max c.w`) and phase 1
+    (`max -sum a`). Columns: w (K), s (m), artificials (m + 1), the right side."""
+    k = int(objective.shape[0])
+    m = int(rows.shape[0])
+    dtype = objective.dtype
+    rows = tf.where(valid[:, None], rows, tf.zeros_like(rows))
+    bounds = tf.where(valid, bounds, -tf.ones_like(bounds))                  # 0.w >= -1
+    sign = tf.where(bounds < 0.0, -tf.ones_like(bounds), tf.ones_like(bounds))
+    table = tf.concat([
+        tf.concat([tf.ones([1, k], dtype), sign[:, None] * rows], 0),
+        tf.concat([tf.zeros([1, m], dtype), -tf.linalg.diag(sign)], 0),
+        tf.eye(m + 1, dtype=dtype),
+        tf.concat([tf.ones([1], dtype), sign * bounds], 0)[:, None]], 1)
+    phase2 = tf.concat([-objective, tf.zeros([2 * m + 2], dtype)], 0)
+    phase1 = tf.concat([-tf.reduce_sum(table[:, :k + m], 0), tf.zeros([m + 1], dtype),
+                        -tf.reduce_sum(table[:, -1:], 0)], 0)
+    return tf.concat([table, phase2[None], phase1[None]], 0)
+
+
 def simplex_lp(objective: tf.Tensor, rows: tf.Tensor, bounds: tf.Tensor,
                valid: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Solves `max c.w` over `w >= 0, 1.w = 1, rows[i].w >= bounds[i]` (the rows where `valid`)
@@ -173,25 +196,11 @@ def simplex_lp(objective: tf.Tensor, rows: tf.Tensor, bounds: tf.Tensor,
     k = int(objective.shape[0])
     m = int(rows.shape[0])
     dtype = objective.dtype
-    eps = _eps(dtype)
-    rows = tf.where(valid[:, None], rows, tf.zeros_like(rows))
-    bounds = tf.where(valid, bounds, -tf.ones_like(bounds))
-    # Columns: w (K), s (m), artificials (m + 1), the right side; rows signed so that it is >= 0.
-    sign = tf.where(bounds < 0.0, -tf.ones_like(bounds), tf.ones_like(bounds))
-    table = tf.concat([
-        tf.concat([tf.ones([1, k], dtype), sign[:, None] * rows], 0),
-        tf.concat([tf.zeros([1, m], dtype), -tf.linalg.diag(sign)], 0),
-        tf.eye(m + 1, dtype=dtype),
-        tf.concat([tf.ones([1], dtype), sign * bounds], 0)[:, None]], 1)            # (m + 1, n + 1)
+    table = _simplex_tableau(objective, rows, bounds, valid)                        # (m + 3, n + 1)
     n = k + 2 * m + 1
     real = tf.range(n) < k + m                                                      # may enter
-    # The rows z_j - c_j of the artificial basis: phase 2 (max c.w), phase 1 (max -sum a).
-    phase2 = tf.concat([-objective, tf.zeros([n + 1 - k], dtype)], 0)
-    phase1 = tf.concat([-tf.reduce_sum(table[:, :k + m], 0), tf.zeros([m + 1], dtype),
-                        -tf.reduce_sum(table[:, -1:], 0)], 0)
-    table = tf.concat([table, phase2[None], phase1[None]], 0)                       # (m + 3, n + 1)
-    basis = tf.range(k + m, n, dtype=tf.int32)
-    tol = 1e3 * eps * (1.0 + tf.reduce_max(tf.abs(table)))
+    basis = tf.range(k + m, n, dtype=tf.int32)                                      # artificials
+    tol = 1e3 * _eps(dtype) * (1.0 + tf.reduce_max(tf.abs(table)))
 
     def pivot(i: tf.Tensor, table: tf.Tensor, basis: tf.Tensor, phase: tf.Tensor,
               done: tf.Tensor):
