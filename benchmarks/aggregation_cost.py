@@ -65,6 +65,8 @@ def options_for(name: str, k: int) -> dict | None:
         return None                          # exact active-set solvers: K <= 12
     if name == "weights":
         return {"weights": [1.0 + i for i in range(k)]}
+    if name == "epo":
+        return {"preference": [1.0 + i for i in range(k)]}
     if name == "krum":
         return {"n_byzantine": 0}
     if name == "trimmed_mean":

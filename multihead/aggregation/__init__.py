@@ -40,7 +40,7 @@ from multihead.aggregation.loss_weighting import (
     STCHWeighting,
     UncertaintyWeighting,
 )
-from multihead.aggregation.mgda import MGDA
+from multihead.aggregation.mgda import EPO, MGDA
 from multihead.aggregation.pcgrad import PCGrad
 from multihead.aggregation.registry import (
     AGGREGATOR_CLASSES,
@@ -58,7 +58,7 @@ from multihead.aggregation.upgrad import DualProj, UPGrad
 __all__ = [
     "AGGREGATORS", "AGGREGATOR_CLASSES", "Aggregation", "Aggregator", "AlignedMTL", "Buffered",
     "BufferedAggregator", "CAGrad", "ConFIG", "CoordinatewiseAggregator", "DBMTL", "DWAWeighting",
-    "DualProj", "ExcessMTL", "FAMOWeighting", "FairGrad", "FixedWeights", "GLSWeighting",
+    "DualProj", "EPO", "ExcessMTL", "FAMOWeighting", "FairGrad", "FixedWeights", "GLSWeighting",
     "GradDrop", "GradNormWeighting", "GradVac", "GramianWeighting", "IMTLG", "IMTLLWeighting",
     "Krum", "LOSS_WEIGHTINGS", "LOSS_WEIGHTING_CLASSES", "LossWeighting", "MGDA", "Mean", "MoCo",
     "NashMTL", "PCGrad", "REP_GRAD_AGGREGATORS", "RLWWeighting", "RandomWeights", "SDMGrad",

@@ -126,6 +126,8 @@ class Aggregator:
         noise: `"normal"`: takes `noise=` K standard normal draws each step (Random);
             `"uniform"`: one uniform draw per coordinate of each block (GradDrop).
         counts_projections: its `projections` are worth logging (PCGrad).
+        needs_losses: reads the heads' losses besides their gradients (EPO's `losses=`,
+            MoCo's and DB-MTL's `losses` argument).
         citation: the paper.
     """
 
@@ -194,7 +196,8 @@ class GramianWeighting(Aggregator):
     Implement `weigh(gram, **draws)`, a pure function of the `K x K` Gramian (float32
     in the step, float64 for analysis) returning `Weighting(weights, projections)`.
     `draws` holds `order=` (`random_order`) or `noise=` (`noise = "normal"`) when the
-    class asks for them. Set `constant = True` when the weights never read the Gramian
+    class asks for them, and `losses=` (the heads' `(K,)` losses, the Gramian's dtype)
+    when it sets `needs_losses = True`. Set `constant = True` when the weights never read the Gramian
     (the step then skips computing it).
     """
 

@@ -79,7 +79,7 @@ def run(aggregator: Aggregator, blocks: Sequence[tf.Tensor], dtype: tf.DType, *,
         draws: a Gramian weighting's random inputs (`order=`, `noise=`).
         block_noise: `shape -> uniform draws`, for a coordinate-wise method with `noise`.
         state: a stateful method's state (tensors); buffers: a buffered method's.
-        losses: `(K,)` the heads' losses (buffered methods that read them).
+        losses: `(K,)` the heads' losses (methods that read them: `needs_losses`).
         want_gram: compute the Gramian even for constant weights (for the caller).
     """
     zero = tf.constant(0, tf.int32)
@@ -107,6 +107,10 @@ def run(aggregator: Aggregator, blocks: Sequence[tf.Tensor], dtype: tf.DType, *,
     extra = dict(draws or {})
     if isinstance(aggregator, StatefulGramianWeighting):
         extra["state"] = state
+    if aggregator.needs_losses:  # EPO
+        if losses is None:
+            raise ValueError(f"aggregator {aggregator.label!r} needs the heads' losses")
+        extra["losses"] = tf.cast(losses, dtype)
     result = aggregator.weigh(g if g is not None else tf.zeros([k, k], dtype), **extra)
     return Outcome(result.weights, None, result.projections,
                    None if result.state is None else dict(result.state), None, g)
@@ -167,7 +171,7 @@ def aggregate(grads: tf.Tensor, name: AggregatorSpec, dtype: tf.DType | str = "f
         seed: seed of the draws of a random aggregator (`random`, `graddrop`) when
             `noise=` is not given.
         losses: `(K,)` each head's loss, the one whose gradient is row k: needed by
-            `moco` and `db_mtl`, ignored by the others.
+            `moco`, `db_mtl` and `epo`, ignored by the others.
         **options: a named aggregator's options, plus `order=` for PCGrad and GradVac
             and `noise=` for Random (`(K,)` normal) and GradDrop (`(D,)` uniform).
     """
@@ -199,9 +203,12 @@ def aggregate(grads: tf.Tensor, name: AggregatorSpec, dtype: tf.DType | str = "f
     if agg.state_spec():
         current = agg.initial_state(k) if state is None else state
         small = {key: _state_tensor(v, dtype) for key, v in current.items()}
+    if agg.needs_losses:
+        losses = _losses(agg, losses, k, dtype)
     # Traced once per call: the solvers' while loops are slow op by op in eager mode.
     result = tf.function(lambda gram: run(agg, [grads], dtype, gram=lambda: gram, draws=draws,
-                                          state=small, want_gram=True))(gramian(grads, dtype))
+                                          state=small, losses=losses,
+                                          want_gram=True))(gramian(grads, dtype))
     return Aggregation(tf.linalg.matvec(grads, result.weights, transpose_a=True),
                        result.weights, result.projections, result.state)
 
@@ -211,15 +218,8 @@ def _aggregate_buffered(agg: BufferedAggregator, grads: tf.Tensor, dtype: tf.DTy
     """`aggregate` for a buffered method: the explicit matrix as one block; the state
     carried between calls holds the `K x D` buffers too."""
     k, d = int(grads.shape[0]), int(grads.shape[1])
-    if losses is None:
-        if agg.needs_losses:
-            raise ValueError(f"aggregate: aggregator {agg.label!r} needs losses=[L_1, ..., L_K], "
-                             "each head's loss (the one whose gradient is row k)")
-        losses = np.zeros(k)
-    losses = tf.cast(tf.convert_to_tensor(losses), dtype)
-    if losses.shape != (k,):
-        raise ValueError(f"aggregate: losses must have one entry per row of grads ({k}), "
-                         f"got shape {tuple(losses.shape)}")
+    losses = _losses(agg, losses if losses is not None or agg.needs_losses else np.zeros(k),
+                     k, dtype)
     if state is None:
         state = {**agg.initial_state(k), **{key: np.zeros((k, d)) for key in agg.buffers}}
     expected = set(agg.state_spec()) | set(agg.buffers)
@@ -233,3 +233,15 @@ def _aggregate_buffered(agg: BufferedAggregator, grads: tf.Tensor, dtype: tf.DTy
     result = run(agg, [grads], dtype, buffers=buffers, losses=losses, state=small)
     new_state = {**result.state, **{key: blocks[0] for key, blocks in result.buffers.items()}}
     return Aggregation(result.directions[0], result.weights, result.projections, new_state)
+
+
+def _losses(agg: Aggregator, losses: Any, k: int, dtype: tf.DType) -> tf.Tensor:
+    """`aggregate`'s `losses=` for a method that reads them, checked: one per row."""
+    if losses is None:
+        raise ValueError(f"aggregate: aggregator {agg.label!r} needs losses=[L_1, ..., L_K], "
+                         "each head's loss (the one whose gradient is row k)")
+    losses = tf.cast(tf.convert_to_tensor(losses), dtype)
+    if losses.shape != (k,):
+        raise ValueError(f"aggregate: losses must have one entry per row of grads ({k}), "
+                         f"got shape {tuple(losses.shape)}")
+    return losses

@@ -1,14 +1,24 @@
-"""MGDA (Sener & Koltun, "Multi-Task Learning as Multi-Objective Optimization", NeurIPS 2018)."""
+"""Multi-objective descent from the simplex of the heads' gradients: MGDA (Sener & Koltun,
+"Multi-Task Learning as Multi-Objective Optimization", NeurIPS 2018) and EPO (Mahapatra &
+Rajan, "Multi-Task Learning with User Preferences: Gradient Descent with Controlled Ascent in
+Pareto Optimization", ICML 2020, Exact Pareto Optimal search)."""
 
 from __future__ import annotations
 
+import math
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from multihead.aggregation._numerics import _as_gram, _k, _no_projection, _ridge
 from multihead.aggregation.base import GramianWeighting, Weighting, check_number, check_one_of
-from multihead.aggregation.solvers import _min_norm_line, simplex_qp, simplex_qp_active_set
+from multihead.aggregation.solvers import (
+    _min_norm_line,
+    simplex_lp,
+    simplex_qp,
+    simplex_qp_active_set,
+)
 
 _ENUMERATE_MAX_HEADS = 8
 
@@ -86,3 +96,104 @@ class MGDA(GramianWeighting):
 
     def weigh(self, gram: tf.Tensor, **draws: tf.Tensor) -> Weighting:
         return mgda_weighting(gram, **self._options)
+
+
+def epo_weighting(gram: tf.Tensor, losses: tf.Tensor, preference: Sequence[float],
+                  eps: float = 1e-4) -> Weighting:
+    """EPO search (Mahapatra & Rajan, ICML 2020), one step: the authors' `EPO_LP.get_alpha`.
+
+    With `rl = r * l` (preference times losses), `l^ = rl / sum(rl)`, its non-uniformity
+    `mu = KL(l^ | 1/K) = sum_k l^_k log(K l^_k)` and the adjustments
+    `a = r * (log(K l^) - mu)`, `Ca = C a` (`C` the Gramian):
+
+    * off the preference ray (`mu > eps`), the balance LP: `max_alpha alpha.Ca` on the
+      simplex subject to `(C alpha)_j >= Ca_j` for the heads with `Ca_j <= 0` and
+      `(C alpha)_j >= 0` for the heads of largest `rl` (no other constraint); when no
+      `Ca_j > 0`, `C alpha >= 0` on every head;
+    * on the ray, the dominance LP: `max_alpha 1.C alpha` on the simplex subject to
+      `C alpha >= 0` and `alpha.Ca >= min(max(Ca), 0)`.
+
+    Each LP is solved exactly (`simplex_lp`: the simplex method in float64, where the authors
+    call cvxpy with GLPK); an empty polytope falls back
+    to `r / sum(r)`, as the authors' training loop does when its solver returns nothing.
+    The weights are `K alpha` (the authors' loop multiplies by the number of tasks).
+
+    Args:
+        gram: `K x K` Gramian.
+        losses: `(K,)` the heads' losses, positive.
+        preference: `r`, K positive numbers: the point sought has `r_k L_k` equal.
+        eps: the non-uniformity below which the losses are on the ray.
+    """
+    k = _k(gram)
+    dtype = _as_gram(gram).dtype
+    c = tf.cast(_as_gram(gram), tf.float64)
+    # The LPs' solutions do not change with C's scale (every term is linear in C).
+    c = tf.math.divide_no_nan(c, tf.reduce_max(tf.abs(tf.linalg.diag_part(c))))
+    r = tf.constant(list(preference), tf.float64)
+    rl = r * tf.cast(losses, tf.float64)
+    l_hat = rl / tf.reduce_sum(rl)
+    tiny = np.finfo(np.float64).eps
+    mu = tf.reduce_sum(tf.where(l_hat > tiny, l_hat * tf.math.log(l_hat * k), 0.0))
+    a = r * (tf.math.log(tf.maximum(l_hat, tiny) * k) - mu)
+    ca = tf.linalg.matvec(c, a)
+    balance = mu > eps
+    ascent = ca > 0.0
+    largest = tf.equal(rl, tf.reduce_max(rl))
+    # Balance: rows j with Ca_j <= 0 keep C alpha >= Ca_j, the largest rl's C alpha >= 0;
+    # with no Ca_j > 0, C alpha >= 0 on every row.
+    kept = tf.where(tf.reduce_any(ascent), largest | ~ascent, tf.ones_like(ascent))
+    bound = tf.where(tf.reduce_any(ascent) & ~largest, ca, tf.zeros_like(ca))
+    rows = tf.concat([c, ca[None]], 0)
+    bounds = tf.concat([tf.where(balance, bound, tf.zeros_like(ca)),
+                        [tf.minimum(tf.reduce_max(ca), 0.0)]], 0)
+    valid = tf.concat([tf.where(balance, kept, tf.ones_like(kept)), [~balance]], 0)
+    objective = tf.where(balance, ca, tf.reduce_sum(c, 0))
+    alpha, found = simplex_lp(objective, rows, bounds, valid)
+    alpha = tf.where(found, alpha, r / tf.reduce_sum(r))
+    return Weighting(tf.cast(k * alpha, dtype), _no_projection())
+
+
+class EPO(GramianWeighting):
+    """EPO: Exact Pareto Optimal search toward a preference vector (`epo_weighting`).
+
+    Each step moves toward the Pareto point where `preference[k] * L_k` is the same for
+    every head (the losses inversely proportional to the preference), descending every
+    loss once the losses are on that ray: a sweep over preferences traces the Pareto
+    front. It reads the heads' losses (positive ones: MSE, cross-entropy) besides their
+    Gramian.
+
+    Args:
+        preference: `[r_1, ..., r_K]`, positive numbers, one per head in head order.
+        eps: the non-uniformity `KL(r L / sum(r L) | 1/K)` below which the losses count as
+            on the preference ray (the authors' default 1e-4).
+    """
+
+    name = "epo"
+    citation = "Mahapatra & Rajan, ICML 2020"
+    needs_losses = True
+
+    def __init__(self, preference: Sequence[float] | None = None, eps: float = 1e-4) -> None:
+        if (not isinstance(preference, (list, tuple)) or not preference
+                or not all(isinstance(p, (int, float)) and not isinstance(p, bool)
+                           and math.isfinite(p) and p > 0 for p in preference)):
+            raise ValueError("aggregator 'epo' needs preference=[r_1, ..., r_K] (one positive "
+                             f"number per head), got {preference!r}")
+        check_number("epo", "eps", eps, 0.0)
+        self._options: dict[str, Any] = {"preference": [float(p) for p in preference],
+                                         "eps": float(eps)}
+
+    def check_heads(self, num_heads: int) -> None:
+        count = len(self._options["preference"])
+        if count != num_heads:
+            raise ValueError(
+                f"aggregator 'epo': preference has {count} entries but {num_heads} heads "
+                "train the trunk; give one number per such head, in head order")
+
+    def for_heads(self, positions: Sequence[int]) -> EPO:
+        return EPO([self._options["preference"][i] for i in positions], self._options["eps"])
+
+    def weigh(self, gram: tf.Tensor, losses: tf.Tensor | None = None,
+              **draws: tf.Tensor) -> Weighting:
+        if losses is None:
+            raise ValueError("aggregator 'epo' needs losses=: the heads' losses")
+        return epo_weighting(gram, losses, **self._options)

@@ -34,7 +34,7 @@ from multihead.aggregation.loss_weighting import (
     STCHWeighting,
     UncertaintyWeighting,
 )
-from multihead.aggregation.mgda import MGDA
+from multihead.aggregation.mgda import EPO, MGDA
 from multihead.aggregation.pcgrad import PCGrad
 from multihead.aggregation.sdmgrad import SDMGrad
 from multihead.aggregation.upgrad import DualProj, UPGrad
@@ -43,7 +43,7 @@ from multihead.aggregation.upgrad import DualProj, UPGrad
 AGGREGATOR_CLASSES: tuple[type[Aggregator], ...] = (
     Sum, Mean, FixedWeights, PCGrad, MGDA, CAGrad, UPGrad, DualProj, IMTLG, AlignedMTL, ConFIG,
     Krum, NashMTL, GradVac, FairGrad, SDMGrad, MoCo, DBMTL, ExcessMTL, RandomWeights, GradDrop,
-    TrimmedMean,
+    TrimmedMean, EPO,
 )
 #: The built-in loss weightings.
 LOSS_WEIGHTING_CLASSES: tuple[type[LossWeighting], ...] = (

@@ -147,6 +147,99 @@ def simplex_qp_active_set(gram: tf.Tensor, reg: float | None = None) -> tf.Tenso
 #: MGDA enumerates the simplex's faces up to this many heads; above, the 2^K solves cost
 
 
+def _simplex_tableau(objective: tf.Tensor, rows: tf.Tensor, bounds: tf.Tensor,
+                     valid: tf.Tensor) -> tf.Tensor:
+    """`simplex_lp`'s starting tableau: the equalities `1.w = 1` and `rows_j.w - s_j = b_j`,
+    each row signed so that its right side is >= 0 and with its artificial variable (the
+    starting basis), then the rows `z_j - c_j` of phase 2 (`max c.w`) and phase 1
+    (`max -sum a`). Columns: w (K), s (m), artificials (m + 1), the right side."""
+    k = int(objective.shape[0])
+    m = int(rows.shape[0])
+    dtype = objective.dtype
+    rows = tf.where(valid[:, None], rows, tf.zeros_like(rows))
+    bounds = tf.where(valid, bounds, -tf.ones_like(bounds))                  # 0.w >= -1
+    sign = tf.where(bounds < 0.0, -tf.ones_like(bounds), tf.ones_like(bounds))
+    table = tf.concat([
+        tf.concat([tf.ones([1, k], dtype), sign[:, None] * rows], 0),
+        tf.concat([tf.zeros([1, m], dtype), -tf.linalg.diag(sign)], 0),
+        tf.eye(m + 1, dtype=dtype),
+        tf.concat([tf.ones([1], dtype), sign * bounds], 0)[:, None]], 1)
+    phase2 = tf.concat([-objective, tf.zeros([2 * m + 2], dtype)], 0)
+    phase1 = tf.concat([-tf.reduce_sum(table[:, :k + m], 0), tf.zeros([m + 1], dtype),
+                        -tf.reduce_sum(table[:, -1:], 0)], 0)
+    return tf.concat([table, phase2[None], phase1[None]], 0)
+
+
+def simplex_lp(objective: tf.Tensor, rows: tf.Tensor, bounds: tf.Tensor,
+               valid: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Solves `max c.w` over `w >= 0, 1.w = 1, rows[i].w >= bounds[i]` (the rows where `valid`)
+    exactly, by the two-phase simplex method.
+
+    A dense tableau in the dtype of `objective` (float64 for exactness): the equalities
+    `1.w = 1` and `rows_j.w - s_j = b_j` (a row that is not valid becomes `0.w >= -1`), one
+    artificial variable each; phase 1 drives the artificials to 0 (the polytope is empty when
+    it cannot), phase 2 maximises `c.w`. Bland's rule picks the entering and the leaving
+    variable, so the method ends on degenerate vertices too; an artificial left in the basis
+    at 0 leaves at the first pivot whose column touches its row, so it never turns positive.
+    The polytope lies in the simplex, so it is bounded and the optimum is a vertex.
+
+    Args:
+        objective: `(K,)` the vector `c`.
+        rows: `(m, K)` the constraints' rows.
+        bounds: `(m,)` their lower bounds.
+        valid: `(m,)` bool, which rows constrain (the others are ignored).
+
+    Returns:
+        `(w, found)`: the optimum (clipped at 0 and summing to 1) and whether the polytope
+        is not empty; when it is, `w` is uniform and `found` False.
+    """
+    k = int(objective.shape[0])
+    m = int(rows.shape[0])
+    dtype = objective.dtype
+    table = _simplex_tableau(objective, rows, bounds, valid)                        # (m + 3, n + 1)
+    n = k + 2 * m + 1
+    real = tf.range(n) < k + m                                                      # may enter
+    basis = tf.range(k + m, n, dtype=tf.int32)                                      # artificials
+    tol = 1e3 * _eps(dtype) * (1.0 + tf.reduce_max(tf.abs(table)))
+
+    def pivot(i: tf.Tensor, table: tf.Tensor, basis: tf.Tensor, phase: tf.Tensor,
+              done: tf.Tensor):
+        reduced = tf.where(phase == 1, table[-1, :n], table[-2, :n])
+        entering = (reduced < -tol) & real
+        q = tf.argmax(tf.cast(entering, tf.int32), output_type=tf.int32)            # Bland: first
+        column = table[:-2, q]
+        positive = column > tol
+        ratio = tf.where(positive, table[:-2, -1] / tf.where(positive, column, 1.0),
+                         tf.constant(np.inf, dtype))
+        # An artificial still basic (at 0) in phase 2 leaves on any nonzero entry.
+        stuck = (phase == 2) & (basis >= k + m) & (tf.abs(column) > tol)
+        ratio = tf.where(stuck, tf.zeros_like(ratio), ratio)
+        limits = positive | stuck
+        best = tf.reduce_min(ratio)
+        p = tf.argmin(tf.where(limits & (ratio <= best + tol * (1.0 + best)), basis, n),
+                      output_type=tf.int32)                                         # Bland: lowest
+        moves = tf.reduce_any(entering) & tf.reduce_any(limits)
+        row = table[p] / table[p, q]
+        pivoted = tf.tensor_scatter_nd_update(table - table[:, q][:, None] * row[None], [[p]],
+                                              row[None])
+        table = tf.where(moves, pivoted, table)
+        basis = tf.where(moves, tf.tensor_scatter_nd_update(basis, [[p]], [q]), basis)
+        # Phase 1 ends where no column improves it: on to phase 2 if the artificials are 0.
+        feasible = table[-1, -1] >= -tol
+        next_phase = tf.where((phase == 1) & ~moves & feasible, 2, phase)
+        done = ~moves & ((phase == 2) | ~feasible)
+        return i + 1, table, basis, next_phase, done
+
+    _, table, basis, phase, _ = tf.while_loop(
+        lambda i, table, basis, phase, done: (i < 20 * n + 50) & ~done, pivot,
+        (tf.constant(0), table, basis, tf.constant(1), tf.constant(False)))
+    values = tf.scatter_nd(basis[:, None], table[:-2, -1], [n])
+    w = tf.maximum(values[:k], 0.0)
+    found = (phase == 2) & (tf.reduce_sum(w) > 0.0)
+    uniform = tf.fill([k], tf.constant(1.0 / k, dtype))
+    return tf.where(found, w / tf.reduce_sum(w), uniform), found
+
+
 def _project_simplex(v: tf.Tensor) -> tf.Tensor:
     """Euclidean projection onto the probability simplex (Duchi et al., ICML 2008)."""
     k = v.shape[-1]

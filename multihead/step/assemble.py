@@ -92,7 +92,7 @@ class StepAssembly:
             check_distinct_optimizers(self.optimizers)
             self.trunk_update = TrunkUpdate.create(
                 trunk, {n: dataclasses.replace(o, trains_trunk=declares_trunk(o))
-                        for n, o in self.objectives.items()}, options.schedule, self.optimizers)
+                        for n, o in self.objectives.items()}, options, self.optimizers)
         policy = self.trunk_update.policy if self.trunk_update is not None else None
         self.rep_grad = bool(policy and policy.rep_grad)
         if strategy is not None:

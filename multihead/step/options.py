@@ -3,8 +3,9 @@
 The Trainer builds it once from its keywords (`Trainer(jit_compile=True)` is
 `StepOptions(jit_compile=True)`), a config's `train:` keys map onto its fields by
 name, and the step hands it on whole to what reads it: the compiled loops
-(`multihead.step.compiled`), the applier (`multihead.step.applier`) and the
-per-head trunk rule (`multihead.step.trunk_rule`). An option is documented and
+(`multihead.step.compiled`), the applier (`multihead.step.applier`), the
+per-head trunk rule (`multihead.step.trunk_rule`) and the aggregated one
+(`multihead.step.trunk_update`). An option is documented and
 checked here, on its field, and read by its consumer; no layer in between
 lists it.
 
@@ -77,6 +78,14 @@ class StepOptions:
             scale, the other heads and the trunk proceed (see
             `multihead.step.loss_scales`). Not with trunk aggregation. A config sets
             it through `train.mixed_precision: float16`.
+        one_pass_backward: with an aggregated trunk whose combination is linear in the
+            heads' gradients (constant weights: `sum`, `mean`, fixed `weights`, with or
+            without a loss weighting that reads no gradient), take the trunk gradient
+            as one backward pass of the weighted loss on steps that do not log, equal
+            to the per-head passes to float32 rounding; a step whose one-pass result
+            is not finite, or with a head not taking part, redoes it per head within
+            the step (see `multihead.step.one_pass`). `False`: one pass per head on
+            every step (bitwise the per-head path).
     """
 
     schedule: str = _option("simultaneous", "how the heads' updates follow each other in a step",
@@ -89,6 +98,10 @@ class StepOptions:
     fused_updates: bool = _option(False, "plain Adam/SGD through TF1's fused kernels: faster, "
                                          "TF1's numerics (not bitwise Keras')")
     loss_scale: Any = _option("auto", "each head's dynamic loss scale (float16)", config=False)
+    one_pass_backward: bool = _option(
+        True, "aggregated trunk with constant weights: one backward pass of the weighted loss "
+              "on steps that do not log (equal to the per-head passes to float32 rounding); "
+              "false: one pass per head")
 
     def __post_init__(self) -> None:
         check_choice(self.schedule, "schedule", SCHEDULES)
@@ -97,6 +110,7 @@ class StepOptions:
             raise ValueError(f"batched_backward: expected 'auto', True or False, got "
                              f"{self.batched_backward!r}")
         check_choice(self.fused_updates, "fused_updates", (False, True))
+        check_choice(self.one_pass_backward, "one_pass_backward", (False, True))
         if not (self.loss_scale is None or _is_auto(self.loss_scale)
                 or _is_loss_scale(self.loss_scale)):
             raise TypeError(f"loss_scale must be 'auto', a DynamicLossScale or None, got "

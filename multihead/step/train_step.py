@@ -306,7 +306,8 @@ class TrainStep:
             features=None if fwd is None else fwd.features,
             trunk_reg=0.0 if fwd is None else fwd.trunk_reg,
             scaling=fwd.scaling if fwd is not None else LossScaling({}),
-            when_logging=None if monitor is None else monitor.when_scalars,
+            # None in the variant that does not log: its rule needs no per-head statistics
+            when_logging=monitor.when_scalars if monitor is not None and monitor.active else None,
             active=self._taking_part(heads, counts or {}, step))
 
     def _taking_part(self, heads: tuple[HeadSpec, ...], counts: Mapping[str, tf.Tensor],

@@ -184,7 +184,7 @@ class HeadsPass(NamedTuple):
         trunk_reg: the trunk's regularization (0.0 when it has none).
         scaling: what the rule's `scale_losses` computed in the pass.
         when_logging: runs a function (summary writes) on scalar logging steps only;
-            None without a monitor.
+            None without a monitor and in the step variant that does not log.
         active: head -> bool scalar, whether the head takes part in this step (False:
             frozen, or no present label in its batch): a head that does not is dropped
             exactly as the non-finite guard drops one. None: every head takes part.

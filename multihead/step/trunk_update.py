@@ -22,6 +22,13 @@ Two ways to get the `g_k` of an aggregate:
   constant weights (identical result), `mgda` (the paper's upper bound),
   `imtl` (the paper works on shared features) and the loss weightings.
 
+Where the combination is linear in the `g_k` (constant weights, under a loss weighting
+that reads no gradient), a step that needs no per-head trunk gradient takes none: one
+backward pass of the weighted loss gives `d` (`multihead.step.one_pass`, on by default:
+`StepOptions.one_pass_backward`; not with `rep_grad`, which keeps its own way); a step whose
+result fails its check (a non-finite gradient, a head not taking part) redoes it per head,
+as below.
+
 Dropped heads: a guarded head whose loss or gradient is not finite drops out of
 the step, and so does a head that does not take part in it (`HeadsPass.active`:
 frozen, or without a present label in its batch). Its own update is skipped;
@@ -58,8 +65,18 @@ from multihead.objectives.objective import Objective, resolve_optimizer
 from multihead.settings import PYTHON, check_trunk_aggregation
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
+from multihead.step import one_pass
 from multihead.step.aggregator_state import AggregatorState
 from multihead.step.applier import PlannedUpdate, all_finite
+from multihead.step.gradient_rows import (
+    all_but,
+    gramian,
+    pairwise_gramian,
+    split_rows,
+    stack_rows,
+    weighted_sum,
+)
+from multihead.step.options import StepOptions
 from multihead.step.trunk_policy import TrunkPolicy, resolve_trunk
 from multihead.step.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, head_plans
 
@@ -133,10 +150,26 @@ class _Aggregated:
 
     def plan(self, heads_pass: HeadsPass) -> list[PlannedUpdate]:
         """The trunk optimizer applies the aggregate of the heads' trunk gradients; each
-        aggregated head's optimizer its own variables; the other heads as per head."""
+        aggregated head's optimizer its own variables; the other heads as per head. A linear
+        combination on a step that needs no per-head trunk gradient takes one backward pass
+        (`multihead.step.one_pass`), else one per head."""
         p = heads_pass
         agg = [h for h in p.heads if h.trains_trunk]
         rest = [h for h in p.heads if not h.trains_trunk]
+        replica_grads = p.given[0] if p.given is not None else None
+        weights = (one_pass.linear_weights(self.aggregator_for(tuple(h.name for h in agg)),
+                                           self.weighting, len(agg))
+                   if self.one_pass and not self.policy.rep_grad
+                   and one_pass.takes_one_pass(p, agg) else None)
+        if weights is None:
+            plans = self._per_head_plans(p, agg)
+        else:
+            plans = one_pass.one_pass_plans(p, agg, weights, self.optimizer, self.var_list,
+                                            self.weighting, lambda: self._per_head_plans(p, agg))
+        return plans + head_plans(rest, p._replace(given=replica_grads))
+
+    def _per_head_plans(self, p: HeadsPass, agg: Sequence[HeadSpec]) -> list[PlannedUpdate]:
+        """The trunk's plan, then each head of `agg`'s, from one backward pass per head."""
         trunk_vars = list(p.trunk_variables)
         replica_grads, reg_grads = p.given if p.given is not None else (None, None)
         rep_grad = self.policy.rep_grad and replica_grads is None
@@ -174,7 +207,7 @@ class _Aggregated:
             plans.append(PlannedUpdate(head.optimizer, own[head.name], head.var_list, head.name,
                                        head.guarded, p.losses[head.name], finite[head.name],
                                        when=p.takes_part(head.name)))
-        return plans + head_plans(rest, p._replace(given=replica_grads))
+        return plans
 
     def _trunk_plan(self, agg: Sequence[HeadSpec], kept: Mapping[str, tf.Tensor | None],
                     trunk_gradients: Callable[..., _TrunkStep]) -> PlannedUpdate:
@@ -307,7 +340,7 @@ class _Aggregated:
 
         def log() -> None:
             # Constant weights need no Gramian to step: compute it on logging steps only.
-            g = gram if gram is not None else _gramian(stacked)
+            g = gram if gram is not None else gramian(stacked)
             n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
             cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
             weight_tags, factor_tags = head_tags(tags.agg_weight), head_tags(tags.agg_loss_weight)
@@ -343,15 +376,15 @@ class _Aggregated:
         aggregator = self.aggregator_for(names)
         if without is not None:
             assert self._without_one(names) is not None, "_trunk_plan traces each subset for it"
-            keep = _all_but(len(names), without)
+            keep = all_but(len(names), without)
             positions = tf.gather(positions, keep)
         k = len(names) - (without is not None)
         # Few heads: pairwise inner products and a direct weighted sum, no K x n copies.
         pairwise = k <= _PAIRWISE_MAX_HEADS
-        stacked = [_stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
+        stacked = [stack_rows([g[j] for g in per_head], t) for j, t in enumerate(sources)]
         if keep is not None:
             stacked = [tf.gather(s, keep) for s in stacked]
-            per_head = _rows(stacked, per_head, sources, k)
+            per_head = split_rows(stacked, per_head, sources, k)
             if losses is not None:
                 losses = tf.gather(losses, keep)
         dtype = tf.as_dtype(self.policy.dtype)
@@ -359,8 +392,8 @@ class _Aggregated:
         buffered = isinstance(aggregator, BufferedAggregator)
         result = run_aggregator(
             aggregator, stacked, dtype,
-            gram=lambda: (_pairwise_gramian(per_head, dtype) if pairwise
-                          else _gramian(stacked, dtype)),
+            gram=lambda: (pairwise_gramian(per_head, dtype) if pairwise
+                          else gramian(stacked, dtype)),
             draws=step_draws(aggregator, self.rng, k),
             block_noise=self.rng.uniform,
             state=state.read(positions) if state is not None else None,
@@ -385,7 +418,7 @@ class _Aggregated:
         static = tf.get_static_value(weights)
         if static is not None or pairwise:  # then `stacked` is only read on logging steps
             terms = static.tolist() if static is not None else tf.unstack(weights, num=k)
-            combined = [_weighted_sum([g[j] for g in per_head], terms, t)
+            combined = [weighted_sum([g[j] for g in per_head], terms, t)
                         for j, t in enumerate(sources)]
         else:
             combined = [tf.reshape(tf.linalg.matvec(s, weights, transpose_a=True), tf.shape(t))
@@ -417,27 +450,6 @@ class _Combined(NamedTuple):
     keep: tf.Tensor | None
 
 
-def _all_but(k: int, without: tf.Tensor) -> tf.Tensor:
-    """The `k - 1` positions `0..k-1` other than `without`, in order (a static shape)."""
-    positions = tf.range(k - 1, dtype=tf.int32)
-    return positions + tf.cast(positions >= without, tf.int32)
-
-
-def _rows(stacked: Sequence[tf.Tensor], per_head: Sequence[Sequence[tf.Tensor | None]],
-          sources: Sequence[Any], k: int) -> list[list[tf.Tensor | None]]:
-    """The rows of the `k x n` stacks as per-head gradients shaped as the sources; None
-    for a source no head's gradient depends on (as `per_head` says)."""
-    out: list[list[tf.Tensor | None]] = [[] for _ in range(k)]
-    for j, (block, source) in enumerate(zip(stacked, sources)):
-        rows: list[tf.Tensor | None] = [None] * k
-        if any(g[j] is not None for g in per_head):
-            shape = source.shape if source.shape.is_fully_defined() else tf.shape(source)
-            rows = [tf.reshape(r, shape) for r in tf.unstack(block, num=k)]
-        for i in range(k):
-            out[i].append(rows[i])
-    return out
-
-
 class TrunkUpdate(_Aggregated, tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
@@ -458,14 +470,17 @@ class TrunkUpdate(_Aggregated, tf.Module):
         heads: names of the aggregated heads (those that train the trunk), in order.
         rng: generator of PCGrad's projection orders.
         var_list: what the optimizer is built on (trunk + weighting variables).
+        one_pass: a linear combination takes one backward pass on steps that need no
+            per-head trunk gradient (`StepOptions.one_pass_backward`).
     """
 
     _TF_MODULE_IGNORED_PROPERTIES = frozenset({"var_list", "policy", "_subsets"})
 
     def __init__(self, policy: TrunkPolicy, heads: Sequence[str],
-                 optimizer: keras.optimizers.Optimizer) -> None:
+                 optimizer: keras.optimizers.Optimizer, one_pass: bool = True) -> None:
         super().__init__(name="trunk_update")
         self.policy = policy
+        self.one_pass = one_pass
         self.heads = tuple(heads)
         self.optimizer = optimizer
         k = len(self.heads)
@@ -513,14 +528,15 @@ class TrunkUpdate(_Aggregated, tf.Module):
         return tuple(h for h in heads if h not in frozen)
 
     @classmethod
-    def create(cls, trunk: Any, objectives: Mapping[str, Objective], schedule: str,
+    def create(cls, trunk: Any, objectives: Mapping[str, Objective], options: StepOptions,
                head_optimizers: Mapping[str, keras.optimizers.Optimizer]) -> TrunkUpdate | None:
-        """Validates `trunk` against the heads (early, at construction); None for `per_head`."""
+        """Validates `trunk` against the heads and the step's options (early, at
+        construction); None for `per_head`."""
         policy = resolve_trunk(trunk)
         if policy is None:
             return None
-        check_trunk_aggregation(schedule, {h: (o.trains_trunk, o.every) for h, o in objectives.items()},
-                                PYTHON)
+        check_trunk_aggregation(options.schedule,
+                                {h: (o.trains_trunk, o.every) for h, o in objectives.items()}, PYTHON)
         heads = [h for h, o in objectives.items() if o.trains_trunk]
         optimizer = resolve_optimizer(policy.optimizer, "trunk")
         for head, opt in head_optimizers.items():
@@ -528,7 +544,7 @@ class TrunkUpdate(_Aggregated, tf.Module):
                 raise ValueError(
                     f"the trunk optimizer is head {head!r}'s optimizer object; give the trunk its own"
                 )
-        return cls(policy, heads, optimizer)
+        return cls(policy, heads, optimizer, options.one_pass_backward)
 
     def build(self, trunk_variables: Sequence[keras.Variable]) -> None:
         """Builds the optimizer eagerly on the trunk variables + the weighting's trainable ones."""
@@ -545,44 +561,3 @@ class TrunkUpdate(_Aggregated, tf.Module):
         self.var_list = self._no_dependency(tuple(var_list))
         if self.aggregator.buffers:
             self.aggregator_state.build_buffers(list(trunk_variables))
-
-
-def _stack_rows(grads: Sequence[tf.Tensor | None], like: Any) -> tf.Tensor:
-    """K gradients of one variable (None = no dependence) as a `K x n` matrix."""
-    rows = [tf.reshape(g if g is not None else tf.zeros_like(like), [-1]) for g in grads]
-    return tf.stack(rows)
-
-
-def _weighted_sum(grads: Sequence[tf.Tensor | None], weights: Sequence[float | tf.Tensor],
-                  like: Any) -> tf.Tensor:
-    """`sum_k weights[k] grads[k]` (None = no dependence), without a `K x n` stack.
-
-    `weights` are Python floats when known at trace time (a weight of 1 costs no
-    multiply) or scalar tensors.
-    """
-    terms = [g if isinstance(w, float) and w == 1.0 else w * g
-             for g, w in zip(grads, weights) if g is not None]
-    return tf.add_n(terms) if terms else tf.zeros_like(like)
-
-
-def _pairwise_gramian(per_head: Sequence[Sequence[tf.Tensor | None]],
-                      dtype: tf.DType = tf.float32) -> tf.Tensor:
-    """`G G^T` from the K(K+1)/2 inner products of the heads' gradients (no stacking)."""
-    k = len(per_head)
-
-    def cast(x: tf.Tensor) -> tf.Tensor:
-        return x if x.dtype == dtype else tf.cast(x, dtype)
-
-    def dot(a: int, b: int) -> tf.Tensor:
-        terms = [tf.reduce_sum(cast(x) * cast(y)) for x, y in zip(per_head[a], per_head[b])
-                 if x is not None and y is not None]
-        return tf.add_n(terms) if terms else tf.constant(0.0, dtype)
-
-    upper = {(a, b): dot(a, b) for a in range(k) for b in range(a, k)}
-    return tf.stack([tf.stack([upper[min(a, b), max(a, b)] for b in range(k)]) for a in range(k)])
-
-
-def _gramian(stacked: Sequence[tf.Tensor], dtype: tf.DType = tf.float32) -> tf.Tensor:
-    """`G G^T` summed over the per-variable `K x n` blocks of G (no concatenation)."""
-    blocks = [s if s.dtype == dtype else tf.cast(s, dtype) for s in stacked]
-    return tf.add_n([tf.matmul(s, s, transpose_b=True) for s in blocks])

@@ -26,7 +26,7 @@ HEADS = ("a", "b", "c")
 
 #: Options a method needs (required ones) in these tests, by name.
 REQUIRED = {"weights": {"weights": [1.0, 2.0, 0.5]}, "krum": {"n_byzantine": 0},
-            "trimmed_mean": {"trim_number": 1}}
+            "trimmed_mean": {"trim_number": 1}, "epo": {"preference": [1.0, 2.0, 0.5]}}
 
 
 def _aggregators() -> list:
@@ -78,8 +78,9 @@ def _permuted_is_same(method, g, perm, losses) -> None:
 def test_permutation_equivariance(name, factory):
     """Reordering the heads reorders the weights and leaves the direction alone (from the
     initial state; PCGrad and GradVac project in a given order: at K = 2 it plays no role;
-    fixed weights are per head, so they are permuted with the heads; Krum at K = 3 scores each
-    gradient by its nearest neighbour, a tie for the nearest pair broken by index: K = 4)."""
+    fixed weights and EPO's preference are per head, so they are permuted with the heads; Krum
+    at K = 3 scores each gradient by its nearest neighbour, a tie for the nearest pair broken by
+    index: K = 4)."""
     method = factory()
     k = {"pcgrad": 2, "gradvac": 2, "krum": 4}.get(name, 3)
     g = _random(k, seed=1)
@@ -90,6 +91,13 @@ def test_permutation_equivariance(name, factory):
         p = mh.aggregate(g[perm], method_p, dtype="float64").direction.numpy()
         np.testing.assert_allclose(p, d, rtol=1e-12)
         return
+    if name == "epo":
+        losses = _losses(k)
+        method_p = mh.aggregation.EPO(list(np.array(method.options["preference"])[perm]))
+        d = mh.aggregate(g, method, dtype="float64", losses=losses).direction.numpy()
+        p = mh.aggregate(g[perm], method_p, dtype="float64", losses=losses[perm]).direction.numpy()
+        np.testing.assert_allclose(p, d, rtol=1e-9, atol=1e-12)
+        return
     _permuted_is_same(method, g, perm, _losses(k))
 
 
@@ -98,15 +106,15 @@ def test_permutation_equivariance(name, factory):
 #: MoCo and DB-MTL (they normalise the gradients), ExcessMTL (its ratios), the docs' NormBalance.
 HOMOGENEOUS = ("sum", "mean", "weights", "pcgrad", "mgda", "cagrad", "upgrad", "dualproj", "imtl",
                "aligned_mtl", "config", "krum", "gradvac", "sdmgrad", "random", "graddrop",
-               "trimmed_mean")
+               "trimmed_mean", "epo")
 
 
 @pytest.mark.parametrize("name", HOMOGENEOUS)
 def test_scale_behaviour(name):
     factory = dict(AGGREGATORS)[name]
     g = _random(3, seed=2)
-    d = mh.aggregate(g, factory(), dtype="float64").direction.numpy()
-    scaled = mh.aggregate(7.0 * g, factory(), dtype="float64").direction.numpy()
+    d = mh.aggregate(g, factory(), dtype="float64", losses=_losses(3)).direction.numpy()
+    scaled = mh.aggregate(7.0 * g, factory(), dtype="float64", losses=_losses(3)).direction.numpy()
     np.testing.assert_allclose(scaled, 7.0 * d, rtol=1e-8, atol=1e-10)
 
 
@@ -173,7 +181,7 @@ def _check_in_the_step(make_method, weighting: bool, tmp_path) -> None:
 #: ~15-30 s each on 2 loaded cores (two trainers traced): one method per base runs fast, the
 #: others with -m slow.
 FAST_IN_STEP = ("sum", "gradvac", "moco", "graddrop", "docs_NormBalance", "uncertainty",
-                "docs_FirstLossNormalisation")
+                "docs_FirstLossNormalisation", "epo")  # epo: the losses reach a Gramian weighting
 
 
 def _marked(cases: list) -> list:

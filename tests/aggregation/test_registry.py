@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_the_names_are_the_classes_names():
     assert mh.AGGREGATORS == tuple(c.name for c in AGGREGATOR_CLASSES)
     assert mh.LOSS_WEIGHTINGS == tuple(c.name for c in LOSS_WEIGHTING_CLASSES)
-    assert len(set(mh.AGGREGATORS) | set(mh.LOSS_WEIGHTINGS)) == 30
+    assert len(set(mh.AGGREGATORS) | set(mh.LOSS_WEIGHTINGS)) == 31
 
 
 def test_the_docs_table_lists_every_registered_method_once():
@@ -39,7 +39,7 @@ def test_an_unknown_name_lists_the_registry():
 @pytest.mark.parametrize("cls", AGGREGATOR_CLASSES, ids=lambda c: c.name)
 def test_config_round_trip_gives_an_equal_method(cls):
     required = {"weights": {"weights": [1.0, 2.0]}, "krum": {"n_byzantine": 0},
-                "trimmed_mean": {"trim_number": 0}}
+                "trimmed_mean": {"trim_number": 0}, "epo": {"preference": [1.0, 2.0]}}
     method = cls(**required.get(cls.name, {}))
     again = cls.from_config(method.get_config())
     assert type(again) is cls and again.get_config() == method.get_config()

@@ -31,7 +31,8 @@ def _modules_naming(word: str) -> list[str]:
 
 @pytest.mark.parametrize("word,consumer", [("fused_updates", "step/applier.py"),
                                            ("jit_compile", "step/compiled.py"),
-                                           ("batched_backward", "step/trunk_rule.py")])
+                                           ("batched_backward", "step/trunk_rule.py"),
+                                           ("one_pass_backward", "step/trunk_update.py")])
 def test_an_option_is_named_by_its_field_its_consumer_and_at_most_one_more(word, consumer):
     modules = _modules_naming(word)
     assert "step/options.py" in modules and consumer in modules
