@@ -76,3 +76,41 @@ def train_quietly(config: str, run_dir: str, sets: list[str]) -> None:
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def summed_step(model: object) -> Callable:
+    """A hand-written compiled step for `model` (a `MultiHeadModel` with scalar regression
+    heads): one tape, the sum of the heads' MSE losses, one Adam on every variable. This is
+    LibMTL's EW step, the lower bound of a step that trains on one weighted loss."""
+    import keras
+    import tensorflow as tf
+
+    optimizer = keras.optimizers.Adam(1e-3)
+    variables = model.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            out = model(x, training=True)
+            loss = tf.add_n([tf.reduce_mean(tf.square(y[h] - out[h])) for h in out])
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return step
+
+
+def mlp_model(heads: list[str], input_dim: int, width: int = 256, seed: int = 0) -> object:
+    """The benchmarks' model: trunk Dense(width) relu x2, a Dense(1) head per name, built."""
+    import keras
+
+    import multihead as mh
+
+    keras.utils.set_random_seed(seed)
+    model = mh.MultiHeadModel(
+        trunk=keras.Sequential([keras.layers.Dense(width, activation="relu"),
+                                keras.layers.Dense(width, activation="relu")]),
+        heads={h: keras.layers.Dense(1) for h in heads})
+    model.build((None, input_dim))
+    return model
+

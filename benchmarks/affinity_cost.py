@@ -34,20 +34,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
-from _timing import interleaved_medians, table  # noqa: E402
+from _timing import interleaved_medians, mlp_model, table  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 
 
 def make_trainer(heads: list[str], log_dir: str, every: int, affinity_every: int,
                  lookahead: str, input_dim: int, width: int) -> mh.Trainer:
-    keras.utils.set_random_seed(0)
-    model = mh.MultiHeadModel(
-        trunk=keras.Sequential([keras.layers.Dense(width, activation="relu"),
-                                keras.layers.Dense(width, activation="relu")]),
-        heads={h: keras.layers.Dense(1) for h in heads},
-    )
-    model.build((None, input_dim))
+    model = mlp_model(heads, input_dim, width)
     return mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-4)) for h in heads},
                       log_dir=log_dir, log_every=every, histograms_every=0,
                       affinity_every=affinity_every, affinity_lookahead=lookahead)

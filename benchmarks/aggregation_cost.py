@@ -50,6 +50,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
+import _timing  # noqa: E402
 from multihead.step.trunk_policy import TRUNK_AGGREGATORS  # noqa: E402
 
 IN_DIM, WIDTH, BATCH = 64, 256, 256
@@ -92,20 +93,7 @@ def make_batch(k: int) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
 
 
 def summed_step(k: int):
-    model = make_model(k)
-    optimizer = keras.optimizers.Adam(1e-3)
-    variables = model.trainable_variables
-    optimizer.build(variables)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            out = model(x, training=True)
-            loss = tf.add_n([tf.reduce_mean(tf.square(y[h] - out[h])) for h in out])
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    return step
+    return _timing.summed_step(make_model(k))
 
 
 def trainer_step(k: int, trunk):

@@ -45,19 +45,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import multihead as mh  # noqa: E402
+from _timing import mlp_model  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")  # one trace per trainer is expected, not a retracing problem
 
 
 def make_trainer(heads: list[str], log_dir: str | None, every: int, histograms_every: int,
                  input_dim: int, width: int = 256) -> mh.Trainer:
-    keras.utils.set_random_seed(0)
-    model = mh.MultiHeadModel(
-        trunk=keras.Sequential([keras.layers.Dense(width, activation="relu"),
-                                keras.layers.Dense(width, activation="relu")]),
-        heads={h: keras.layers.Dense(1) for h in heads},
-    )
-    model.build((None, input_dim))
+    model = mlp_model(heads, input_dim, width)
     return mh.Trainer(model, {h: mh.Objective("mse", keras.optimizers.Adam(1e-4)) for h in heads},
                       log_dir=log_dir, log_every=every, histograms_every=histograms_every)
 

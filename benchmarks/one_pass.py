@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))  # this checkout's multihead, not an installed one
 
-from _timing import interleaved_wall_and_cpu, table  # noqa: E402
+from _timing import interleaved_wall_and_cpu, summed_step, table  # noqa: E402
 
 IN_DIM, WIDTH, BATCH = 64, 256, 128
 METHODS = ("sum", "mean", "weights", "uncertainty")
@@ -89,23 +89,7 @@ def _trainer(k: int, trunk, one_pass: bool = True):
 
 
 def _summed(k: int):
-    import keras
-    import tensorflow as tf
-
-    model = _model(k)
-    optimizer = keras.optimizers.Adam(1e-3)
-    variables = model.trainable_variables
-    optimizer.build(variables)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            out = model(x, training=True)
-            loss = tf.add_n([tf.reduce_mean(tf.square(y[h] - out[h])) for h in out])
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    return step
+    return summed_step(_model(k))
 
 
 def steady(k: int, calls: int, repeats: int) -> list[list[str]]:
