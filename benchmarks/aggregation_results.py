@@ -79,6 +79,7 @@ REQUIRED_OPTIONS = {
     "weights": lambda k: {"weights": [1.0] * k},
     "krum": lambda k: {"n_byzantine": 0},
     "trimmed_mean": lambda k: {"trim_number": 0},
+    "epo": lambda k: {"preference": [1.0] * k},  # the equal-preference point of the front
 }
 ERROR_FILE = "error.txt"
 TRUNK_OPTIMIZER = "{class_name: Adam, config: {learning_rate: 1.0e-3}}"

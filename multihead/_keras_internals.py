@@ -175,3 +175,28 @@ def keep_cond_functional(op: tf.Operation) -> None:
     Switch/Merge (`Operation._set_attr`, attribute `_lower_using_switch_merge`): a
     lowered cond visits every node of the untaken branch on each run."""
     op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))  # noqa: SLF001
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def end_cluster_process(code: int) -> None:
+    """If this process joined a multi-worker cluster (its eager context has a coordination
+    service, `context.context().coordination_service`), runs the exit handlers
+    (`atexit._run_exitfuncs`: autograph's temporary files go, as at a normal exit), flushes
+    and ends the process with `code` at once (`os._exit`); otherwise returns. The
+    interpreter's own shutdown there can wait forever on TensorFlow's cluster threads
+    (measured: a worker that had written all its results hung in `Py_FinalizeEx`)."""
+    import atexit
+    import os
+    import sys
+
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is None:
+        return
+    atexit._run_exitfuncs()  # noqa: SLF001
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # noqa: SLF001
+

@@ -163,3 +163,7 @@ def test_has_auto_name_on_the_installed_keras():
     chosen = [keras.layers.Dense(1, name="head"), keras.Sequential(name="dense"),
               keras.layers.Dense(1, name="dense_x")]
     assert [internals.has_auto_name(layer) for layer in chosen] == [False] * 3
+
+
+def test_end_cluster_process_returns_in_a_process_outside_a_cluster():
+    assert internals.end_cluster_process(0) is None  # still here: nothing ended the process

@@ -11,7 +11,6 @@ resumable with `--resume`). `train` is one call of `multihead.experiments.run.ex
 
 from __future__ import annotations
 
-import atexit
 import argparse
 import importlib.metadata
 import json
@@ -517,21 +516,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The `multihead` console command: `main()`, then the process ends with its exit code.
-
-    A process that joined a multi-worker cluster flushes its output and ends at once
-    (`os._exit`): the interpreter's shutdown there can wait forever on TensorFlow's
-    cluster threads (measured: a worker that had written all its results hung in
-    `Py_FinalizeEx`). Everything a run writes is closed before `main` returns, and the
-    exit handlers run first.
-    """
+    """The `multihead` console command: `main()`, then the process ends with its exit code;
+    a process that joined a multi-worker cluster ends at once, after its exit handlers
+    (`multihead._keras_internals.end_cluster_process`). Everything a run writes is closed
+    before `main` returns."""
     code = main()
-    context = sys.modules.get("tensorflow.python.eager.context")
-    if context is not None and context.context().coordination_service is not None:
-        atexit._run_exitfuncs()  # e.g. autograph's temporary files go, as at a normal exit
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    if "tensorflow" in sys.modules:
+        from multihead._keras_internals import end_cluster_process
+
+        end_cluster_process(code)
     sys.exit(code)
 
 

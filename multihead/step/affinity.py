@@ -51,9 +51,10 @@ import keras
 import tensorflow as tf
 
 from multihead.monitoring import tags
-from multihead.step import adam_sgd_ops
+from multihead.step.applier import write_lookahead
 from multihead.step.forward import ForwardPass
 from multihead.step.loss_scales import LossScales
+from multihead.step.options import StepOptions
 from multihead.step.trunk_rule import HeadSpec, TrunkRule
 
 __all__ = ["LOOKAHEADS", "TaskAffinity"]
@@ -91,7 +92,7 @@ class _Scratch:
                 "order; use affinity_lookahead='sgd'")
 
     def step(self, variables: Sequence[keras.Variable], grads: Sequence[Any],
-             fused: bool) -> dict[int, tf.Tensor]:
+             options: StepOptions) -> dict[int, tf.Tensor]:
         """id(variable) -> its value after the optimizer's update of `grads` (one per variable
         of `variables`, some or all of those it is built on, in order), computed on the copies."""
         for copy, real in zip(self.clone.variables, self.optimizer.variables):
@@ -100,7 +101,7 @@ class _Scratch:
             copy.assign(real)
         copy_of = dict(zip(map(id, self.variables), self.copies))
         copies = [copy_of[id(v)] for v in variables]
-        adam_sgd_ops.apply_gradients(self.clone, list(grads), copies, fused=fused)
+        write_lookahead(self.clone, list(grads), copies, options)
         return {id(v): tf.convert_to_tensor(c) for v, c in zip(variables, copies)}
 
 
@@ -116,12 +117,13 @@ class TaskAffinity:
         rule: the step's trunk rule (per-head, or an aggregated `TrunkUpdate`).
         forward: the step's forward pass.
         lookahead: `"optimizer"` or `"sgd"` (`LOOKAHEADS`).
-        fused: the step's `fused_updates` (the lookahead updates as the step would).
+        options: the step's options (the lookahead updates as the step's updates do).
         loss_scales: the heads' loss scales (float16), or None.
     """
 
     def __init__(self, model: Any, heads: Sequence[HeadSpec], rule: TrunkRule,
-                 forward: ForwardPass, lookahead: str = "optimizer", fused: bool = False,
+                 forward: ForwardPass, lookahead: str = "optimizer",
+                 options: StepOptions = StepOptions(),
                  loss_scales: LossScales | None = None) -> None:
         if lookahead not in LOOKAHEADS:
             raise ValueError(f"affinity_lookahead: must be one of {list(LOOKAHEADS)}, "
@@ -130,7 +132,7 @@ class TaskAffinity:
         self._heads = tuple(heads)
         self._forward = forward
         self._lookahead = lookahead
-        self._fused = fused
+        self._options = options
         self._loss_scales = loss_scales
         self._trunk = tuple(model.trunk_variables)
         trunk_ids = {id(v) for v in self._trunk}
@@ -212,6 +214,6 @@ class TaskAffinity:
         # Aggregated: the trunk optimizer's update of the trunk variables alone (not of the
         # loss weighting's variables it is built on too).
         scratch = self._scratch["trunk" if self._aggregated else head.name]
-        new = scratch.step(variables, grads, self._fused)
+        new = scratch.step(variables, grads, self._options)
         return {ref: value for ref, value in new.items() if ref in trunk_ids}
 

@@ -182,6 +182,14 @@ class Applier:
         return updated, tf.logical_not(finite)
 
 
+def write_lookahead(optimizer: keras.optimizers.Optimizer, grads: Gradients,
+                    variables: Sequence[Any], options: StepOptions) -> None:
+    """A lookahead's update (`multihead.step.affinity`): `optimizer`, a copy built on scratch
+    copies `variables` of the model's, applies `grads` to them as the step's own updates
+    would. It writes the copies only; every write through an optimizer is in this module."""
+    adam_sgd_ops.apply_gradients(optimizer, grads, variables, fused=options.fused_updates)
+
+
 def stack_done(heads: Sequence[str], values: Mapping[str, tf.Tensor], dtype: tf.DType,
                missing: Any) -> tf.Tensor:
     """`values` in the order of `heads` as one vector, `missing` for a head not in it."""

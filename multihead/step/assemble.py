@@ -129,7 +129,7 @@ class StepAssembly:
         if monitor is not None and monitor.affinity_every:
             affinity = TaskAffinity(model, heads, rule,
                                     ForwardPass(model, rule, strategy, self.loss_scales),
-                                    monitor.affinity_lookahead, self.options.fused_updates,
+                                    monitor.affinity_lookahead, self.options,
                                     self.loss_scales)
         step = TrainStep(model, heads, self.options, self.step_variable, rule, monitor,
                          strategy=strategy, target_networks=self.target_networks,

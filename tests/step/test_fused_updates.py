@@ -31,7 +31,9 @@ def _trainer(fused, seed=0, trunk="per_head", objectives=None):
     model = make_model(seed=seed)
     keras.utils.set_random_seed(0)  # the run's seed (fit's shuffling), as `multihead train` sets it
     objectives = objectives or {h: mh.Objective(_mse, keras.optimizers.Adam(1e-2)) for h in HEADS}
-    return mh.Trainer(model, objectives, trunk=trunk, fused_updates=fused)
+    # K per-head backward passes, summed, as the TF1 loop takes them (the one-pass default
+    # differentiates the summed loss: equal to float32 rounding, tests/step/test_one_pass.py)
+    return mh.Trainer(model, objectives, trunk=trunk, fused_updates=fused, one_pass_backward=False)
 
 
 def _relative(a, b):
