@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -134,6 +134,11 @@ def adam_update(param: tf.Tensor, grad: tf.Tensor, m: tf.Tensor, v: tf.Tensor, t
     return param - learning_rate * m_hat / (tf.sqrt(v_hat) + epsilon), m, v
 
 
+#: New values of state variables, `(variable, value)` pairs in the order they are written: what
+#: a loss weighting's `update` (and the step's other parts) compute and the step's applier writes.
+StateWrites = Sequence[tuple[Any, Any]]
+
+
 # -- stateful schemes ------------------------------------------------------------------
 
 
@@ -207,9 +212,12 @@ class LossWeighting(tf.Module):
         del losses
         return None
 
-    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
-        """State change after the step (loss history, weight update)."""
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> StateWrites:
+        """The state after the step (loss history, weight update) as `(variable, new value)`
+        pairs, which the step writes where the trunk update happens; none by default. (An
+        `update` that assigns its variables itself and returns None works too.)"""
         del losses, grad_norms
+        return []
 
 
 class UncertaintyWeighting(LossWeighting):
@@ -284,17 +292,17 @@ class DWAWeighting(LossWeighting):
         return tf.where(ready, dwa_weights(self.last, self.before_last, self.temperature),
                         tf.ones([self.num_heads]))
 
-    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> StateWrites:
         del grad_norms
         total = self.loss_sum + tf.stop_gradient(losses)
         count = self.count + 1
         done = count >= self.period
         mean = total / tf.cast(count, total.dtype)
-        self.before_last.assign(tf.where(done, self.last, self.before_last))
-        self.last.assign(tf.where(done, mean, self.last))
-        self.periods.assign_add(tf.cast(done, tf.int64))
-        self.loss_sum.assign(tf.where(done, tf.zeros_like(total), total))
-        self.count.assign(tf.where(done, tf.zeros_like(count), count))
+        return [(self.before_last, tf.where(done, self.last, self.before_last)),
+                (self.last, tf.where(done, mean, self.last)),
+                (self.periods, self.periods + tf.cast(done, tf.int64)),
+                (self.loss_sum, tf.where(done, tf.zeros_like(total), total)),
+                (self.count, tf.where(done, tf.zeros_like(count), count))]
 
 
 class GradNormWeighting(LossWeighting):
@@ -334,14 +342,13 @@ class GradNormWeighting(LossWeighting):
         del losses
         return tf.identity(self.loss_weights)
 
-    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> StateWrites:
         assert grad_norms is not None
         losses = tf.stop_gradient(losses)
         initial = tf.where(self.initialized, self.initial_losses, losses)
-        self.initial_losses.assign(initial)
-        self.initialized.assign(True)
-        self.loss_weights.assign(gradnorm_update(
-            self.loss_weights, grad_norms, losses, initial, self.alpha, self.learning_rate))
+        return [(self.initial_losses, initial), (self.initialized, True),
+                (self.loss_weights, gradnorm_update(self.loss_weights, grad_norms, losses,
+                                                    initial, self.alpha, self.learning_rate))]
 
 
 class GLSWeighting(LossWeighting):
@@ -398,12 +405,12 @@ class STCHWeighting(LossWeighting):
         return tf.where(warm, 1.0 / (losses + 1e-20),
                         stch_weights(losses, tf.where(warm, tf.ones_like(nadir), nadir), self.mu))
 
-    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> StateWrites:
         del grad_norms
         warm = self.count < self.warmup_steps
-        self.loss_sum.assign(tf.where(warm, self.loss_sum + tf.stop_gradient(losses),
-                                      self.loss_sum))
-        self.count.assign(tf.where(warm, self.count + 1, self.count))
+        return [(self.loss_sum, tf.where(warm, self.loss_sum + tf.stop_gradient(losses),
+                                         self.loss_sum)),
+                (self.count, tf.where(warm, self.count + 1, self.count))]
 
 
 class IMTLLWeighting(LossWeighting):
@@ -477,19 +484,17 @@ class FAMOWeighting(LossWeighting):
         return famo_weights(tf.identity(self.logits), tf.stop_gradient(losses),
                             tf.zeros([self.num_heads]))
 
-    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> None:
+    def update(self, losses: tf.Tensor, grad_norms: tf.Tensor | None) -> StateWrites:
         del grad_norms
         losses = tf.stop_gradient(losses)
         grad = famo_logit_gradient(self.logits, self.previous, losses, tf.zeros_like(losses))
         t = self.adam_steps + 1
         logits, m, v = adam_update(self.logits, grad, self.m, self.v, t, self.w_lr, self.gamma)
         ready = self.has_previous
-        self.logits.assign(tf.where(ready, logits, self.logits))
-        self.m.assign(tf.where(ready, m, self.m))
-        self.v.assign(tf.where(ready, v, self.v))
-        self.adam_steps.assign(tf.where(ready, t, self.adam_steps))
-        self.previous.assign(losses)
-        self.has_previous.assign(True)
+        return [(self.logits, tf.where(ready, logits, self.logits)),
+                (self.m, tf.where(ready, m, self.m)), (self.v, tf.where(ready, v, self.v)),
+                (self.adam_steps, tf.where(ready, t, self.adam_steps)),
+                (self.previous, losses), (self.has_previous, True)]
 
 
 class RLWWeighting(LossWeighting):

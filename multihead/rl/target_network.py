@@ -25,6 +25,7 @@ from multihead._checks import check_float, check_int, variable_label
 from multihead.model.network import _zeros_like_shape, head_input
 from multihead.training.keras_model import MultiHeadModel
 from multihead.model.taps import trunk_features
+from multihead.step.applier import write_state
 
 CloneFn = Callable[[keras.layers.Layer], keras.layers.Layer]
 
@@ -234,8 +235,7 @@ class TargetNetwork(tf.Module):
 
     def sync(self) -> None:
         """Hard copy now: the target becomes an exact copy of the source (counter unchanged)."""
-        for s, t in zip(self.source_weights, self.target_weights):
-            t.assign(s)
+        write_state([(t, s) for s, t in zip(self.source_weights, self.target_weights)])
 
     def update(self) -> tf.Tensor:
         """One scheduled update: counts the call, then hard-copies when due (`every`) or
@@ -247,13 +247,14 @@ class TargetNetwork(tf.Module):
         return self._update_fn()
 
     def _update(self) -> tf.Tensor:
-        count = self.counter.assign_add(1)
+        count = self.counter + 1
+        write_state([(self.counter, count)])
         pairs = list(zip(self.source_weights, self.target_weights))
         tau = self.tau
 
         def follow() -> tf.Tensor:
-            for s, t in pairs:
-                t.assign(s if tau is None else polyak_average(t, s, tf.cast(tau, t.dtype)))
+            write_state([(t, s if tau is None else polyak_average(t, s, tf.cast(tau, t.dtype)))
+                         for s, t in pairs])
             return tf.constant(True)
 
         if self.every is None:

@@ -51,7 +51,7 @@ import keras
 import tensorflow as tf
 
 from multihead.monitoring import tags
-from multihead.step.applier import write_lookahead
+from multihead.step.applier import write_lookahead, write_state
 from multihead.step.forward import ForwardPass
 from multihead.step.loss_scales import LossScales
 from multihead.step.options import StepOptions
@@ -95,10 +95,8 @@ class _Scratch:
              options: StepOptions) -> dict[int, tf.Tensor]:
         """id(variable) -> its value after the optimizer's update of `grads` (one per variable
         of `variables`, some or all of those it is built on, in order), computed on the copies."""
-        for copy, real in zip(self.clone.variables, self.optimizer.variables):
-            copy.assign(real)
-        for copy, real in zip(self.copies, self.variables):
-            copy.assign(real)
+        write_state(list(zip(self.clone.variables, self.optimizer.variables))
+                    + list(zip(self.copies, self.variables)))
         copy_of = dict(zip(map(id, self.variables), self.copies))
         copies = [copy_of[id(v)] for v in variables]
         write_lookahead(self.clone, list(grads), copies, options)

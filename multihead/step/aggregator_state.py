@@ -105,15 +105,17 @@ class AggregatorState(tf.Module):
                 out[key] = tf.tensor_scatter_nd_update(tf.convert_to_tensor(var), grid, value)
         return out
 
-    def assign(self, values: Mapping[str, Any]) -> None:
-        """Assigns whole new values (`updated`, `updated_buffers`): one `assign` per
-        variable, which a mirrored variable (tf.distribute) supports, unlike a scatter."""
+    def writes(self, values: Mapping[str, Any]) -> list[tuple[tf.Variable, Any]]:
+        """Whole new values (`updated`, `updated_buffers`) as (variable, value) pairs for the
+        applier: one `assign` per variable, which a mirrored variable (tf.distribute)
+        supports, unlike a scatter."""
+        pairs = []
         for key, value in values.items():
             if key in self._buffers:
-                for var, block in zip(getattr(self, key), value):
-                    var.assign(block)
+                pairs += list(zip(getattr(self, key), value))
             else:
-                getattr(self, key).assign(value)
+                pairs.append((getattr(self, key), value))
+        return pairs
 
 
 #: Positions of heads in the trunk update's order: a list, or an int32 vector known in the graph.

@@ -1,4 +1,4 @@
-"""The one place a train step writes variables through an optimizer.
+"""The one place a train step writes variables: through an optimizer, and its state.
 
 A trunk rule (`multihead.step.trunk_rule.TrunkRule`) turns the heads' gradients
 into `PlannedUpdate`s, the heads' and the trunk's; `Applier.apply_all` applies
@@ -17,6 +17,12 @@ reports sits here, once:
 
 Like optax's `apply_updates`, the applier computes nothing about *what* the
 update is: the rule decides that.
+
+The step's other state (an aggregator's and a loss weighting's, the loss scales, the
+step's counters, the target networks' copies) is computed by its owner as new values,
+`StateWrites`, and written here (`write_state`), where the update it belongs to happens:
+the aggregator state a trunk plan's gradients come with (`WithState`) when the trunk
+update is applied, a head's loss scale after its guarded update.
 """
 
 from __future__ import annotations
@@ -27,12 +33,29 @@ import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead.aggregation.loss_weighting import StateWrites
 from multihead.step import adam_sgd_ops
 from multihead.step.loss_scales import LossScales
 from multihead.step.options import StepOptions
 from multihead.monitoring.monitor import Monitor
 
 Gradients = Sequence[Union[tf.Tensor, tf.IndexedSlices, None]]
+
+
+def write_state(writes: StateWrites | None) -> None:
+    """Writes each variable's new value, in order: the one place a step assigns state.
+    None writes nothing (a user's loss weighting whose `update` assigned its own state)."""
+    for variable, value in writes or ():
+        variable.assign(value)
+
+
+class WithState(NamedTuple):
+    """What a plan's delayed gradient function may return: the gradients, and the state
+    written with the update they make (e.g. the aggregator state of the aggregate the
+    trunk's gradients are), written where the gradients are taken."""
+
+    gradients: Gradients
+    writes: StateWrites
 
 
 def not_converted(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -59,8 +82,8 @@ class PlannedUpdate(NamedTuple):
     Attributes:
         optimizer: the optimizer that applies it (built on a superset of `variables`).
         gradients: one gradient per variable (None: no dependence), or a function
-            returning them, called only where the update happens (a head that is
-            not due takes no gradient).
+            returning them (or `WithState`), called only where the update happens (a
+            head that is not due takes no gradient).
         variables: the variables written.
         head: the head whose update this is (reported in `HeadsDone`, monitored);
             None for an update of no single head (the trunk's own optimizer).
@@ -74,7 +97,7 @@ class PlannedUpdate(NamedTuple):
     """
 
     optimizer: keras.optimizers.Optimizer
-    gradients: Gradients | Callable[[], Gradients]
+    gradients: Gradients | Callable[[], Gradients | WithState]
     variables: Sequence[keras.Variable]
     head: str | None = None
     guarded: bool = False
@@ -82,6 +105,16 @@ class PlannedUpdate(NamedTuple):
     finite: tf.Tensor | None = None
     every: int = 1
     when: tf.Tensor | None = None
+
+
+def take_gradients(plan: PlannedUpdate) -> Gradients:
+    """`plan`'s gradients, taken now (call it only where the update happens), with the state
+    they come with (`WithState`) written."""
+    grads = plan.gradients() if callable(plan.gradients) else plan.gradients
+    if isinstance(grads, WithState):
+        write_state(grads.writes)
+        grads = grads.gradients
+    return grads
 
 
 class HeadsDone(NamedTuple):
@@ -139,7 +172,7 @@ class Applier:
         scaled = scales is not None and plan.head in scales.scales
 
         def run() -> tuple[tf.Tensor, tf.Tensor]:
-            grads = plan.gradients() if callable(plan.gradients) else plan.gradients
+            grads = take_gradients(plan)
             if scaled:
                 grads = scales.unscale(plan.head, grads)
             if not plan.guarded and not scaled:
@@ -148,7 +181,7 @@ class Applier:
             finite = plan.finite if plan.finite is not None else all_finite(plan.loss, grads)
             done = self._guarded(finite, lambda: self._write(plan, grads))
             if scaled:
-                scales.update(plan.head, finite)
+                write_state(scales.updated(plan.head, finite))
             return done
 
         conditions = [] if plan.when is None else [plan.when]

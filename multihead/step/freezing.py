@@ -20,6 +20,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from multihead.step.applier import write_state
+
 
 class FrozenHeads(tf.Module):
     """One bool flag per head, in head order: True while the head is frozen.
@@ -46,7 +48,7 @@ class FrozenHeads(tf.Module):
         """Freezes (`frozen=True`) or unfreezes `head` (a head name, checked by the caller)."""
         flags = self.flags.numpy().copy()
         flags[self._heads.index(head)] = frozen
-        self.flags.assign(flags)
+        write_state([(self.flags, flags)])
 
     def active(self) -> dict[str, tf.Tensor]:
         """In the graph: head -> bool scalar, whether the head is not frozen."""

@@ -92,15 +92,16 @@ class LossScales(tf.Module):
                 if isinstance(g, tf.IndexedSlices) else g * inverse
                 for g in grads]
 
-    def update(self, head: str, finite: tf.Tensor) -> None:
-        """After an update of `head` was applied (`finite`) or skipped: halves the scale on
-        a skip, doubles it after `growth_steps` finite updates in a row."""
+    def updated(self, head: str, finite: tf.Tensor) -> list[tuple[tf.Variable, tf.Tensor]]:
+        """After an update of `head` was applied (`finite`) or skipped, the new scale and
+        count (for the applier to write): the scale halves on a skip, doubles after
+        `growth_steps` finite updates in a row."""
         scale, count = self.scales[head], self.counts[head]
         grown = tf.logical_and(finite, count >= self.options.growth_steps - 1)
         factor = tf.where(finite, tf.where(grown, 2.0, 1.0), 0.5)
-        scale.assign(scale * factor)
-        count.assign(tf.where(tf.logical_and(finite, tf.logical_not(grown)), count + 1,
-                              tf.constant(0, tf.int64)))
+        return [(scale, scale * factor),
+                (count, tf.where(tf.logical_and(finite, tf.logical_not(grown)), count + 1,
+                                 tf.constant(0, tf.int64)))]
 
     def values(self) -> dict[str, float]:
         """Head -> its current scale."""

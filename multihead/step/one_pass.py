@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from multihead.aggregation.base import Aggregator, GramianWeighting
 from multihead.aggregation.loss_weighting import LossWeighting
-from multihead.step.applier import PlannedUpdate, all_finite
+from multihead.step.applier import PlannedUpdate, all_finite, take_gradients, write_state
 from multihead.step.trunk_rule import HeadSpec, HeadsPass
 
 __all__ = ["linear_weights", "one_pass_plans", "takes_one_pass"]
@@ -144,7 +144,7 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[HeadSpec], weights: Sequence[floa
 
     def fast() -> _Values:
         if weighting is not None:  # written only where the trunk update happens
-            weighting.update(p.scaling.losses, None)
+            write_state(weighting.update(p.scaling.losses, None))
         return _Values(trunk, tf.constant(True), own_dense, [tf.constant(True) for _ in agg])
 
     conditions = [c for c in (p.takes_part(h.name) for h in agg) if c is not None]
@@ -180,8 +180,7 @@ def _per_head_values(plans: list[PlannedUpdate], agg: Sequence[HeadSpec],
     assert [q.head for q in head_plans] == [h.name for h in agg], "one plan per head, in order"
 
     def gradients() -> list[tf.Tensor]:
-        grads = trunk_plan.gradients() if callable(trunk_plan.gradients) else trunk_plan.gradients
-        return _dense(grads, trunk_var_list)
+        return _dense(take_gradients(trunk_plan), trunk_var_list)
 
     if trunk_plan.when is None:
         applies, trunk = tf.constant(True), gradients()

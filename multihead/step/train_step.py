@@ -35,7 +35,14 @@ import tensorflow as tf
 
 from multihead.step import distribute
 from multihead.step.affinity import TaskAffinity
-from multihead.step.applier import Applier, HeadsDone, PlannedUpdate, all_finite, stack_done
+from multihead.step.applier import (
+    Applier,
+    HeadsDone,
+    PlannedUpdate,
+    all_finite,
+    stack_done,
+    write_state,
+)
 from multihead.step.compiled import StepLoops, StepOutput, StepsOutput, split_at_logging_steps
 from multihead.step.forward import Forward, ForwardPass
 from multihead.step.freezing import FrozenHeads
@@ -233,8 +240,8 @@ class TrainStep:
         (`_scalars`)."""
         guarded = [h for h in heads if h.guarded]
         if guarded:
-            self.nonfinite_skips.assign_add(
-                tf.cast(stack_done(self.head_names, done.skipped, tf.bool, False), tf.int64))
+            write_state([(self.nonfinite_skips, self.nonfinite_skips + tf.cast(
+                stack_done(self.head_names, done.skipped, tf.bool, False), tf.int64))])
         monitor = self._monitor
         if monitor is None:
             return
@@ -280,7 +287,7 @@ class TrainStep:
             self._count_and_log(heads, step, result[1])
         for target in self._target_networks:
             target.update()
-        self._step.assign_add(1)
+        write_state([(self._step, step + 1)])
         return result
 
     # -- the forward pass: every head's objective, one code path -------------------------
@@ -329,8 +336,8 @@ class TrainStep:
             if takes is not None:
                 active[head.name] = takes
         if unlabelled:
-            self.missing_label_skips.assign_add(
-                tf.cast(stack_done(self.head_names, unlabelled, tf.bool, False), tf.int64))
+            write_state([(self.missing_label_skips, self.missing_label_skips + tf.cast(
+                stack_done(self.head_names, unlabelled, tf.bool, False), tf.int64))])
         return active or None
 
     # -- schedules --------------------------------------------------------------------

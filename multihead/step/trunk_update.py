@@ -67,7 +67,7 @@ from multihead.monitoring import tags
 from multihead.monitoring.monitor import write_scalar
 from multihead.step import one_pass
 from multihead.step.aggregator_state import AggregatorState
-from multihead.step.applier import PlannedUpdate, all_finite
+from multihead.step.applier import PlannedUpdate, WithState, all_finite
 from multihead.step.gradient_rows import (
     all_but,
     gramian,
@@ -247,11 +247,11 @@ class _Aggregated:
 
         return plan._replace(gradients=chosen, when=tf.less_equal(bad, 1))
 
-    def _commit(self, step: _TrunkStep) -> list[Any]:
-        """Writes the aggregator's new state of `step`; its trunk optimizer's gradients."""
-        if step.state:
-            self.aggregator_state.assign(step.state)
-        return step.gradients
+    def _commit(self, step: _TrunkStep) -> WithState:
+        """The trunk optimizer's gradients of `step`, with the aggregator's and the loss
+        weighting's new state, which the applier writes."""
+        writes = self.aggregator_state.writes(step.state) if step.state else []
+        return WithState(step.gradients, writes + list(step.weighting))
 
     def _without_one(self, names: tuple[str, ...]) -> Aggregator | None:
         """The aggregator of a step of `names` less one head whose position is known only
@@ -270,7 +270,7 @@ class _Aggregated:
                          without: tf.Tensor | None = None) -> _TrunkStep:
         """The trunk optimizer's gradients (on `var_list`) from the aggregate of `agg`
         (less the head at position `without`, a tensor, unless None) and the aggregator's
-        new state; advances the loss weighting's state and logs the aggregation."""
+        new state, and the loss weighting's; logs the aggregation."""
         names = tuple(h.name for h in agg)
         c = self._combine(names, trunk_parts, sources, losses, without)
         combined, weights, projections, gram, stacked = (c.directions, c.weights, c.projections,
@@ -284,7 +284,7 @@ class _Aggregated:
             trunk_grads = combined
         trunk_grads = _add(trunk_grads, reg_grads)
         extra_grads: list[Any] = []
-        factors = None
+        factors, weighting_writes = None, ()
         if self.weighting is not None:
             task, factors = p.scaling.losses, p.scaling.weights
             if p.scaling.objective is not None:
@@ -295,11 +295,11 @@ class _Aggregated:
                 norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
                 unweighted = tf.math.divide_no_nan(norms, factors)
             # The weighting's state is not among the variables the trunk optimizer writes.
-            self.weighting.update(task, unweighted)
+            weighting_writes = self.weighting.update(task, unweighted) or ()
         if p.when_logging is not None:
             self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
                                   projections, trunk_grads, c.keep)
-        return _TrunkStep(list(trunk_grads) + list(extra_grads), c.state)
+        return _TrunkStep(list(trunk_grads) + list(extra_grads), c.state, tuple(weighting_writes))
 
     def summary_tags(self) -> list[str]:
         """The tags `_log_aggregation` writes on logging steps (all heads in the step)."""
@@ -427,12 +427,14 @@ class _Aggregated:
 
 
 class _TrunkStep(NamedTuple):
-    """The trunk optimizer's gradients of a step, and the aggregator's new state (entry ->
-    its whole new value, a list for a buffer; empty: stateless), written after the step
-    chose among its aggregations."""
+    """The trunk optimizer's gradients of a step, the aggregator's new state (entry -> its
+    whole new value, a list for a buffer; empty: stateless), written after the step chose
+    among its aggregations, and the loss weighting's (`StateWrites`; only in a step that
+    has one aggregation: a weighting weighs all heads or none)."""
 
     gradients: list[Any]
     state: dict[str, Any]
+    weighting: tuple[Any, ...] = ()
 
 
 class _Combined(NamedTuple):

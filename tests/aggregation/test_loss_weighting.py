@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from multihead.aggregation import loss_weighting as lw
 from multihead.aggregation.registry import check_loss_weighting_options, make_loss_weighting
+from multihead.step.applier import write_state  # what the step does with the new state
 
 
 def test_uncertainty_weights_and_log_variance_gradient():
@@ -44,7 +45,7 @@ def test_dwa_state_averages_periods_and_waits_two_of_them():
         else:
             expected = np.ones(3)
         np.testing.assert_allclose(scheme.weights(tf.constant(losses)).numpy(), expected, rtol=1e-5)
-        scheme.update(tf.constant(losses), None)
+        write_state(scheme.update(tf.constant(losses), None))
     assert int(scheme.periods) == 4
 
 
@@ -80,7 +81,7 @@ def test_gradnorm_state_equals_reference_over_steps():
         losses = rng.uniform(0.2, 2.0, 4).astype(np.float32)
         norms = rng.uniform(0.1, 3.0, 4).astype(np.float32)
         np.testing.assert_allclose(scheme.weights(tf.constant(losses)).numpy(), w, rtol=1e-5)
-        scheme.update(tf.constant(losses), tf.constant(norms))
+        write_state(scheme.update(tf.constant(losses), tf.constant(norms)))
         initial = losses if initial is None else initial   # L(0): the first step's losses
         w = gradnorm_reference(w, norms, losses, initial, 1.5, 0.05)
     np.testing.assert_allclose(scheme.loss_weights.numpy(), w, rtol=1e-5)
@@ -101,7 +102,7 @@ def test_bad_scheme_or_option_is_a_clear_error(name, options, match):
 def test_state_is_in_checkpointed_variables(tmp_path):
     scheme = lw.DWAWeighting(num_heads=2, period=1)
     for losses in ([1.0, 2.0], [2.0, 1.0], [0.5, 0.5]):
-        scheme.update(tf.constant(losses), None)
+        write_state(scheme.update(tf.constant(losses), None))
     path = tf.train.Checkpoint(w=scheme).write(str(tmp_path / "dwa"))
     fresh = lw.DWAWeighting(num_heads=2, period=1)
     tf.train.Checkpoint(w=fresh).read(path).assert_consumed()
@@ -132,7 +133,7 @@ def test_stch_warmup_then_smooth_tchebycheff_against_numpy():
             a = np.log(losses / nadir) / 0.5
             expected = 3 * np.exp(a - a.max()) / np.exp(a - a.max()).sum() / losses
         np.testing.assert_allclose(scheme.weights(tf.constant(losses)).numpy(), expected, rtol=1e-5)
-        scheme.update(tf.constant(losses), None)
+        write_state(scheme.update(tf.constant(losses), None))
 
 
 def test_imtl_l_weights_and_scale_gradient():
@@ -176,7 +177,7 @@ def test_famo_weights_over_steps_equal_the_authors_update():
     got = []
     for losses in steps:
         got.append(scheme.weights(tf.constant(losses)).numpy())
-        scheme.update(tf.constant(losses), None)
+        write_state(scheme.update(tf.constant(losses), None))
     np.testing.assert_allclose(np.array(got), famo_reference(steps, 0.3, 1e-3), rtol=1e-4)
 
 
