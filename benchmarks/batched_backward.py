@@ -33,8 +33,8 @@ import tensorflow as tf  # noqa: E402
 import multihead as mh  # noqa: E402
 from multihead.objectives.objective import resolve_loss  # noqa: E402
 from multihead.step.options import StepOptions  # noqa: E402
-from multihead.step.train_step import HeadSpec, TrainStep  # noqa: E402
-from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadTrunk, head_plans  # noqa: E402
+from multihead.step.train_step import StepObjective, TrainStep  # noqa: E402
+from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadRule, head_plans  # noqa: E402
 from step_throughput import IN_DIM, constant_batch, initial_weights, keras_parts  # noqa: E402
 
 LR = 1e-3
@@ -53,11 +53,11 @@ def gradients_function(init, width, batched):
     trunk, heads = keras_parts(init, width)
     model = mh.MultiHeadModel(trunk, heads)
     model.build((None, IN_DIM))
-    specs = tuple(HeadSpec(h, resolve_loss("mse", h), keras.optimizers.SGD(),
+    specs = tuple(StepObjective(h, resolve_loss("mse", h), keras.optimizers.SGD(),
                            tuple(model.var_list(h)), lambda step: tf.constant(1.0), 1, True)
                   for h in heads)
     step = TrainStep(model, specs, StepOptions(), tf.Variable(0, dtype=tf.int64),
-                     PerHeadTrunk(batched))
+                     PerHeadRule(batched))
 
     @tf.function(autograph=False)
     def grads(x, ys):

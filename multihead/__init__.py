@@ -37,7 +37,7 @@ _EXPORTS = {
     "restore_checkpoint": "multihead.io.checkpoints",
     "save_checkpoint": "multihead.io.checkpoints",
     "CheckpointManager": "multihead.io.manager",
-    "available_parts": "multihead.io.parts",
+    "available_parts": "multihead.io.checkpoint_parts",
     "Callback": "multihead.training.callbacks",
     "EarlyStopping": "multihead.training.callbacks",
     "HeadEarlyStopping": "multihead.training.head_early_stopping",
@@ -81,6 +81,7 @@ _EXPORTS = {
     "TrainingState": "multihead.training.training_state",
     "TrunkPolicy": "multihead.step.trunk_update",
     "TrunkRule": "multihead.step.trunk_rule",
+    "PerHeadRule": "multihead.step.trunk_rule",
     "HeadsPass": "multihead.step.trunk_rule",
     "PlannedUpdate": "multihead.step.applier",
     "copy_weights": "multihead.io.transfer",
@@ -117,7 +118,7 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.io.checkpoints import restore_checkpoint
     from multihead.io.checkpoints import save_checkpoint
     from multihead.io.manager import CheckpointManager
-    from multihead.io.parts import available_parts
+    from multihead.io.checkpoint_parts import available_parts
     from multihead.training.callbacks import Callback
     from multihead.training.callbacks import EarlyStopping
     from multihead.training.head_early_stopping import HeadEarlyStopping
@@ -159,6 +160,7 @@ if _TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eager
     from multihead.training.trainer import Trainer
     from multihead.step.trunk_policy import TrunkPolicy
     from multihead.step.trunk_rule import TrunkRule
+    from multihead.step.trunk_rule import PerHeadRule
     from multihead.step.trunk_rule import HeadsPass
     from multihead.step.applier import PlannedUpdate
     from multihead.io.transfer import copy_weights
@@ -232,6 +234,7 @@ __all__ = [
     "Objective",
     "PLE",
     "Partition",
+    "PerHeadRule",
     "PlannedUpdate",
     "ReduceLROnPlateau",
     "ReplayBuffer",

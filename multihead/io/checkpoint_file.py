@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from multihead._checks import variable_label
-from multihead.io.parts import GROUPS, OPTIONAL, ORDER, checkpoint_root
+from multihead.io.checkpoint_parts import GROUPS, OPTIONAL, ORDER, checkpoint_root
 
 _VALUE = "VARIABLE_VALUE"
 _GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

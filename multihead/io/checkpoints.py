@@ -1,7 +1,7 @@
 """Saving and restoring chosen parts of a model, trainer and target networks.
 
 `save_checkpoint` and `restore_checkpoint` write and read any subset of the
-parts (`multihead.io.parts`: `trunk`, `heads/<name>`, `rng`, `optimizers/<name>`,
+parts (`multihead.io.checkpoint_parts`: `trunk`, `heads/<name>`, `rng`, `optimizers/<name>`,
 `trunk_update`, `step`, `data`, `targets/<name>`) with `tf.train.Checkpoint`.
 Before anything is assigned, every requested part is compared with the file
 (`multihead.io.checkpoint_file`); a mismatch is one `CheckpointMismatchError`
@@ -26,7 +26,7 @@ from multihead.io.checkpoint_file import (
     restore_objects,
 )
 from multihead.io.manager import CheckpointManager
-from multihead.io.parts import (
+from multihead.io.checkpoint_parts import (
     available_parts,
     check_ready,
     checkpoint_root,

@@ -38,7 +38,7 @@ from multihead.training.callbacks import Callback
 from multihead.training.keras_model import MultiHeadModel
 from multihead.io.checkpoint_file import CheckpointReadError, restore_objects
 from multihead.io.event_rewind import rewind_events
-from multihead.io.parts import (
+from multihead.io.checkpoint_parts import (
     available_parts,
     check_ready,
     checkpoint_root,
@@ -141,7 +141,7 @@ class CheckpointManager:
     the last `keep` are kept, and the state file naming the latest is updated
     only after a checkpoint is completely written, so a crash during a save
     leaves the manager pointing at the previous complete checkpoint. Besides the
-    parts (`multihead.io.parts`), each checkpoint holds `run/saved_at`, the wall
+    parts (`multihead.io.checkpoint_parts`), each checkpoint holds `run/saved_at`, the wall
     time of the save.
 
     Example:

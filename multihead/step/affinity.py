@@ -55,7 +55,7 @@ from multihead.step.applier import write_lookahead, write_state
 from multihead.step.forward import ForwardPass
 from multihead.step.loss_scales import LossScales
 from multihead.step.options import StepOptions
-from multihead.step.trunk_rule import HeadSpec, TrunkRule
+from multihead.step.trunk_rule import StepObjective, TrunkRule
 
 __all__ = ["LOOKAHEADS", "TaskAffinity"]
 
@@ -112,14 +112,14 @@ class TaskAffinity:
     Args:
         model: the built model.
         heads: the step's heads.
-        rule: the step's trunk rule (per-head, or an aggregated `TrunkUpdate`).
+        rule: the step's trunk rule (per-head, or an aggregated `AggregatedRule`).
         forward: the step's forward pass.
         lookahead: `"optimizer"` or `"sgd"` (`LOOKAHEADS`).
         options: the step's options (the lookahead updates as the step's updates do).
         loss_scales: the heads' loss scales (float16), or None.
     """
 
-    def __init__(self, model: Any, heads: Sequence[HeadSpec], rule: TrunkRule,
+    def __init__(self, model: Any, heads: Sequence[StepObjective], rule: TrunkRule,
                  forward: ForwardPass, lookahead: str = "optimizer",
                  options: StepOptions = StepOptions(),
                  loss_scales: LossScales | None = None) -> None:
@@ -157,7 +157,7 @@ class TaskAffinity:
         """The tags written: `affinity/<i>/<j>` for every moving head i and every head j."""
         return [tags.affinity(i, h.name) for i in self.movers for h in self._heads]
 
-    def __call__(self, inputs: Any, targets: Any, heads: Sequence[HeadSpec], step: tf.Tensor,
+    def __call__(self, inputs: Any, targets: Any, heads: Sequence[StepObjective], step: tf.Tensor,
                  own_batches: bool = False) -> dict[str, tf.Tensor]:
         """Tag -> `Z_{i->j}` (float32) of the step's batch, for the heads of this step
         (`heads`); writes nothing but its scratch variables."""
@@ -185,7 +185,7 @@ class TaskAffinity:
             del tape
         return out
 
-    def _lookahead_trunk(self, head: HeadSpec, fwd: Any, tape: tf.GradientTape,
+    def _lookahead_trunk(self, head: StepObjective, fwd: Any, tape: tf.GradientTape,
                          ) -> dict[int, tf.Tensor]:
         """id(trunk variable) -> its value after head `head`'s lookahead."""
         trunk_ids = {id(v) for v in self._trunk}

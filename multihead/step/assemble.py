@@ -39,8 +39,8 @@ from multihead.step.loss_scales import DynamicLossScale, LossScales, computes_in
 from multihead.step.options import StepOptions
 from multihead.step.train_step import TrainStep
 from multihead.step.trunk_policy import TrunkPolicy
-from multihead.step.trunk_rule import HeadSpec, PerHeadTrunk, trunk_scale
-from multihead.step.trunk_update import TrunkUpdate
+from multihead.step.trunk_rule import PerHeadRule, StepObjective, TrunkRule, trunk_scale
+from multihead.step.trunk_update import AggregatedRule
 
 __all__ = ["StepAssembly"]
 
@@ -52,7 +52,9 @@ class StepAssembly:
         model: the model (it may be unbuilt).
         objectives: name -> `Objective`, one for every head of the model.
         options: the step's options.
-        trunk: `"per_head"`, or a `TrunkPolicy` (or a dict of its fields).
+        trunk: `"per_head"`, a `TrunkPolicy` (or a dict of its fields), or a trunk rule
+            of the user's (`TrunkRule` with `heads_update_trunk = True`, e.g. a subclass
+            of `PerHeadRule`).
         strategy: a `tf.distribute` strategy, or None.
         target_networks: objects whose `update()` runs inside the step.
         logging: whether TensorBoard logging is on.
@@ -62,6 +64,7 @@ class StepAssembly:
         loss_fns: name -> the resolved loss.
         optimizers: name -> the objective's optimizer.
         trunk_update: the aggregated trunk update, None for per_head.
+        own_rule: the user's trunk rule given as `trunk`, or None.
         rep_grad: whether the trunk aggregates at its output.
         step_variable: the step counter.
         frozen: the objectives' freeze flags.
@@ -70,7 +73,7 @@ class StepAssembly:
     """
 
     def __init__(self, model: HeadsModel, objectives: Mapping[str, Objective], options: StepOptions,
-                 *, trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
+                 *, trunk: str | TrunkPolicy | TrunkRule | Mapping[str, Any] = "per_head",
                  strategy: tf.distribute.Strategy | None = None,
                  target_networks: Sequence[Any] = (), logging: bool = False) -> None:
         check_objectives(model, objectives)
@@ -90,8 +93,10 @@ class StepAssembly:
         with distribute.scope(strategy):  # optimizers given by name are created in the scope
             self.optimizers = {h: resolve_optimizer(o.optimizer, h) for h, o in self.objectives.items()}
             check_distinct_optimizers(self.optimizers)
-            self.trunk_update = TrunkUpdate.create(
-                trunk, {n: dataclasses.replace(o, trains_trunk=declares_trunk(o))
+            self.own_rule = _own_rule(trunk)
+            self.trunk_update = AggregatedRule.create(
+                "per_head" if self.own_rule else trunk,
+                {n: dataclasses.replace(o, trains_trunk=declares_trunk(o))
                         for n, o in self.objectives.items()}, options, self.optimizers)
         policy = self.trunk_update.policy if self.trunk_update is not None else None
         self.rep_grad = bool(policy and policy.rep_grad)
@@ -120,7 +125,7 @@ class StepAssembly:
             distribute.check_created_in_scope(strategy, model.weights, "model")
         with distribute.scope(strategy):  # optimizer slots become mirrored variables
             heads = self._head_specs()
-        rule: Any = PerHeadTrunk(self.options.batched)
+        rule: Any = self.own_rule or PerHeadRule(self.options.batched)
         if self.trunk_update is not None:
             with distribute.scope(strategy):
                 self.trunk_update.build(model.trunk_variables)
@@ -144,7 +149,7 @@ class StepAssembly:
             monitor.write_text(tags.TRUNK_BLOCKS, blocks)
         return step
 
-    def _bind(self, monitor: Monitor, heads: Sequence[HeadSpec], other_tags: list[str]) -> None:
+    def _bind(self, monitor: Monitor, heads: Sequence[StepObjective], other_tags: list[str]) -> None:
         """Binds `monitor` to the heads' variables and optimizers and to the tags the trunk
         rule and the step write (`other_tags`): its buffers must exist before the first trace."""
         if self.strategy is not None:
@@ -154,7 +159,7 @@ class StepAssembly:
                      addresses={id(v): a for a, v in variable_addresses(self.model).items()},
                      other_tags=other_tags)
 
-    def _head_specs(self) -> list[HeadSpec]:
+    def _head_specs(self) -> list[StepObjective]:
         """Each objective's spec, its optimizer built on its var_list."""
         parts = resolve_parts(self.model, self.objectives, aggregated=self.trunk_update is not None)
         heads = []
@@ -170,7 +175,7 @@ class StepAssembly:
             else:
                 optimizer.build(list(var_list))
             self.weights[name] = LossWeight(name, objective.weight)
-            heads.append(HeadSpec(
+            heads.append(StepObjective(
                 name=name,
                 loss=self.loss_fns[name],
                 optimizer=optimizer,
@@ -193,3 +198,17 @@ def _loss_scale_options(loss_scale: DynamicLossScale | str | None, model: HeadsM
     if isinstance(loss_scale, str):  # "auto", checked by StepOptions
         return DynamicLossScale() if computes_in_float16([model.trunk, *model.heads.values()]) else None
     return loss_scale
+
+
+def _own_rule(trunk: Any) -> TrunkRule | None:
+    """`trunk` when it is a trunk rule of the user's, else None. Its heads' optimizers are
+    built on their var_lists (trunk + head) as under `per_head`: a rule that plans a trunk
+    optimizer of its own (`heads_update_trunk = False`) is refused."""
+    if not isinstance(trunk, TrunkRule) or isinstance(trunk, AggregatedRule):
+        return None
+    if not trunk.heads_update_trunk:
+        raise ValueError(
+            f"trunk: the rule {type(trunk).__name__} has heads_update_trunk = False; a rule of "
+            "your own plans the heads' updates on their var_lists (trunk + head), so it must "
+            "set heads_update_trunk = True (to aggregate, give a TrunkPolicy)")
+    return trunk

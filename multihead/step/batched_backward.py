@@ -1,6 +1,6 @@
 """One vectorised trunk backward pass for the heads of the per-head rule.
 
-Under the per-head rule (`multihead.step.trunk_rule.PerHeadTrunk`) each head's
+Under the per-head rule (`multihead.step.trunk_rule.PerHeadRule`) each head's
 optimizer applies the gradient of its own objective to trunk + head. Taken one
 head at a time, that is K backward passes through the trunk. Here the trunk's
 part of every head's gradient comes from one vectorised vector-Jacobian product
@@ -56,7 +56,7 @@ def head_gradients(heads: Sequence[Any], heads_pass: Any) -> dict[str, list[Any]
     vectorise the trunk's backward pass (logged as a warning).
 
     Args:
-        heads: the heads (`HeadSpec`s) the rule plans for.
+        heads: the heads (`StepObjective`s) the rule plans for.
         heads_pass: the rule's `HeadsPass` (one device: `backward` and `features`).
     """
     backward, features = heads_pass.backward, heads_pass.features

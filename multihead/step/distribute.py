@@ -212,7 +212,7 @@ def check_created_in_scope(strategy: tf.distribute.Strategy, variables: Sequence
 # -- inside the replica function -----------------------------------------------------------
 
 
-def replica_scale(inputs: Any) -> tf.Tensor:
+def replica_share(inputs: Any) -> tf.Tensor:
     """`local batch size / global batch size` for this replica (float32, in replica context).
 
     A head's objective is a mean over the replica's examples; multiplied by this

@@ -16,7 +16,7 @@ import tensorflow as tf
 from multihead.model.model_view import HeadsModel
 from multihead.objectives.objective import present_labels, split_weighted
 from multihead.step.loss_scales import LossScales
-from multihead.step.trunk_rule import HeadSpec, LossScaling, TrunkRule, scale_gradient
+from multihead.step.trunk_rule import StepObjective, LossFactors, TrunkRule, scale_gradient
 
 __all__ = ["Forward", "ForwardPass", "regularization"]
 
@@ -38,16 +38,16 @@ class Forward(NamedTuple):
             (x the loss weighting's factor, for aggregated heads), plus the head's
             regularization, plus the trunk's when the head's optimizer updates the trunk.
         trunk_reg: the trunk's regularization (0.0 when it has none).
-        scaling: what the trunk rule's loss weighting computed in the pass.
+        loss_factors: what the trunk rule's loss weighting computed in the pass.
         counts: head -> its rows with a present label (float32), for the heads with a
-            missing-label marker (`HeadSpec.missing_label`).
+            missing-label marker (`StepObjective.missing_label`).
     """
 
     features: Any
     losses: dict[str, tf.Tensor]
     objectives: dict[str, tf.Tensor]
     trunk_reg: tf.Tensor | float
-    scaling: LossScaling
+    loss_factors: LossFactors
     counts: dict[str, tf.Tensor]
 
 
@@ -70,7 +70,7 @@ class ForwardPass:
         self._strategy = strategy
         self._loss_scales = loss_scales
 
-    def _head_loss(self, head: HeadSpec, inputs: Any, targets: Any, output: Any) -> tf.Tensor:
+    def _head_loss(self, head: StepObjective, inputs: Any, targets: Any, output: Any) -> tf.Tensor:
         loss = tf.convert_to_tensor(head.loss(inputs, targets, output, training=True))
         if loss.shape.rank != 0:
             raise ValueError(
@@ -79,16 +79,16 @@ class ForwardPass:
             )
         if self._strategy is not None and getattr(head.loss, "elementwise", False):
             # A Keras Loss object in replica context already divides its batch mean by the
-            # number of replicas; undo it: `distribute.replica_scale` does the scaling.
+            # number of replicas; undo it: `distribute.replica_share` does the scaling.
             loss = loss * tf.cast(self._strategy.num_replicas_in_sync, loss.dtype)
         return tf.cast(loss, tf.float32)
 
-    def __call__(self, inputs: Any, targets: Any, heads: Sequence[HeadSpec], step: tf.Tensor,
+    def __call__(self, inputs: Any, targets: Any, heads: Sequence[StepObjective], step: tf.Tensor,
                  own_batches: bool = False) -> Forward:
         """One forward pass of `heads` (inside the caller's tape).
 
         Each objective's loss sees its prediction from the outputs it reads
-        (`HeadSpec.prediction`). A head read by an objective that does not train the
+        (`StepObjective.prediction`). A head read by an objective that does not train the
         trunk reads the trunk output through `stop_gradient` (a trunk that routes heads:
         see `MultiHeadModel.stop_shared`); with a `trunk_scale`, through an identity
         whose gradient is scaled. Each head runs once per way it is read.
@@ -105,7 +105,7 @@ class ForwardPass:
             features = model.features(inputs, training=True, **taps)
         cache: dict[tuple[Any, ...], Any] = {}
 
-        def read(head: HeadSpec, name: str, seen: Any, how: Any) -> Any:
+        def read(head: StepObjective, name: str, seen: Any, how: Any) -> Any:
             if name == "trunk" or name.startswith("trunk/"):  # with taps, `seen` holds several
                 return model.tap_output(seen, name) if hasattr(model, "tap_output") else seen
             key = (name, how, head.name if own_batches else None)
@@ -134,12 +134,12 @@ class ForwardPass:
         # A routing trunk's per-head layers (gates) regularize their own head's objective.
         shared_losses, owned_losses = model.trunk_losses()
         trunk_reg = tf.add_n(shared_losses) if shared_losses else 0.0
-        scaling = self._rule.scale_losses(weighted)
+        factors = self._rule.loss_factors(weighted)
         objectives = {}
         for head in heads:
             objective = weighted[head.name]
-            if head.name in scaling.factors:
-                objective = objective * scaling.factors[head.name]
+            if head.name in factors.factors:
+                objective = objective * factors.factors[head.name]
             for trained in head.trained_heads:
                 objective = objective + regularization(model.heads[trained])
                 if owned_losses.get(trained):
@@ -149,4 +149,4 @@ class ForwardPass:
             if self._loss_scales is not None:  # float16: the applier unscales the gradient
                 objective = self._loss_scales.scale(head.name, objective)
             objectives[head.name] = objective
-        return Forward(features, losses, objectives, trunk_reg, scaling, counts)
+        return Forward(features, losses, objectives, trunk_reg, factors, counts)

@@ -12,7 +12,7 @@ else from a second pass of `sum_k L_k` on the heads' variables only (through the
 the trunk). Those are bitwise the per-head passes' gradients; the trunk's differs by float32
 rounding (the sum is taken at the trunk output instead of over the trunk's gradients).
 
-The trunk rule (`multihead.step.trunk_update.TrunkUpdate.plan`) takes this path on steps that
+The trunk rule (`multihead.step.trunk_update.AggregatedRule.plan`) takes this path on steps that
 need no per-head trunk gradient: not a logging step (the aggregation's per-head norms and
 cosines are written from the per-head gradients), not under a strategy, every aggregated
 objective its own head's alone; and not with `rep_grad`, whose combination at the trunk output
@@ -34,7 +34,7 @@ import tensorflow as tf
 from multihead.aggregation.base import Aggregator, GramianWeighting
 from multihead.aggregation.loss_weighting import LossWeighting
 from multihead.step.applier import PlannedUpdate, all_finite, take_gradients, write_state
-from multihead.step.trunk_rule import HeadSpec, HeadsPass
+from multihead.step.trunk_rule import StepObjective, HeadsPass
 
 __all__ = ["linear_weights", "one_pass_plans", "takes_one_pass"]
 
@@ -59,7 +59,7 @@ def linear_weights(aggregator: Aggregator, weighting: LossWeighting | None,
     return values
 
 
-def takes_one_pass(heads_pass: HeadsPass, agg: Sequence[HeadSpec]) -> bool:
+def takes_one_pass(heads_pass: HeadsPass, agg: Sequence[StepObjective]) -> bool:
     """Whether a pass of the aggregated heads `agg` can take the one-pass path (known at trace
     time): one device, a step that does not log, each objective its own head's alone on
     variables of its own."""
@@ -94,7 +94,7 @@ def _dense(grads: Sequence[Any], variables: Sequence[keras.Variable]) -> list[tf
             for g, v in zip(grads, variables)]
 
 
-def one_pass_plans(p: HeadsPass, agg: Sequence[HeadSpec], weights: Sequence[float],
+def one_pass_plans(p: HeadsPass, agg: Sequence[StepObjective], weights: Sequence[float],
                    trunk_optimizer: keras.optimizers.Optimizer,
                    trunk_var_list: Sequence[keras.Variable], weighting: LossWeighting | None,
                    per_head: Callable[[], list[PlannedUpdate]]) -> list[PlannedUpdate]:
@@ -130,8 +130,8 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[HeadSpec], weights: Sequence[floa
             tf.constant(w, t.dtype) for w, t in zip(scales, targets)])
         own_flat = p.backward.gradient(objectives, flat_own)
     trunk = _dense(trunk, trunk_vars)
-    if p.scaling.objective is not None:  # e.g. the uncertainty log-variances
-        trunk += _dense(p.backward.gradient(p.scaling.objective, extra_vars), extra_vars)
+    if p.loss_factors.objective is not None:  # e.g. the uncertainty log-variances
+        trunk += _dense(p.backward.gradient(p.loss_factors.objective, extra_vars), extra_vars)
     else:
         trunk += [tf.zeros_like(v) for v in extra_vars]
     own, i = [], 0
@@ -144,7 +144,7 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[HeadSpec], weights: Sequence[floa
 
     def fast() -> _Values:
         if weighting is not None:  # written only where the trunk update happens
-            write_state(weighting.update(p.scaling.losses, None))
+            write_state(weighting.update(p.loss_factors.losses, None))
         return _Values(trunk, tf.constant(True), own_dense, [tf.constant(True) for _ in agg])
 
     conditions = [c for c in (p.takes_part(h.name) for h in agg) if c is not None]
@@ -171,7 +171,7 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[HeadSpec], weights: Sequence[floa
     return plans
 
 
-def _per_head_values(plans: list[PlannedUpdate], agg: Sequence[HeadSpec],
+def _per_head_values(plans: list[PlannedUpdate], agg: Sequence[StepObjective],
                      trunk_var_list: Sequence[keras.Variable]) -> _Values:
     """The per-head path's plans (`one_pass_plans`' `per_head`) as tensors: the trunk's
     gradients are taken (with their writes: the aggregator's and the loss weighting's state)

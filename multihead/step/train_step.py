@@ -51,15 +51,15 @@ from multihead.step.options import SCHEDULES, StepOptions
 from multihead.model.model_view import HeadsModel
 from multihead.step.trunk_rule import (
     Backward,
-    HeadSpec,
+    StepObjective,
     HeadsPass,
-    LossScaling,
+    LossFactors,
     TrunkRule,
 )
 from multihead.monitoring import tags
 from multihead.monitoring.monitor import Monitor, write_scalar
 
-__all__ = ["SCHEDULES", "Forward", "HeadSpec", "HeadsDone", "PlannedUpdate", "StepOutput",
+__all__ = ["SCHEDULES", "Forward", "StepObjective", "HeadsDone", "PlannedUpdate", "StepOutput",
            "StepsOutput", "TrainStep", "all_finite"]
 
 class TrainStep:
@@ -76,7 +76,7 @@ class TrainStep:
         model: the built model.
         heads: the heads, in order.
         options: how the step runs (its schedule; trunk aggregation needs
-            `"simultaneous"`, checked by `TrunkUpdate.create`), handed on whole to the
+            `"simultaneous"`, checked by `AggregatedRule.create`), handed on whole to the
             compiled loops and the applier.
         step: the step counter variable.
         rule: the trunk rule.
@@ -94,7 +94,7 @@ class TrainStep:
             steps, before the updates (`multihead.step.affinity`), or None.
     """
 
-    def __init__(self, model: HeadsModel, heads: Sequence[HeadSpec], options: StepOptions,
+    def __init__(self, model: HeadsModel, heads: Sequence[StepObjective], options: StepOptions,
                  step: tf.Variable, rule: TrunkRule, monitor: Monitor | None = None,
                  strategy: tf.distribute.Strategy | None = None, target_networks: Sequence[Any] = (),
                  frozen: FrozenHeads | None = None, loss_scales: LossScales | None = None,
@@ -235,7 +235,7 @@ class TrainStep:
         """The scalar tags the step writes into the train run on logging steps."""
         return [tag for _, tag, _ in self._scalars(None)]
 
-    def _count_and_log(self, heads: Sequence[HeadSpec], step: tf.Tensor, done: HeadsDone) -> None:
+    def _count_and_log(self, heads: Sequence[StepObjective], step: tf.Tensor, done: HeadsDone) -> None:
         """Counts the dropped updates; on logging steps writes the step's scalars of `heads`
         (`_scalars`)."""
         guarded = [h for h in heads if h.guarded]
@@ -254,7 +254,7 @@ class TrainStep:
 
         monitor.when_scalars(log)
 
-    def _body(self, inputs: Any, targets: Any, monitored: bool, heads: tuple[HeadSpec, ...],
+    def _body(self, inputs: Any, targets: Any, monitored: bool, heads: tuple[StepObjective, ...],
               own_batches: bool = False) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         self.trace_count += 1  # Python side effect: runs once per trace, not per step
         step = self._step.read_value()
@@ -292,13 +292,13 @@ class TrainStep:
 
     # -- the forward pass: every head's objective, one code path -------------------------
 
-    def forward(self, inputs: Any, targets: Any, heads: Sequence[HeadSpec], step: tf.Tensor,
+    def forward(self, inputs: Any, targets: Any, heads: Sequence[StepObjective], step: tf.Tensor,
                 own_batches: bool = False) -> Forward:
         """One forward pass of `heads` (inside the caller's tape; see
         `multihead.step.forward.ForwardPass`)."""
         return self._forward(inputs, targets, heads, step, own_batches)
 
-    def _pass(self, heads: tuple[HeadSpec, ...], losses: dict[str, tf.Tensor], step: tf.Tensor,
+    def _pass(self, heads: tuple[StepObjective, ...], losses: dict[str, tf.Tensor], step: tf.Tensor,
               fwd: Forward | None = None, tape: tf.GradientTape | None = None,
               given: Any = None, counts: Mapping[str, tf.Tensor] | None = None) -> HeadsPass:
         """What the trunk rule plans from: `fwd` on `tape` (one device) or `given`
@@ -312,12 +312,12 @@ class TrainStep:
             given=given,
             features=None if fwd is None else fwd.features,
             trunk_reg=0.0 if fwd is None else fwd.trunk_reg,
-            scaling=fwd.scaling if fwd is not None else LossScaling({}),
+            loss_factors=fwd.loss_factors if fwd is not None else LossFactors({}),
             # None in the variant that does not log: its rule needs no per-head statistics
             when_logging=monitor.when_scalars if monitor is not None and monitor.active else None,
             active=self._taking_part(heads, counts or {}, step))
 
-    def _taking_part(self, heads: tuple[HeadSpec, ...], counts: Mapping[str, tf.Tensor],
+    def _taking_part(self, heads: tuple[StepObjective, ...], counts: Mapping[str, tf.Tensor],
                      step: tf.Tensor) -> dict[str, tf.Tensor] | None:
         """Head -> whether it takes part in the step: not frozen, and with a present label
         when it has a missing-label marker (`counts`); None: every head does. Counts the
@@ -343,7 +343,7 @@ class TrainStep:
     # -- schedules --------------------------------------------------------------------
 
     def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor,
-                      heads: tuple[HeadSpec, ...], own_batches: bool = False,
+                      heads: tuple[StepObjective, ...], own_batches: bool = False,
                       ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         with tf.GradientTape(persistent=True) as tape:
             fwd = self.forward(inputs, targets, heads, step, own_batches)
@@ -353,9 +353,9 @@ class TrainStep:
         return fwd.losses, done
 
     def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor,
-                    heads: tuple[HeadSpec, ...], own_batches: bool = False,
+                    heads: tuple[StepObjective, ...], own_batches: bool = False,
                     ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
-        def one_head(head: HeadSpec) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+        def one_head(head: StepObjective) -> tuple[dict[str, tf.Tensor], HeadsDone]:
             with tf.GradientTape() as tape:
                 fwd = self.forward(inputs, targets, (head,), step, own_batches)
             plans = self._rule.plan(self._pass((head,), fwd.losses, step, fwd, tape))
@@ -366,7 +366,7 @@ class TrainStep:
     # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
 
     def _replicated(self, inputs: Any, targets: Any, step: tf.Tensor,
-                    heads: tuple[HeadSpec, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                    heads: tuple[StepObjective, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         """The step under a strategy; `inputs`, `targets` are per-replica values."""
         if self._schedule == "simultaneous":
             return self._replicated_pass(inputs, targets, step, heads)
@@ -377,13 +377,13 @@ class TrainStep:
             lambda head: self._replicated_pass(inputs, targets, step, (head,), due_decided=True))
 
     def _replicated_pass(self, inputs: Any, targets: Any, step: tf.Tensor,
-                         heads: tuple[HeadSpec, ...], due_decided: bool = False,
+                         heads: tuple[StepObjective, ...], due_decided: bool = False,
                          ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         """One forward pass of `heads` on every replica, every head's gradient all-reduced
         in replica context (an all-reduce cannot sit in a tf.cond there), then the trunk
         rule's plans applied in cross-replica context."""
         def gradients(inputs: Any, targets: Any) -> Any:
-            scale = distribute.replica_scale(inputs)
+            scale = distribute.replica_share(inputs)
             with tf.GradientTape(persistent=True) as tape:
                 fwd = self.forward(inputs, targets, heads, step)
                 # A loss that is a mean over present labels: scaled by this replica's share.
@@ -405,14 +405,14 @@ class TrainStep:
         return losses, self._applier.apply_all(plans, step, due_decided)
 
 
-def _one_after_another(heads: Sequence[HeadSpec], step: tf.Tensor,
-                       one_head: Callable[[HeadSpec], tuple[dict[str, tf.Tensor], HeadsDone]],
+def _one_after_another(heads: Sequence[StepObjective], step: tf.Tensor,
+                       one_head: Callable[[StepObjective], tuple[dict[str, tf.Tensor], HeadsDone]],
                        ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
     """The sequential schedule: `one_head(head)` (a forward pass and update of that head
     alone) for each head, in order, on the steps where it is due."""
     losses, updated, skipped = {}, {}, {}
     for head in heads:
-        def update(head: HeadSpec = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        def update(head: StepObjective = head) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             head_losses, done = one_head(head)
             return head_losses[head.name], done.updated[head.name], done.skipped[head.name]
 

@@ -1,7 +1,7 @@
 """`TrunkPolicy`: how the trunk is trained when it is not trained per head. One trunk
 optimizer applies an aggregate of the heads' trunk gradients; the policy names the optimizer,
 the aggregation method, its options and the loss weighting, and checks them when it is made.
-`multihead.step.trunk_update.TrunkUpdate` carries a policy out in the step."""
+`multihead.step.trunk_update.AggregatedRule` carries a policy out in the step."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ turns the heads' gradients into `PlannedUpdate`s, which the step's one `Applier`
 applies. A rule never sees the step: it gets a `HeadsPass` (the heads, their
 losses, their gradients on demand) and returns plans.
 
-* `PerHeadTrunk` (the default, `trunk="per_head"`): each head's optimizer applies
+* `PerHeadRule` (the default, `trunk="per_head"`): each head's optimizer applies
   the head's gradient to its var_list, trunk + head, with its own slots:
   exactly `minimize(loss_k, var_list=trunk + head_k)`.
-* `multihead.step.trunk_update.TrunkUpdate` (a `TrunkPolicy`): one trunk optimizer
+* `multihead.step.trunk_update.AggregatedRule` (a `TrunkPolicy`): one trunk optimizer
   applies an aggregate of the heads' trunk gradients, each head's optimizer its
   own variables.
 """
@@ -28,7 +28,7 @@ from multihead.objectives.parts import ObjectiveParts
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadSpec:
+class StepObjective:
     """Everything the step needs about one head, resolved and validated.
 
     Attributes:
@@ -104,7 +104,7 @@ def scale_gradient(value: Any, factor: tf.Tensor) -> Any:
     return tf.nest.map_structure(scaled, value)
 
 
-class LossScaling(NamedTuple):
+class LossFactors(NamedTuple):
     """What a rule's loss weighting computed in the forward pass (on the tape).
 
     Attributes:
@@ -121,7 +121,7 @@ class LossScaling(NamedTuple):
     objective: tf.Tensor | None = None
 
 
-NO_SCALING = LossScaling({})
+NO_FACTORS = LossFactors({})
 
 
 class Backward:
@@ -142,7 +142,7 @@ class Backward:
         return self._objectives
 
     @not_converted
-    def head(self, head: HeadSpec, sources: Sequence[Any], trunk_sources: int = 0,
+    def head(self, head: StepObjective, sources: Sequence[Any], trunk_sources: int = 0,
              ) -> list[tf.Tensor | None]:
         """The gradient of `head`'s objective with respect to `sources`, whose first
         `trunk_sources` are the trunk's (variables or output).
@@ -182,7 +182,7 @@ class HeadsPass(NamedTuple):
             all-reduced; None on one device.
         features: the trunk output (None under a strategy).
         trunk_reg: the trunk's regularization (0.0 when it has none).
-        scaling: what the rule's `scale_losses` computed in the pass.
+        loss_factors: what the rule's `loss_factors` computed in the pass.
         when_logging: runs a function (summary writes) on scalar logging steps only;
             None without a monitor and in the step variant that does not log.
         active: head -> bool scalar, whether the head takes part in this step (False:
@@ -190,7 +190,7 @@ class HeadsPass(NamedTuple):
             exactly as the non-finite guard drops one. None: every head takes part.
     """
 
-    heads: tuple[HeadSpec, ...]
+    heads: tuple[StepObjective, ...]
     losses: dict[str, tf.Tensor]
     step: tf.Tensor
     trunk_variables: tuple[keras.Variable, ...]
@@ -198,7 +198,7 @@ class HeadsPass(NamedTuple):
     given: Any = None
     features: Any = None
     trunk_reg: tf.Tensor | float = 0.0
-    scaling: LossScaling = NO_SCALING
+    loss_factors: LossFactors = NO_FACTORS
     when_logging: Callable[[Callable[[], None]], None] | None = None
     active: Mapping[str, tf.Tensor] | None = None
 
@@ -218,10 +218,10 @@ class TrunkRule(Protocol):
 
     heads_update_trunk: bool
 
-    def scale_losses(self, weighted: Mapping[str, tf.Tensor]) -> LossScaling:
+    def loss_factors(self, weighted: Mapping[str, tf.Tensor]) -> LossFactors:
         """Inside the forward pass (on the tape): factors of the heads' weighted losses."""
 
-    def replica_gradients(self, heads: Sequence[HeadSpec], backward: Backward,
+    def replica_gradients(self, heads: Sequence[StepObjective], backward: Backward,
                           trunk_reg: tf.Tensor | float,
                           trunk_variables: Sequence[keras.Variable]) -> Any:
         """Under a strategy, in replica context: every gradient `plan` will need, as a
@@ -240,7 +240,7 @@ class TrunkRule(Protocol):
         Custom Scalars layout, `multihead.monitoring.layout`)."""
 
 
-def head_plans(heads: Sequence[HeadSpec], heads_pass: HeadsPass,
+def head_plans(heads: Sequence[StepObjective], heads_pass: HeadsPass,
                batched: bool = False) -> list[PlannedUpdate]:
     """Each head's optimizer applies the head's whole gradient to its whole var_list,
     when due and taking part (`HeadsPass.active`); a guarded head's only when its loss
@@ -259,13 +259,13 @@ def head_plans(heads: Sequence[HeadSpec], heads_pass: HeadsPass,
     return plans
 
 
-def _deferred(backward: Backward | None, head: HeadSpec) -> Callable[[], list[tf.Tensor | None]]:
+def _deferred(backward: Backward | None, head: StepObjective) -> Callable[[], list[tf.Tensor | None]]:
     """`head`'s gradient on its var_list, taken when called."""
     assert backward is not None, "a HeadsPass has `backward` or `given`"
     return lambda: backward.head(head, head.var_list)
 
 
-class PerHeadTrunk:
+class PerHeadRule:
     """The per-head rule: each head's optimizer updates trunk + head with its own slots.
 
     Args:
@@ -278,12 +278,12 @@ class PerHeadTrunk:
     def __init__(self, batched_backward: bool = False) -> None:
         self.batched_backward = batched_backward
 
-    def scale_losses(self, weighted: Mapping[str, tf.Tensor]) -> LossScaling:
+    def loss_factors(self, weighted: Mapping[str, tf.Tensor]) -> LossFactors:
         """No loss weighting: no factors."""
         del weighted
-        return NO_SCALING
+        return NO_FACTORS
 
-    def replica_gradients(self, heads: Sequence[HeadSpec], backward: Backward,
+    def replica_gradients(self, heads: Sequence[StepObjective], backward: Backward,
                           trunk_reg: tf.Tensor | float,
                           trunk_variables: Sequence[keras.Variable],
                           ) -> dict[str, list[tf.Tensor | None]]:

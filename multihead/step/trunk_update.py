@@ -1,10 +1,10 @@
 """The aggregated trunk rule: one trunk optimizer fed an aggregate of the heads' trunk gradients.
 
-`TrunkUpdate` implements `multihead.step.trunk_rule.TrunkRule` (the default rule,
-`PerHeadTrunk`, lives there): it returns planned updates, which the step's applier
+`AggregatedRule` implements `multihead.step.trunk_rule.TrunkRule` (the default rule,
+`PerHeadRule`, lives there): it returns planned updates, which the step's applier
 applies.
 
-* `TrunkUpdate` (a `TrunkPolicy`): each head's optimizer is built on the head's
+* `AggregatedRule` (a `TrunkPolicy`): each head's optimizer is built on the head's
   own variables only; one trunk optimizer, built on the trunk variables (plus a
   loss weighting's trainable variables, e.g. uncertainty log-variances), applies
   `d = sum_k w_k g_k`, the aggregate of the heads' trunk gradients `g_k`
@@ -78,7 +78,7 @@ from multihead.step.gradient_rows import (
 )
 from multihead.step.options import StepOptions
 from multihead.step.trunk_policy import TrunkPolicy, resolve_trunk
-from multihead.step.trunk_rule import Backward, HeadSpec, HeadsPass, LossScaling, head_plans
+from multihead.step.trunk_rule import Backward, StepObjective, HeadsPass, LossFactors, head_plans
 
 #: Up to this many heads the Gramian is summed from pairwise inner products and the
 #: heads' gradients are combined by a direct weighted sum; above, from `K x n` stacks
@@ -99,7 +99,7 @@ def _add(grads: Sequence[tf.Tensor], more: Sequence[tf.Tensor | None] | None) ->
 
 
 class _Aggregated:
-    """The aggregated rule's methods, mixed into `TrunkUpdate` (which holds its state)."""
+    """The aggregated rule's methods, mixed into `AggregatedRule` (which holds its state)."""
 
     heads: tuple[str, ...]
     policy: TrunkPolicy
@@ -125,15 +125,15 @@ class _Aggregated:
         return ({h: factors[i] for i, h in enumerate(self.heads)},
                 (task, factors, self.weighting.objective(task)))
 
-    def scale_losses(self, weighted: Mapping[str, tf.Tensor]) -> LossScaling:
+    def loss_factors(self, weighted: Mapping[str, tf.Tensor]) -> LossFactors:
         """Inside the forward pass: `weigh`'s factors, and under a loss weighting what it
         saw and computed (the stacked weighted losses, its factors, its own objective)."""
         factors, seen = self.weigh(weighted)
         if seen is None:
-            return LossScaling(factors)
-        return LossScaling(factors, *seen)
+            return LossFactors(factors)
+        return LossFactors(factors, *seen)
 
-    def replica_gradients(self, heads: Sequence[HeadSpec], backward: Backward,
+    def replica_gradients(self, heads: Sequence[StepObjective], backward: Backward,
                           trunk_reg: tf.Tensor | float, trunk_variables: Sequence[keras.Variable],
                           ) -> tuple[dict[str, list[Any]], Any]:
         """Under a strategy: every head's gradient (aggregated heads: on trunk + own
@@ -168,7 +168,7 @@ class _Aggregated:
                                             self.weighting, lambda: self._per_head_plans(p, agg))
         return plans + head_plans(rest, p._replace(given=replica_grads))
 
-    def _per_head_plans(self, p: HeadsPass, agg: Sequence[HeadSpec]) -> list[PlannedUpdate]:
+    def _per_head_plans(self, p: HeadsPass, agg: Sequence[StepObjective]) -> list[PlannedUpdate]:
         """The trunk's plan, then each head of `agg`'s, from one backward pass per head."""
         trunk_vars = list(p.trunk_variables)
         replica_grads, reg_grads = p.given if p.given is not None else (None, None)
@@ -191,7 +191,7 @@ class _Aggregated:
             # loss weighting's factor, held constant, under one).
             losses = [h.weight(p.step) * p.losses[h.name] for h in agg]
             if self.weighting is not None:
-                factors = p.scaling.weights
+                factors = p.loss_factors.weights
                 losses = [loss * factors[self.heads.index(h.name)] for loss, h in zip(losses, agg)]
 
         def trunk_gradients(members: Sequence[int], without: tf.Tensor | None = None,
@@ -209,7 +209,7 @@ class _Aggregated:
                                        when=p.takes_part(head.name)))
         return plans
 
-    def _trunk_plan(self, agg: Sequence[HeadSpec], kept: Mapping[str, tf.Tensor | None],
+    def _trunk_plan(self, agg: Sequence[StepObjective], kept: Mapping[str, tf.Tensor | None],
                     trunk_gradients: Callable[..., _TrunkStep]) -> PlannedUpdate:
         """The trunk update over the heads that take part with a finite loss and gradient
         (`kept`, None: always): all of them; all but one (the aggregate of the others, as a
@@ -262,7 +262,7 @@ class _Aggregated:
         method = self.aggregator_for(names)
         return method if type(method).for_heads is Aggregator.for_heads else None
 
-    def _trunk_gradients(self, p: HeadsPass, agg: Sequence[HeadSpec],
+    def _trunk_gradients(self, p: HeadsPass, agg: Sequence[StepObjective],
                          trunk_parts: Sequence[Sequence[tf.Tensor | None]], sources: Sequence[Any],
                          trunk_vars: list[keras.Variable],
                          reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
@@ -286,9 +286,9 @@ class _Aggregated:
         extra_grads: list[Any] = []
         factors, weighting_writes = None, ()
         if self.weighting is not None:
-            task, factors = p.scaling.losses, p.scaling.weights
-            if p.scaling.objective is not None:
-                extra_grads = p.backward.gradient(p.scaling.objective,
+            task, factors = p.loss_factors.losses, p.loss_factors.weights
+            if p.loss_factors.objective is not None:
+                extra_grads = p.backward.gradient(p.loss_factors.objective,
                                                   list(self.var_list[len(trunk_vars):]))
             unweighted = None
             if self.weighting.needs_grad_norms:  # the Gramian saw weighted gradients: unweight
@@ -452,7 +452,7 @@ class _Combined(NamedTuple):
     keep: tf.Tensor | None
 
 
-class TrunkUpdate(_Aggregated, tf.Module):
+class AggregatedRule(_Aggregated, tf.Module):
     """The state of the aggregated trunk update, for checkpoints: optimizer, loss weighting, RNG.
 
     Checkpointing it (`tf.train.Checkpoint(trunk_update=trainer.trunk_update)`,
@@ -531,7 +531,7 @@ class TrunkUpdate(_Aggregated, tf.Module):
 
     @classmethod
     def create(cls, trunk: Any, objectives: Mapping[str, Objective], options: StepOptions,
-               head_optimizers: Mapping[str, keras.optimizers.Optimizer]) -> TrunkUpdate | None:
+               head_optimizers: Mapping[str, keras.optimizers.Optimizer]) -> AggregatedRule | None:
         """Validates `trunk` against the heads and the step's options (early, at
         construction); None for `per_head`."""
         policy = resolve_trunk(trunk)

@@ -31,6 +31,7 @@ from multihead.step import distribute
 from multihead.step.assemble import StepAssembly
 from multihead.step.options import StepOptions
 from multihead.step.trunk_policy import TrunkPolicy
+from multihead.step.trunk_rule import TrunkRule
 from multihead.training.callbacks import Callback, CallbackList, NonFiniteGuard, ProgressCallback
 from multihead.training.evaluation import Evaluations
 from multihead.training.execution import ExecutionSize, fit_length
@@ -77,11 +78,11 @@ class Trainer:
         histograms_every: write gradient histograms every this many steps (0: never).
         log_variable_norms: also write each variable's gradient norm.
         affinity_every, affinity_lookahead: inter-task affinities (`Monitor`, docs/affinity.md).
-        trunk: `"per_head"` (each head's optimizer updates the trunk with its own
-            slots), or a `TrunkPolicy` (or a dict of its fields): one trunk
-            optimizer applies an aggregate of the heads' trunk gradients and each
-            head's optimizer is built on its own variables only (see
-            `multihead.step.trunk_update`). Needs `schedule="simultaneous"`.
+        trunk: `"per_head"` (each head's optimizer updates the trunk with its own slots);
+            a `TrunkPolicy` (or a dict of its fields): one trunk optimizer applies an
+            aggregate of the heads' trunk gradients, each head's its own variables only
+            (`multihead.step.trunk_update`; needs `schedule="simultaneous"`); or a
+            `TrunkRule` of your own (docs/own-methods.md).
         strategy: a `tf.distribute` strategy (`MirroredStrategy`,
             `MultiWorkerMirroredStrategy`; see `multihead.step.distribute.make_strategy`),
             or None for one device. Build the model and create optimizer objects
@@ -112,7 +113,7 @@ class Trainer:
         *,
         histograms_every: int = 1000, log_variable_norms: bool = False,
         affinity_every: int = 0, affinity_lookahead: str = "optimizer",
-        trunk: str | TrunkPolicy | Mapping[str, Any] = "per_head",
+        trunk: str | TrunkPolicy | TrunkRule | Mapping[str, Any] = "per_head",
         strategy: tf.distribute.Strategy | None = None,
         max_nonfinite_steps: int = 10, target_networks: Sequence[Any] = (),
         **options: Any,

@@ -1,5 +1,5 @@
 """`multihead validate` refuses, in one line naming the key, every config `train` would fail on
-or silently misread (`multihead.experiments.config.rules`, `yaml12`, `dry_run`)."""
+or silently misread (`multihead.experiments.config.value_checks`, `yaml12`, `dry_run`)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import multihead as mh
 from multihead.step import batched_backward
 from multihead.objectives.objective import resolve_loss
 from multihead.step.options import StepOptions
-from multihead.step.train_step import HeadSpec, TrainStep
-from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadTrunk, head_plans
+from multihead.step.train_step import StepObjective, TrainStep
+from multihead.step.trunk_rule import Backward, HeadsPass, PerHeadRule, head_plans
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, parse_yaml
 from conftest import weights
 
@@ -77,11 +77,11 @@ def _gradients(model, batches, own_batches=False, losses=None):
     """Per batch, (batched, reference, batched heads): per head the gradients its
     optimizer gets from the batched pass, and from its own backward pass."""
     losses = losses or {}
-    specs = tuple(HeadSpec(h, resolve_loss(losses.get(h, "mse"), h), keras.optimizers.SGD(),
+    specs = tuple(StepObjective(h, resolve_loss(losses.get(h, "mse"), h), keras.optimizers.SGD(),
                            tuple(model.var_list(h)), lambda step: tf.constant(1.0), 1, True)
                   for h in HEADS)
     step = TrainStep(model, specs, StepOptions(), tf.Variable(0, dtype=tf.int64),
-                     PerHeadTrunk(True))
+                     PerHeadRule(True))
 
     @tf.function
     def run(x, y):

@@ -497,3 +497,38 @@ def test_every_new_method_trains_through_multihead_train(tmp_path, name, options
     metrics = json.loads((run / "metrics.json").read_text())
     text = json.dumps(metrics)
     assert "NaN" not in text and "Infinity" not in text, text
+
+
+class _HalvedGradients(mh.PerHeadRule):
+    """A user's rule: every head's gradient halved (then SGD at lr is SGD at lr / 2, bitwise:
+    both scale by a power of two)."""
+
+    def plan(self, heads_pass):
+        def halved(gradients):
+            def take():
+                grads = gradients() if callable(gradients) else gradients
+                return [None if g is None else g * 0.5 for g in grads]
+            return take
+        return [p._replace(gradients=halved(p.gradients)) for p in super().plan(heads_pass)]
+
+
+def test_a_users_trunk_rule_trains_as_its_plans_say():
+    batch = make_batch()
+    ours = mh.Trainer(make_model(seed=3), {h: mh.Objective("mse", keras.optimizers.SGD(0.1))
+                                           for h in "ab"}, trunk=_HalvedGradients())
+    half_lr = mh.Trainer(make_model(seed=3), {h: mh.Objective("mse", keras.optimizers.SGD(0.05))
+                                              for h in "ab"})
+    for _ in range(3):
+        ours.step(batch)
+        half_lr.step(batch)
+    for a, b in zip(weights(ours.model.weights), weights(half_lr.model.weights)):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(weights(ours.model.weights), weights(make_model(seed=3).weights)))
+
+
+def test_a_users_rule_that_would_own_the_trunk_update_is_refused():
+    class OwnTrunk(mh.PerHeadRule):
+        heads_update_trunk = False
+
+    with pytest.raises(ValueError, match="heads_update_trunk = False"):
+        mh.Trainer(make_model(), {h: mh.Objective("mse") for h in "ab"}, trunk=OwnTrunk())

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from multihead._checks import suggest
 from multihead.datasets.multitask import CLASSIFICATION, REGRESSION, MultiTaskData, mmoe_synthetic
-from multihead.experiments.config.rules import check_data_function
+from multihead.experiments.config.value_checks import check_data_function
 from multihead.experiments.build.file_readers import (
     check_file,
     csv_header,

@@ -205,7 +205,7 @@ class ExperimentConfig:
 def from_dict(raw: Any, source: str = "<config>", allow_import: Sequence[str] = ()) -> ExperimentConfig:
     """Validates a parsed config; errors are prefixed with `source`. `allow_import`: modules
     an `env.id` (`module:Env`) or a `data.function` (`module:function`) may import."""
-    from multihead.experiments.config.rules import check_rules
+    from multihead.experiments.config.value_checks import check_rules
 
     try:
         config = _build(ExperimentConfig, raw, "")
