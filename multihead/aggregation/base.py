@@ -244,6 +244,13 @@ class CoordinatewiseAggregator(Aggregator):
         return self.combine(block, **kwargs)
 
 
+def log_loss_factor(loss: tf.Tensor) -> tf.Tensor:
+    """The factor, held constant, that turns a loss's gradient into that of `log(L + 1e-8)`:
+    `1 / (L + 1e-8)`, by which the step scales each objective of an aggregator with
+    `log_losses` (DB-MTL's loss-scale balancing)."""
+    return tf.stop_gradient(1.0 / (loss + 1e-8))
+
+
 class BufferedAggregator(Aggregator):
     """Keeps a running `K x D` copy of the gradients (`buffers`, zero at first) besides a
     small state (`state_spec`), and works on the gradients themselves in column blocks.

@@ -115,12 +115,6 @@ def db_mtl_update(grads: Sequence[tf.Tensor], buffers: Mapping[str, Sequence[tf.
     return _buffered(_combine_rows(buf, alpha), alpha, {"grad_buffer": buf}, {"step": t})
 
 
-def db_mtl_loss_factor(loss: tf.Tensor) -> tf.Tensor:
-    """The factor, held constant, that turns a loss's gradient into that of
-    `log(L + 1e-8)`: `1 / (L + 1e-8)` (DB-MTL's loss-scale balancing)."""
-    return tf.stop_gradient(1.0 / (loss + 1e-8))
-
-
 def excess_mtl_update(grads: Sequence[tf.Tensor], buffers: Mapping[str, Sequence[tf.Tensor]],
                       losses: tf.Tensor | None, state: Mapping[str, tf.Tensor],
                       robust_step_size: float = 1e-2) -> Buffered:

@@ -57,8 +57,12 @@ import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
-from multihead.aggregation.base import Aggregator, BufferedAggregator, CoordinatewiseAggregator
-from multihead.aggregation.buffered import db_mtl_loss_factor
+from multihead.aggregation.base import (
+    Aggregator,
+    BufferedAggregator,
+    CoordinatewiseAggregator,
+    log_loss_factor,
+)
 from multihead.aggregation.dispatch import run as run_aggregator, step_draws
 from multihead.aggregation.loss_weighting import LossWeighting
 from multihead.objectives.objective import Objective, resolve_optimizer
@@ -114,8 +118,8 @@ class _Aggregated:
         """Under a loss weighting: each aggregated head's factor, and (the stacked weighted
         losses, the factors, the weighting's own objective) for `apply`."""
         if self.weighting is None:
-            if self.aggregator.log_losses:  # DB-MTL: every aggregated head descends log(L + 1e-8)
-                return {h: db_mtl_loss_factor(weighted[h]) for h in self.heads if h in weighted}, None
+            if self.aggregator.log_losses:  # every aggregated head descends log(L + 1e-8)
+                return {h: log_loss_factor(weighted[h]) for h in self.heads if h in weighted}, None
             return {}, None
         names = tuple(h for h in self.heads if h in weighted)
         if names != self.heads:
@@ -186,7 +190,7 @@ class _Aggregated:
             reg_grads = p.backward.gradient(p.trunk_reg, trunk_vars)
 
         losses = None
-        if self.aggregator.needs_losses and not self.aggregator.log_losses:  # MoCo
+        if self.aggregator.needs_losses and not self.aggregator.log_losses:
             # The loss whose gradient each head's trunk gradient is: weight x loss (x the
             # loss weighting's factor, held constant, under one).
             losses = [h.weight(p.step) * p.losses[h.name] for h in agg]
@@ -366,8 +370,8 @@ class _Aggregated:
                  without: tf.Tensor | None = None) -> _Combined:
         """The heads' gradients of `sources` combined by the aggregator's weights, with what
         the step logs and the aggregator's new state (`_Combined`). `losses`: the heads'
-        losses, for an aggregator that reads them (MoCo). `without`: the position in `names`
-        of a head left out (an int32 scalar tensor), or None.
+        losses, for an aggregator that reads them (`needs_losses`). `without`: the position
+        in `names` of a head left out (an int32 scalar tensor), or None.
 
         Without a head, the other heads' rows are gathered into `K - 1` rows and aggregated
         exactly as a step of those heads alone: the same shapes, hence the same ops."""
@@ -460,9 +464,9 @@ class AggregatedRule(_Aggregated, tf.Module):
     optimizer (its slots, its iteration count and, as every Keras optimizer
     tracks them, the variables it was built on), the loss weighting's variables
     (e.g. the uncertainty log-variances), a stateful aggregator's state
-    (`aggregator_state`: GradVac's goals, Nash-MTL's weights, ..., and the `K x D`
-    buffers of MoCo, DB-MTL and ExcessMTL, one variable per trunk variable, keyed
-    `<buffer>/<index in model.trunk_variables>`) and the generator of the random methods.
+    (`aggregator_state`: a method's declared state, and a `BufferedAggregator`'s `K x D`
+    buffers, one variable per trunk variable, keyed `<buffer>/<index in
+    model.trunk_variables>`) and the generator of the random methods.
 
     Attributes:
         policy: the `TrunkPolicy`.
