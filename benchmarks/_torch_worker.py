@@ -31,10 +31,10 @@ import types
 
 
 def import_libmtl():
-    """LibMTL, imported as its release on PyPI (1.1.5) can be on a CPU-only torch: it imports
-    `torchvision.models.utils.load_state_dict_from_url` at import time (for its ResNets'
-    pretrained weights, not on the EW path) and that module is gone from torchvision; LibMTL's
-    GitHub head falls back to `torch.hub.load_state_dict_from_url` the same way."""
+    """Import LibMTL. Its PyPI release (1.1.5) imports `torchvision.models.utils`'s
+    `load_state_dict_from_url` at import time (for its ResNets' pretrained weights, not on the EW
+    path), a module torchvision removed in 0.11 (LibMTL issue #62; its GitHub head falls back to
+    `torch.hub`): where it is missing, it is pointed at `torch.hub.load_state_dict_from_url`."""
     import importlib
 
     import torch

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch-python", help="the Python of a venv with torch (and LibMTL)")
     parser.add_argument("--ks", type=int, nargs="+", default=[4, 16])
-    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="K=4, 2 repeats of 3 steps (smoke)")
     args = parser.parse_args(argv)
