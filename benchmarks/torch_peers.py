@@ -16,8 +16,8 @@ own warm process with one thread; ratios are medians of the repeats' ratios, wit
 
 PyTorch runs in the Python of a separate venv (`--torch-python`, e.g. one made with
 `python3 -m venv peers && peers/bin/pip install torch==2.13.0`, plus `peers/bin/pip install
---no-deps LibMTL==1.1.5 scipy` for the LibMTL row): never a dependency of multihead. Without torch the
-script says so in one line and stops; without LibMTL its row is skipped with one line.
+--no-deps LibMTL==1.1.5 scipy` for the LibMTL row): never a dependency of multihead. Without
+torch the script says so in one line and stops; without LibMTL its row is skipped with one line.
 
     taskset -c 1 .venv/bin/python benchmarks/torch_peers.py --torch-python peers/bin/python
     .venv/bin/python benchmarks/torch_peers.py --quick --torch-python peers/bin/python  # smoke
