@@ -17,8 +17,8 @@ heads, MSE per head, Adam(1e-3). Three steps:
 
 Protocol: argv = K IN_DIM WIDTH BATCH; then lines on stdin `VARIANT CALLS`, each answered with
 one line `wall_seconds cpu_seconds` for CALLS steps; `quit` ends. With argv = `check` K IN_DIM
-WIDTH BATCH instead, it prints one line: `ok LIBMTL_VERSION MAX_ABS_DIFF` (every parameter after 3 LibMTL EW
-steps against 3 summed steps from the same weights) or `error: WHY`.
+WIDTH BATCH instead, it prints one line: `ok LIBMTL_VERSION MAX_ABS_DIFF` (every parameter
+after 3 LibMTL EW steps against 3 summed steps from the same weights) or `error: WHY`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def libmtl_ew(trunk, heads):
                      "weight": [0]} for n in names}
     with contextlib.redirect_stdout(sys.stderr):  # it prints its parameter count and log format
         trainer = CPUTrainer(
-            task_dict=task_dict, weighting=LibMTL.weighting.EW, architecture=LibMTL.architecture.HPS,
+            task_dict=task_dict, weighting=LibMTL.weighting.EW,
+            architecture=LibMTL.architecture.HPS,
             encoder_class=lambda: copy.deepcopy(trunk),
             decoders=torch.nn.ModuleDict({n: copy.deepcopy(h) for n, h in zip(names, heads)}),
             rep_grad=False, multi_input=False, optim_param={"optim": "adam", "lr": 1e-3},

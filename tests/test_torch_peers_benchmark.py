@@ -44,7 +44,8 @@ def test_a_python_without_torch_is_one_line():
 def test_a_missing_python_is_one_line():
     missing = os.path.join(ROOT, "no-such-venv", "bin", "python")
     lines = _run("--torch-python", missing)
-    assert len(lines) == 1 and lines[0].startswith(f"PyTorch rows skipped: --torch-python {missing}")
+    assert len(lines) == 1
+    assert lines[0].startswith(f"PyTorch rows skipped: --torch-python {missing}")
 
 
 @pytest.mark.skipif(_has("LibMTL"), reason="this Python has LibMTL")
