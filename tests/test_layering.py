@@ -1,6 +1,6 @@
 """The package's dependencies point one way.
 
-    _keras_internals, _checks, _boundary, settings   (import nothing else of the package)
+    _keras_internals, _checks, _autograph, _boundary, settings   (import nothing else of the package)
         <- _records     (TFRecord headers checked: only _boundary)
         <- aggregation, monitoring, datasets
         <- model        (the trunk and heads as Keras layers: never the objectives, step or loop)
@@ -20,7 +20,7 @@ import pytest
 import multihead
 
 PACKAGE = pathlib.Path(multihead.__file__).parent
-RANK = {"_keras_internals": 0, "_checks": 0, "_boundary": 0, "settings": 0, "_records": 0.5,
+RANK = {"_keras_internals": 0, "_checks": 0, "_autograph": 0, "_boundary": 0, "settings": 0, "_records": 0.5,
         "aggregation": 1, "monitoring": 1, "datasets": 1,
         "model": 2, "objectives": 3, "step": 4, "training": 5,
         "io": 6, "rl": 6, "experiments": 7, "cli": 8}

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
+from multihead._autograph import converted
 from multihead.objectives.objective import Objective, check_weight
 
 
@@ -29,7 +30,7 @@ class LossWeight:
     def __call__(self, step: tf.Tensor) -> tf.Tensor:
         if self.variable is not None:
             return self.variable.read_value()
-        return tf.cast(self.spec(step), tf.float32)
+        return tf.cast(converted(self.spec)(step), tf.float32)
 
     def sync(self, spec: Any) -> None:
         """Takes the objective's current weight; raises if the step cannot."""

@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._autograph import converted
 from multihead._checks import (
     check_choice,
     check_finite_numbers,
@@ -232,8 +233,8 @@ def resolve_loss(spec: LossSpec, head: str, missing_label: float | None = None) 
                     f"head {head!r}: missing_label needs a Keras loss or a (y_true, y_pred) "
                     "callable; a research loss (inputs, targets, outputs) reads its labels "
                     "itself: mask them inside it")
-            research: Callable[..., tf.Tensor] = spec
-            if _takes_training(research):
+            research: Callable[..., tf.Tensor] = converted(spec)  # may branch on tensors
+            if _takes_training(spec):
                 return lambda inputs, targets, output, training=False: research(
                     inputs, targets, output, training=training)
             return lambda inputs, targets, output, training=False: research(inputs, targets, output)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 import keras
 import tensorflow as tf
 
+from multihead._autograph import converted
 from multihead._checks import check_name
 from multihead.model.addresses import variable_addresses
 from multihead.model.model_view import HeadsModel
@@ -287,6 +288,7 @@ def _combiner(combine: Any) -> Callable[[Mapping[str, Any], Any], Any] | None:
                             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 2
     except (TypeError, ValueError):
         takes_inputs = False
+    user = converted(combine)  # may branch on tensors
     if takes_inputs:
-        return combine
-    return lambda outputs, inputs: combine(outputs)
+        return user
+    return lambda outputs, inputs: user(outputs)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import tensorflow as tf
 
+from multihead._autograph import plain
 from multihead.step.options import StepOptions
 
 
@@ -156,9 +157,12 @@ class StepLoops:
         if key not in self._functions:
             body = self._body_for(key)
             jit = self._jit_compile
+            # The step's own code is traced as plain Python (`multihead._autograph`); only the
+            # loop over the iterator is autograph's.
             one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
-                              jit_compile=jit, reduce_retracing=True)
-            step_body = tf.function(body, jit_compile=True) if jit else body
+                              jit_compile=jit, reduce_retracing=True, autograph=False)
+            step_body = (tf.function(body, jit_compile=True, autograph=False) if jit
+                         else plain(body))
             many = tf.function(lambda iterator, max_steps: self._multi(step_body, iterator, max_steps),
                                reduce_retracing=True)
             self._functions[key] = (one, many)

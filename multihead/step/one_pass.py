@@ -31,6 +31,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import keras
 import tensorflow as tf
 
+from multihead._autograph import converted
 from multihead.aggregation.base import Aggregator, GramianWeighting
 from multihead.aggregation.loss_weighting import LossWeighting
 from multihead.step.applier import PlannedUpdate, all_finite, take_gradients, write_state
@@ -144,7 +145,7 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[StepObjective], weights: Sequence
 
     def fast() -> _Values:
         if weighting is not None:  # written only where the trunk update happens
-            write_state(weighting.update(p.loss_factors.losses, None))
+            write_state(converted(weighting.update)(p.loss_factors.losses, None))
         return _Values(trunk, tf.constant(True), own_dense, [tf.constant(True) for _ in agg])
 
     conditions = [c for c in (p.takes_part(h.name) for h in agg) if c is not None]

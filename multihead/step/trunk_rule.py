@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, runti
 import keras
 import tensorflow as tf
 
+from multihead._autograph import converted
 from multihead.step import batched_backward
 from multihead.step.applier import PlannedUpdate, not_converted
 from multihead.objectives.objective import HeadLoss
@@ -88,7 +89,8 @@ def trunk_scale(spec: Any) -> Callable[[tf.Tensor], tf.Tensor] | None:
     if not callable(spec):
         value = float(spec)
         return None if value == 1.0 else (lambda step: tf.constant(value, tf.float32))
-    return lambda step: tf.cast(spec(step), tf.float32)
+    schedule = converted(spec)
+    return lambda step: tf.cast(schedule(step), tf.float32)
 
 
 def scale_gradient(value: Any, factor: tf.Tensor) -> Any:

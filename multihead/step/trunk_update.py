@@ -57,6 +57,7 @@ import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._autograph import converted
 from multihead.aggregation.base import (
     Aggregator,
     BufferedAggregator,
@@ -125,9 +126,9 @@ class _Aggregated:
         if names != self.heads:
             self.aggregator_for(names)  # raises: a loss weighting weighs all heads
         task = tf.stack([weighted[h] for h in self.heads])
-        factors = self.weighting.weights(task)
+        factors = converted(self.weighting.weights)(task)
         return ({h: factors[i] for i, h in enumerate(self.heads)},
-                (task, factors, self.weighting.objective(task)))
+                (task, factors, converted(self.weighting.objective)(task)))
 
     def loss_factors(self, weighted: Mapping[str, tf.Tensor]) -> LossFactors:
         """Inside the forward pass: `weigh`'s factors, and under a loss weighting what it
@@ -299,7 +300,7 @@ class _Aggregated:
                 norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.0))
                 unweighted = tf.math.divide_no_nan(norms, factors)
             # The weighting's state is not among the variables the trunk optimizer writes.
-            weighting_writes = self.weighting.update(task, unweighted) or ()
+            weighting_writes = converted(self.weighting.update)(task, unweighted) or ()
         if p.when_logging is not None:
             self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
                                   projections, trunk_grads, c.keep)
@@ -394,7 +395,7 @@ class _Aggregated:
         dtype = tf.as_dtype(self.policy.dtype)
         state = self.aggregator_state if aggregator.stateful else None
         buffered = isinstance(aggregator, BufferedAggregator)
-        result = run_aggregator(
+        result = converted(run_aggregator)(
             aggregator, stacked, dtype,
             gram=lambda: (pairwise_gramian(per_head, dtype) if pairwise
                           else gramian(stacked, dtype)),
