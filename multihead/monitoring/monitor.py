@@ -47,12 +47,10 @@ in the graph (`Monitor.distributed`). Summary writes by user code
 `tf.summary.record_if`. The writer is not flushed by the step (it flushes when
 its queue fills; `Trainer.fit` and `close` flush).
 
-Because a head with `every > 1` updates inside a `tf.cond`, its gradient cannot
-leave that branch as a tensor; the monitor passes what later heads need (the
-weights before the update, the trunk gradient for cosines) through its own
-non-trainable buffer variables, written only on logging steps. They are created
-eagerly by `bind` and cost one copy of the model's weights plus one copy of the
-trunk per head but the last (set `grad_cosine=False` to drop the latter).
+The per-head update statistics (loss, gradient norms, lr, update ratio, cosines,
+gradient histograms) are measured by `multihead.monitoring.head_updates`, with buffer
+variables `bind` creates: one copy of the model's weights plus one copy of the trunk
+per head but the last (set `grad_cosine=False` to drop the latter).
 """
 
 from __future__ import annotations
@@ -69,20 +67,13 @@ from multihead import _keras_internals as internals
 from multihead._checks import check_choice
 from multihead.monitoring import tags
 from multihead.monitoring.cadence import Cadence
-from multihead.monitoring.gradient_stats import (
-    _dense,
-    clipped_gradients,
-    cosine,
-    flat_dot,
-    global_norm,
-    histogram_buckets,
-)
+from multihead.monitoring.gradient_stats import histogram_buckets
+from multihead.monitoring.head_updates import HeadUpdateStats
 from multihead.monitoring.layout import custom_scalars_layout
 
 if TYPE_CHECKING:  # annotation only
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-_Grad = tf.Tensor | tf.IndexedSlices | None
 T = TypeVar("T")
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
@@ -199,21 +190,10 @@ class Monitor:
                              if internals.summary_writer_resource(self._train_writer) is not None
                              else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
-        # Set by `bind`.
-        self._heads: tuple[str, ...] = ()
-        self._trunk_ids: set[int] = set()
-        self._before: dict[int, tf.Variable] = {}  # id(variable) -> its weights before the update
-        self._variables: dict[int, keras.Variable] = {}
-        self._addresses: dict[int, str] = {}  # id(variable) -> the name its tags use
-        self._lr: dict[str, tf.Variable] = {}
-        self._optimizers: dict[str, keras.optimizers.Optimizer] = {}
-        # head -> id(trunk variable) -> its gradient (heads may train different trunk blocks)
-        self._trunk_grad: dict[str, dict[int, tf.Variable]] = {}
-        self._trunk_norm: dict[str, tf.Variable] = {}
-        self._recorded_at: dict[str, tf.Variable] = {}
+        #: The per-head update statistics and their buffers, created by `bind`.
+        self._updates: HeadUpdateStats | None = None
         # Set only while `monitored` traces a step body.
         self._step: tf.Tensor | None = None
-        self._seen: list[str] = []
 
     # -- set-up (eager) ------------------------------------------------------------------
 
@@ -240,69 +220,12 @@ class Monitor:
             other_tags: scalar tags that others write into the train run at logging
                 steps (the trunk rule's `summary_tags()`), for the Custom Scalars layout.
         """
-        self._heads = tuple(var_lists)
-        self._addresses = {}
-        self._optimizers = dict(optimizers)
-        self._trunk_ids = {id(v) for v in trunk_variables}
-        named_parts = {ref: "/".join(a.split("/")[:2]) for ref, a in (addresses or {}).items()}
-        #: Objective -> {part address: ids of its variables}, for objectives training >1 head.
-        self._parts = {}
-        for head, variables in var_lists.items():
-            parts: dict[str, set[int]] = {}
-            for v in variables:
-                part = named_parts.get(id(v), "")
-                if id(v) not in self._trunk_ids and part.startswith("heads/"):
-                    parts.setdefault(part, set()).add(id(v))
-            if len(parts) > 1:
-                self._parts[head] = parts
-        trunk_heads = [h for h, vs in var_lists.items() if any(id(v) in self._trunk_ids for v in vs)]
-        with tf.init_scope():
-            self._before, self._variables = {}, {}
-            for variables in var_lists.values():
-                for v in variables:
-                    if id(v) not in self._before:
-                        self._variables[id(v)] = v
-                        self._addresses[id(v)] = (addresses or {}).get(id(v)) or v.path
-                        self._before[id(v)] = tf.Variable(
-                            tf.zeros(v.shape, v.dtype), trainable=False, name="monitor_before")
-            named: dict[str, int] = {}
-            for ref, address in self._addresses.items() if addresses else ():
-                if named.setdefault(address, ref) != ref:
-                    raise ValueError(f"addresses: two variables are named {address!r}; give each "
-                                     "variable its own address (see variable_addresses(model))")
-            self._lr = {h: tf.Variable(0.0, trainable=False, name="monitor_lr") for h in self._heads}
-            self._recorded_at = {h: tf.Variable(tf.constant(-1, tf.int64), trainable=False,
-                                                name="monitor_recorded_at") for h in self._heads}
-            self._trunk_grad, self._trunk_norm = {}, {}
-            # The last head never has a later partner in the same step: it needs no buffer.
-            for head in trunk_heads[:-1] if self.grad_cosine else []:
-                trunk = [v for v in var_lists[head] if id(v) in self._trunk_ids]
-                self._trunk_grad[head] = {
-                    id(v): tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
-                                       name="monitor_trunk_grad") for v in trunk}
-                self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
-        written = self._scalar_tags(var_lists, trunk_heads) + list(other_tags)
-        self._write_layout(custom_scalars_layout(self._heads, written, self._eval_metrics))
-
-    def _scalar_tags(self, var_lists: Mapping[str, Sequence[keras.Variable]],
-                     trunk_heads: Sequence[str]) -> list[str]:
-        """The scalar tags `head_update` writes for these heads (per-variable norms aside)."""
-        written = []
-        for head, variables in var_lists.items():
-            written += [tags.loss(head), tags.lr(head), tags.update_ratio(head)]
-            if head in trunk_heads:
-                written.append(tags.trunk_grad_norm(head))
-                optimizer = self._optimizers.get(head)
-                if optimizer is not None and (optimizer.clipnorm or optimizer.global_clipnorm
-                                              or optimizer.clipvalue):
-                    written.append(tags.grad_norm_clipped(head))
-            if any(id(v) not in self._trunk_ids for v in variables):
-                written.append(tags.head_grad_norm(head))
-            written += [tags.part_grad_norm(head, part) for part in self._parts.get(head, {})]
-        if self.grad_cosine:
-            written += [tags.grad_cosine(a, b) for i, a in enumerate(trunk_heads)
-                        for b in trunk_heads[i + 1:]]
-        return written
+        self._updates = HeadUpdateStats(
+            var_lists, trunk_variables, optimizers, addresses, self.cadence,
+            variable_norms=self.variable_norms, grad_cosine=self.grad_cosine,
+            gated=self._gated, scalar=self._emit_scalar, histogram=self._emit_histogram)
+        written = self._updates.scalar_tags() + list(other_tags)
+        self._write_layout(custom_scalars_layout(self._updates.heads, written, self._eval_metrics))
 
     def _write_layout(self, layout: layout_pb2.Layout) -> None:
         """Writes the Custom Scalars layout (see `multihead.monitoring.layout`) at step 0."""
@@ -350,20 +273,21 @@ class Monitor:
         user code writes (`multihead.write_scalar` in a research loss) follow the
         scalar cadence through `tf.summary.record_if`.
         """
-        if not self._heads:
+        if self._updates is None or not self._updates.heads:
             raise RuntimeError("Monitor.bind(var_lists, trunk_variables) must be called "
                                "(eagerly) before the step is traced")
         if self._step is not None:
             raise RuntimeError("Monitor.monitored cannot be nested")
         done = step + 1
         scalars_due = self.cadence.scalars_due(done)
-        self._step, self._seen = done, []
+        self._step = done
+        self._updates.start()
         try:
             with self._step_writer.as_default(step=done), tf.summary.record_if(lambda: scalars_due):
-                self._gated(scalars_due, self._snapshot)
+                self._gated(scalars_due, self._updates.snapshot)
                 return update()
         finally:
-            self._step, self._seen = None, []
+            self._step = None
 
     @property
     def active(self) -> bool:
@@ -463,26 +387,12 @@ class Monitor:
     def _emit_histogram(self, tag: str, values: tf.Tensor) -> None:
         self._emit(tag, histogram_buckets(values), _HISTOGRAM_BYTES)
 
-    def _snapshot(self) -> None:
-        """Before any update of a scalar logging step: the weights and the learning rates.
-
-        Each head's `head_update` then refreshes the weights it changed, so the
-        next head measures its update from there.
-        """
-        for ref, buffer in self._before.items():
-            buffer.assign(self._variables[ref])
-        for head, optimizer in self._optimizers.items():
-            # Read before any apply of this step: the rate this step's update uses.
-            self._lr[head].assign(tf.cast(optimizer.learning_rate, tf.float32))
-
-    # Plain graph building, no data-dependent Python: autograph must not rewrite it
-    # (it mangled the per-pair closures of `_write_cosines`).
-    @tf.autograph.experimental.do_not_convert
+    @tf.autograph.experimental.do_not_convert  # graph building only (see HeadUpdateStats)
     def head_update(
         self,
         head: str,
         loss: tf.Tensor,
-        grads: Sequence[_Grad],
+        grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
         variables: Sequence[keras.Variable],
         optimizer: keras.optimizers.Optimizer,
     ) -> None:
@@ -494,74 +404,7 @@ class Monitor:
         """
         if not self.active:
             return  # not inside `monitored`: the step variant that does not log
-        step = self._step
-        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        trunk = [(g, v) for g, v in pairs if id(v) in self._trunk_ids]
-        own = [(g, v) for g, v in pairs if id(v) not in self._trunk_ids]
-        earlier = [h for h in self._seen if h in self._trunk_grad] if trunk else []
-        self._seen.append(head)
-
-        def scalars() -> None:
-            self._emit_scalar(tags.loss(head), loss)
-            if trunk:
-                trunk_norm = global_norm([g for g, _ in trunk])
-                self._emit_scalar(tags.trunk_grad_norm(head), trunk_norm)
-                clipped = clipped_gradients(optimizer, [g for g, _ in pairs])
-                if clipped is not None:
-                    applied = [c for c, (_, v) in zip(clipped, pairs) if id(v) in self._trunk_ids]
-                    self._emit_scalar(tags.grad_norm_clipped(head), global_norm(applied))
-            if own:
-                self._emit_scalar(tags.head_grad_norm(head), global_norm([g for g, _ in own]))
-            for part, ids in self._parts.get(head, {}).items():
-                self._emit_scalar(tags.part_grad_norm(head, part),
-                                  global_norm([g for g, v in own if id(v) in ids]))
-            if self.variable_norms:
-                for g, v in pairs:
-                    self._emit_scalar(tags.variable_grad_norm(head, self._address(v)),
-                                      global_norm([g]))
-            self._emit_scalar(tags.lr(head), self._lr[head])
-            before = [self._before[id(v)] for v in variables]
-            update = [v - w for v, w in zip(variables, before)]
-            self._emit_scalar(tags.update_ratio(head),
-                              tf.math.divide_no_nan(global_norm(update), global_norm(before)))
-            for v, w in zip(variables, before):
-                w.assign(v)  # the next head's update starts from here
-            if trunk:
-                self._write_cosines(head, trunk, trunk_norm, earlier, step)
-            self._recorded_at[head].assign(step)
-
-        self._gated(self.cadence.scalars_due(step), scalars)
-        if self.histograms_every:
-            def histograms() -> None:
-                for g, v in pairs:
-                    self._emit_histogram(tags.grad_hist(head, self._address(v)), _dense(g))
-
-            self._gated(self.cadence.histograms_due(step), histograms)
-
-    def _address(self, variable: keras.Variable) -> str:
-        return self._addresses.get(id(variable)) or variable.path
-
-    def _write_cosines(self, head: str, trunk: list[tuple[_Grad, keras.Variable]],
-                       norm: tf.Tensor, earlier: list[str], step: tf.Tensor) -> None:
-        # A head that trains fewer trunk blocks (a trunk tap) has a zero gradient on the
-        # others: the dot product runs over the variables both heads train, by identity.
-        def writer(other: str) -> Callable[[], None]:
-            def write() -> None:
-                buffers = self._trunk_grad[other]
-                common = [(buffers[id(v)], g) for g, v in trunk if id(v) in buffers]
-                dot = (flat_dot([b for b, _ in common], [g for _, g in common]) if common
-                       else tf.constant(0.0))
-                first, second = sorted((other, head), key=self._heads.index)
-                self._emit_scalar(tags.grad_cosine(first, second),
-                                  cosine(dot, self._trunk_norm[other], norm))
-            return write
-
-        for other in earlier:  # heads updated before this one in this step, if they were due
-            self._gated(tf.equal(self._recorded_at[other], step), writer(other))
-        if head in self._trunk_grad:
-            for g, v in trunk:
-                self._trunk_grad[head][id(v)].assign(_dense(g))
-            self._trunk_norm[head].assign(norm)
+        self._updates.head_update(head, loss, grads, variables, optimizer, self._step)
 
     # -- eager ---------------------------------------------------------------------------
 

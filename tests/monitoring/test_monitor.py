@@ -17,7 +17,7 @@ import multihead as mh
 from conftest import make_batch, make_model, make_tapped
 from multihead.model.addresses import variable_addresses
 from multihead.monitoring import tags
-from multihead.monitoring.monitor import cosine, global_norm, histogram_buckets
+from multihead.monitoring.gradient_stats import cosine, global_norm, histogram_buckets
 
 HEADS = ("a", "b", "c")
 EVERY = {"a": 1, "b": 1, "c": 2}

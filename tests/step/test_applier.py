@@ -132,7 +132,7 @@ _WRITER = ("step/applier.py", "step/adam_sgd_ops.py")
 _EAGER = {"objectives/loss_weights.py:sync", "monitoring/cadence.py:log_last"}
 # Not yet through the applier: the monitor's buffers (weights before an update, trunk
 # gradients for cosines), written on logging steps only (issue 34, item 3).
-_MONITOR_BUFFERS = {"monitoring/monitor.py"}
+_MONITOR_BUFFERS = {"monitoring/head_updates.py"}
 _ASSIGNS = ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_nd_update")
 
 
