@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from multihead._autograph import plain
 from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.driver import Experience
@@ -141,4 +142,4 @@ def actor_critic_losses(
     def v_loss(inputs: Any, targets: Any, value: Any) -> tf.Tensor:
         return elementwise(inputs, {value_head: returns(targets)[:, None]}, value)
 
-    return policy_loss, v_loss
+    return plain(policy_loss), plain(v_loss)  # no Python branch on a tensor

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from multihead._autograph import plain
 from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.target_network import TargetNetwork
@@ -103,4 +104,4 @@ def dqn_loss(model: MultiHeadModel, target: TargetNetwork, head: str, gamma: flo
                                        gamma, next_q_online))
         return elementwise(inputs, {head: y[:, None]}, q_sa[:, None])
 
-    return loss
+    return plain(loss)  # no Python branch on a tensor: traced without autograph

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead._autograph import plain
 from multihead.objectives.objective import HeadLoss
 from multihead.rl.actor_critic import sample_actions
 from multihead.rl.driver import Experience
@@ -247,15 +248,15 @@ def ppo_losses(distribution: Distribution, policy_head: str, value_head: str,
     def value_part(targets: Any, value: Any) -> tf.Tensor:
         return value_loss(value[:, 0], targets["returns"], targets["value"], clip_range_vf)
 
-    if separate:
-        return {policy_head: lambda inputs, targets, params: policy_part(targets, params),
-                value_head: lambda inputs, targets, value: value_part(targets, value)}
+    if separate:  # no Python branch on a tensor: traced without autograph
+        return {policy_head: plain(lambda inputs, targets, params: policy_part(targets, params)),
+                value_head: plain(lambda inputs, targets, value: value_part(targets, value))}
 
     def combined(inputs: Any, targets: Any, prediction: Any) -> tf.Tensor:
         params, value = prediction[:, :-1], prediction[:, -1:]
         return policy_part(targets, params) + vf_coef * value_part(targets, value)
 
-    return {policy_head: combined}
+    return {policy_head: plain(combined)}
 
 
 def combined_prediction(policy_head: str, value_head: str) -> Callable[[Mapping[str, Any]], tf.Tensor]:

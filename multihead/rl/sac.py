@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from multihead._autograph import plain
 from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.continuous import OBS, agent_inputs, critic_value, scale_actions
@@ -116,5 +117,6 @@ def sac_losses(model: MultiHeadModel, target: TargetNetwork, gamma: float, low: 
         _, log_pi = policy(inputs[OBS], targets["noise"])
         return -tf.reduce_mean(log_alpha[:, 0] * tf.stop_gradient(log_pi + target_entropy))
 
-    return {actor: actor_loss, q1: critic_loss(q1), q2: critic_loss(q2),
-            temperature: temperature_loss}
+    losses = {actor: actor_loss, q1: critic_loss(q1), q2: critic_loss(q2),
+              temperature: temperature_loss}
+    return {h: plain(f) for h, f in losses.items()}  # no Python branch on a tensor

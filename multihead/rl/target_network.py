@@ -204,7 +204,7 @@ class TargetNetwork(tf.Module):
         # The source's input preprocessing: constants, shared, not a checkpoint dependency.
         self._preprocess = _Untracked([getattr(model, "preprocess", None)])
         self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="update_calls")
-        self._update_fn = tf.function(self._update)
+        self._update_fn = tf.function(self._update, autograph=False)  # tf.cond, no Python branch
         self.sync()
 
     # -- variables ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from multihead._autograph import plain
 from multihead.training.keras_model import MultiHeadModel
 from multihead.objectives.objective import HeadLoss, LossSpec, resolve_loss
 from multihead.rl.continuous import OBS, action_bounds, agent_inputs, critic_value
@@ -83,4 +84,5 @@ def td3_losses(model: MultiHeadModel, target: TargetNetwork, gamma: float, polic
     def actor_loss(inputs: Any, targets: Any, action: Any) -> tf.Tensor:
         return -tf.reduce_mean(critic_value(model, q1, inputs[OBS], action))
 
-    return {actor: actor_loss, q1: critic_loss(q1), q2: critic_loss(q2)}
+    # No Python branch on a tensor: traced without autograph.
+    return {actor: plain(actor_loss), q1: plain(critic_loss(q1)), q2: plain(critic_loss(q2))}
