@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from multihead._autograph import converted, plain
 from multihead.step.compiled import fold_batches
 from multihead.model.model_view import HeadsModel
 from multihead.objectives.objective import (
@@ -291,8 +292,10 @@ class Evaluator:
             losses, present = self._batch_losses(inputs, targets, n)
             return count + n, rows + present, totals + present * losses
 
+        # Only the loop over the batches is autograph's; the evaluation's own code is plain
+        # Python, a user's loss or metric converted as in the step (`multihead._autograph`).
         count, rows, totals = fold_batches(
-            iterator, add, (tf.constant(0.0, tf.float64), tf.zeros([k], tf.float64),
+            iterator, plain(add), (tf.constant(0.0, tf.float64), tf.zeros([k], tf.float64),
                             tf.zeros([k], tf.float64)))
         # a head without any present label: NaN, not 0
         losses = tf.where(rows > 0, totals / tf.maximum(rows, 1.0), float("nan"))
@@ -325,7 +328,7 @@ class Evaluator:
             if marker is None:
                 counts.append(n)
                 for metric in self.metrics[head]:
-                    metric.update_state(labels, output, sample_weight=weight)
+                    converted(metric.update_state)(labels, output, sample_weight=weight)
                 continue
             present, labels = present_labels(labels, marker)
             counts.append(tf.reduce_sum(tf.cast(present, tf.float64)))
@@ -333,7 +336,7 @@ class Evaluator:
             if weight is not None:
                 kept = kept * tf.cast(tf.reshape(weight, [-1]), tf.float32)
             for metric in self.metrics[head]:
-                metric.update_state(labels, output, sample_weight=kept)
+                converted(metric.update_state)(labels, output, sample_weight=kept)
         return tf.stack(losses), tf.stack(counts)
 
 
