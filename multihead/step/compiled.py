@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from multihead._autograph import plain
@@ -62,6 +63,10 @@ class StepsOutput(NamedTuple):
 #: A step body: `(inputs, targets) -> (losses, updated, skipped)`, each a `(K,)` row.
 Rows = tuple[tf.Tensor, tf.Tensor, tf.Tensor]
 _ROW_DTYPES = (tf.float32, tf.bool, tf.bool)
+
+
+def _as_tensor(value: Any) -> Any:
+    return tf.convert_to_tensor(value) if isinstance(value, np.ndarray) else value
 
 
 def spec_of(value: Any) -> Hashable | None:
@@ -169,7 +174,9 @@ class StepLoops:
         return self._functions[key]
 
     def one(self, key: Hashable, inputs: Any, targets: Any) -> StepOutput:
-        """One step of variant `key` on one batch."""
+        """One step of variant `key` on one batch (numpy arrays are taken as the tensors
+        `tf.function` would make of them, so that they find their concrete function too)."""
+        inputs, targets = tf.nest.map_structure(_as_tensor, (inputs, targets))
         spec = spec_of((inputs, targets))
         concrete_key = None if spec is None else ("one", key, spec)
         return self._cache.call(self.functions(key)[0], concrete_key, inputs, targets)
