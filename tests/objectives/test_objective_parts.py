@@ -325,3 +325,46 @@ def test_tensorboard_logs_each_objective_and_the_parts_it_trains(tmp_path):
     np.testing.assert_allclose(logged["grad_cosine/ctr/ctcvr"],
                                a @ b / np.linalg.norm(a) / np.linalg.norm(b), rtol=1e-5)
     assert "grad_norm/ctr/part/heads/ctr" not in logged  # one head: its /head norm says it
+
+
+def test_user_callables_inside_the_step_may_branch_in_python_on_tensors():
+    """The step's own code is traced without autograph; the user's code inside it is converted:
+    a weight schedule, a trunk_scale schedule and a `combine` that branch in Python on tensors
+    train bitwise as their branch-free equivalents."""
+    def weight(step):
+        if step < 2:  # a tensor: needs autograph
+            return 0.5
+        return 1.0
+
+    def trunk_scale(step):
+        if step % 2 == 0:
+            return 1.0
+        return 0.25
+
+    def combine(outputs):
+        product = outputs["ctr"] * outputs["cvr"]
+        if tf.reduce_max(product) > 2.0:  # never true for sigmoids: the product as is
+            return product * 0.0
+        return product
+
+    def trainer(model, branching):
+        plain_weight = lambda step: tf.where(step < 2, 0.5, 1.0)  # noqa: E731
+        plain_scale = lambda step: tf.where(step % 2 == 0, 1.0, 0.25)  # noqa: E731
+        return mh.Trainer(model, {
+            "ctr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1),
+                                weight=weight if branching else plain_weight,
+                                trunk_scale=trunk_scale if branching else plain_scale),
+            "ctcvr": mh.Objective("binary_crossentropy", keras.optimizers.SGD(0.1),
+                                  reads=("ctr", "cvr"),
+                                  combine=combine if branching else (lambda o: o["ctr"] * o["cvr"]),
+                                  trains=("trunk", "heads/ctr", "heads/cvr")),
+        })
+
+    ours, reference = trainer(_model(seed=4), True), trainer(_model(seed=4), False)
+    for s in range(4):
+        ours.step(_batch(seed=s))
+        reference.step(_batch(seed=s))
+    for a, b in zip(ours.model.weights, reference.model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert any(not np.array_equal(a.numpy(), b.numpy())
+               for a, b in zip(ours.model.weights, _model(seed=4).weights))
