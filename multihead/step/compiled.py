@@ -65,8 +65,16 @@ Rows = tuple[tf.Tensor, tf.Tensor, tf.Tensor]
 _ROW_DTYPES = (tf.float32, tf.bool, tf.bool)
 
 
-def _as_tensor(value: Any) -> Any:
-    return tf.convert_to_tensor(value) if isinstance(value, np.ndarray) else value
+def _as_tensors(value: Any) -> Any:
+    """`value` with its numpy arrays as tensors (dicts, lists and tuples walked; a plain
+    loop: `tf.nest` costs more than the step of a small model)."""
+    if isinstance(value, np.ndarray):
+        return tf.convert_to_tensor(value)
+    if isinstance(value, dict):
+        return {k: _as_tensors(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_as_tensors(v) for v in value)
+    return value
 
 
 def spec_of(value: Any) -> Hashable | None:
@@ -176,7 +184,7 @@ class StepLoops:
     def one(self, key: Hashable, inputs: Any, targets: Any) -> StepOutput:
         """One step of variant `key` on one batch (numpy arrays are taken as the tensors
         `tf.function` would make of them, so that they find their concrete function too)."""
-        inputs, targets = tf.nest.map_structure(_as_tensor, (inputs, targets))
+        inputs, targets = _as_tensors(inputs), _as_tensors(targets)
         spec = spec_of((inputs, targets))
         concrete_key = None if spec is None else ("one", key, spec)
         return self._cache.call(self.functions(key)[0], concrete_key, inputs, targets)
