@@ -41,8 +41,10 @@ class FrozenHeads(tf.Module):
     @property
     def names(self) -> tuple[str, ...]:
         """The frozen heads, in head order."""
-        # The raw op: read on every step call, cheaper in Python than `Variable.numpy()`.
-        flags = tf.raw_ops.ReadVariableOp(resource=self.flags.handle, dtype=tf.bool).numpy()
+        # The raw op: read on every step call, cheaper in Python than `Variable.numpy()`; a
+        # mirrored variable (tf.distribute) has no one handle to read.
+        flags = (self.flags.numpy() if isinstance(self.flags, tf.distribute.DistributedValues)
+                 else tf.raw_ops.ReadVariableOp(resource=self.flags.handle, dtype=tf.bool).numpy())
         return tuple(h for h, frozen in zip(self._heads, flags) if frozen)
 
     def set(self, head: str, frozen: bool) -> None:
