@@ -33,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead._autograph import plain
 from multihead.aggregation.loss_weighting import StateWrites
 from multihead.step import adam_sgd_ops
 from multihead.step.loss_scales import LossScales
@@ -62,7 +63,7 @@ def not_converted(method: Callable[..., Any]) -> Callable[..., Any]:
     """Marks step internals that call no user code (gradients, optimizer updates) for
     autograph to leave alone: inspecting every call they make costs trace time per head.
     Forward passes stay converted: user losses may use Python control flow on tensors."""
-    return tf.autograph.experimental.do_not_convert(method)
+    return plain(method)
 
 
 def all_finite(loss: tf.Tensor, grads: Gradients) -> tf.Tensor:
