@@ -6,35 +6,40 @@ optimizer's clipping), the learning rate it used, the relative size of its updat
 gradient histograms, and the cosine of its trunk gradient with every head updated
 before it in the step (the tags: `multihead.monitoring.monitor`).
 
-Because a head with `every > 1` updates inside a `tf.cond`, its gradient cannot leave
-that branch as a tensor; what later heads need (the weights before the update, the trunk
-gradient for cosines) passes through non-trainable buffer variables, written only on
-logging steps. They are created eagerly with the `HeadUpdateStats` and cost one copy of
-the model's weights plus one copy of the trunk per head but the last (set
-`grad_cosine=False` to drop the latter). They are no model state: no checkpoint holds them.
+Everything is measured into the step's `StepStats` and returned by the step: a head with
+`every > 1` updates inside a `tf.cond`, and what later heads need of it (its trunk
+gradient, for the cosines) leaves that branch as an output. Nothing is written inside the
+step, and nothing is kept between steps.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
 from multihead.monitoring import tags
 from multihead.monitoring.cadence import Cadence
-from multihead.monitoring.gradient_stats import _dense, clipped_gradients, cosine, flat_dot, global_norm
+from multihead.monitoring.gradient_stats import (
+    _dense,
+    clipped_gradients,
+    cosine,
+    flat_dot,
+    global_norm,
+    histogram_buckets,
+)
+from multihead.monitoring.step_stats import StepStats
 
 _Grad = tf.Tensor | tf.IndexedSlices | None
 
 
 class HeadUpdateStats:
-    """The per-head update statistics of a `Monitor`, and the buffers they are measured with.
+    """The per-head update statistics a monitored step measures (see the module docstring).
 
-    Created eagerly (it creates its buffers) by `Monitor.bind`; inside a monitored step
-    body, `start` once, `snapshot` before any update, then `head_update` after each
-    head's optimizer applied its gradients. What it computes goes to the monitor's writer
-    through `gated`, `scalar` and `histogram`.
+    Created eagerly by `Monitor.bind`. Inside a monitored step body, per head:
+    `before_update` right before its optimizer applies its gradients, `head_update`
+    right after; both record into the step's `StepStats`, each piece gated on its cadence.
 
     Args:
         var_lists: head -> the variables its optimizer is built on, in head order.
@@ -44,11 +49,8 @@ class HeadUpdateStats:
         addresses: `id(variable)` -> its stable address, the name per-variable tags use
             (see `Monitor.bind`); None: each variable's Keras path.
         cadence: when scalars and histograms are due.
-        variable_norms: also write each variable's gradient norm.
-        grad_cosine: write the cosine of every pair of heads' trunk gradients.
-        gated: `gated(due, fn)` runs `fn()` in the graph only when `due`.
-        scalar: `scalar(tag, value)` writes a scalar at the step's number of updates.
-        histogram: `histogram(tag, values)` writes a histogram of `values` likewise.
+        variable_norms: also measure each variable's gradient norm.
+        grad_cosine: measure the cosine of every pair of heads' trunk gradients.
     """
 
     def __init__(
@@ -60,14 +62,9 @@ class HeadUpdateStats:
         cadence: Cadence,
         variable_norms: bool,
         grad_cosine: bool,
-        gated: Callable[[tf.Tensor, Callable[[], None]], None],
-        scalar: Callable[[str, tf.Tensor], None],
-        histogram: Callable[[str, tf.Tensor], None],
     ) -> None:
         self.heads = tuple(var_lists)
         self._cadence, self._variable_norms, self._grad_cosine = cadence, variable_norms, grad_cosine
-        self._gated, self._scalar, self._histogram = gated, scalar, histogram
-        self._addresses: dict[int, str] = {}  # id(variable) -> the name its tags use
         self._optimizers = dict(optimizers)
         self._trunk_ids = {id(v) for v in trunk_variables}
         self._var_lists = dict(var_lists)
@@ -83,43 +80,18 @@ class HeadUpdateStats:
             if len(parts) > 1:
                 self._parts[head] = parts
         self._trunk_heads = [h for h, vs in var_lists.items() if any(id(v) in self._trunk_ids for v in vs)]
-        with tf.init_scope():
-            self._create_buffers(var_lists, addresses)
-        # The heads updated so far in the step body being traced.
-        self._seen: list[str] = []
-
-    def _create_buffers(self, var_lists: Mapping[str, Sequence[keras.Variable]],
-                        addresses: Mapping[int, str] | None) -> None:
-        self._before: dict[int, tf.Variable] = {}  # id(variable) -> its weights before the update
-        self._variables: dict[int, keras.Variable] = {}
+        self._addresses: dict[int, str] = {}  # id(variable) -> the name its tags use
         for variables in var_lists.values():
             for v in variables:
-                if id(v) not in self._before:
-                    self._variables[id(v)] = v
-                    self._addresses[id(v)] = (addresses or {}).get(id(v)) or v.path
-                    self._before[id(v)] = tf.Variable(
-                        tf.zeros(v.shape, v.dtype), trainable=False, name="monitor_before")
+                self._addresses.setdefault(id(v), (addresses or {}).get(id(v)) or v.path)
         named: dict[str, int] = {}
         for ref, address in self._addresses.items() if addresses else ():
             if named.setdefault(address, ref) != ref:
                 raise ValueError(f"addresses: two variables are named {address!r}; give each "
                                  "variable its own address (see variable_addresses(model))")
-        self._lr = {h: tf.Variable(0.0, trainable=False, name="monitor_lr") for h in self.heads}
-        self._recorded_at = {h: tf.Variable(tf.constant(-1, tf.int64), trainable=False,
-                                            name="monitor_recorded_at") for h in self.heads}
-        # head -> id(trunk variable) -> its gradient (heads may train different trunk blocks)
-        self._trunk_grad: dict[str, dict[int, tf.Variable]] = {}
-        self._trunk_norm: dict[str, tf.Variable] = {}
-        # The last head never has a later partner in the same step: it needs no buffer.
-        for head in self._trunk_heads[:-1] if self._grad_cosine else []:
-            trunk = [v for v in var_lists[head] if id(v) in self._trunk_ids]
-            self._trunk_grad[head] = {
-                id(v): tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
-                                   name="monitor_trunk_grad") for v in trunk}
-            self._trunk_norm[head] = tf.Variable(0.0, trainable=False, name="monitor_trunk_norm")
 
     def scalar_tags(self) -> list[str]:
-        """The scalar tags `head_update` writes for these heads (per-variable norms aside)."""
+        """The scalar tags `head_update` measures for these heads (per-variable norms aside)."""
         written = []
         for head, variables in self._var_lists.items():
             written += [tags.loss(head), tags.lr(head), tags.update_ratio(head)]
@@ -137,99 +109,88 @@ class HeadUpdateStats:
                         for b in self._trunk_heads[i + 1:]]
         return written
 
-    def start(self) -> None:
-        """A step body is being traced: no head has updated in it yet."""
-        self._seen = []
+    # Plain graph building, no data-dependent Python: autograph must not rewrite it.
+    @tf.autograph.experimental.do_not_convert
+    def before_update(self, stats: StepStats, head: str, variables: Sequence[keras.Variable],
+                      optimizer: keras.optimizers.Optimizer) -> None:
+        """Right before head `head`'s optimizer applies its update, on scalar logging steps:
+        the weights it will change and the learning rate it will use."""
+        def measure() -> None:
+            for v in variables:
+                stats.keep(("before", id(v)), tf.identity(v.value))
+            stats.keep(("lr", head), tf.cast(optimizer.learning_rate, tf.float32))
 
-    def snapshot(self) -> None:
-        """Before any update of a scalar logging step: the weights and the learning rates.
+        stats.gated(stats.scalars_due, measure)
 
-        Each head's `head_update` then refreshes the weights it changed, so the
-        next head measures its update from there.
-        """
-        for ref, buffer in self._before.items():
-            buffer.assign(self._variables[ref])
-        for head, optimizer in self._optimizers.items():
-            # Read before any apply of this step: the rate this step's update uses.
-            self._lr[head].assign(tf.cast(optimizer.learning_rate, tf.float32))
-
-    # Plain graph building, no data-dependent Python: autograph must not rewrite it
-    # (it mangled the per-pair closures of `_write_cosines`).
     @tf.autograph.experimental.do_not_convert
     def head_update(
         self,
+        stats: StepStats,
         head: str,
         loss: tf.Tensor,
         grads: Sequence[_Grad],
         variables: Sequence[keras.Variable],
         optimizer: keras.optimizers.Optimizer,
-        step: tf.Tensor,
     ) -> None:
-        """Head `head`'s optimizer applied `grads` to `variables` in the step written at `step`
-        (its number of updates done): its scalars and histograms, each gated on its cadence."""
+        """Head `head`'s optimizer applied `grads` to `variables` (after `before_update`):
+        its scalars and histograms, each gated on its cadence."""
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         trunk = [(g, v) for g, v in pairs if id(v) in self._trunk_ids]
         own = [(g, v) for g, v in pairs if id(v) not in self._trunk_ids]
-        earlier = [h for h in self._seen if h in self._trunk_grad] if trunk else []
-        self._seen.append(head)
 
         def scalars() -> None:
-            self._scalar(tags.loss(head), loss)
+            stats.record(tags.loss(head), loss)
             if trunk:
                 trunk_norm = global_norm([g for g, _ in trunk])
-                self._scalar(tags.trunk_grad_norm(head), trunk_norm)
+                stats.record(tags.trunk_grad_norm(head), trunk_norm)
                 clipped = clipped_gradients(optimizer, [g for g, _ in pairs])
                 if clipped is not None:
                     applied = [c for c, (_, v) in zip(clipped, pairs) if id(v) in self._trunk_ids]
-                    self._scalar(tags.grad_norm_clipped(head), global_norm(applied))
+                    stats.record(tags.grad_norm_clipped(head), global_norm(applied))
             if own:
-                self._scalar(tags.head_grad_norm(head), global_norm([g for g, _ in own]))
+                stats.record(tags.head_grad_norm(head), global_norm([g for g, _ in own]))
             for part, ids in self._parts.get(head, {}).items():
-                self._scalar(tags.part_grad_norm(head, part),
+                stats.record(tags.part_grad_norm(head, part),
                              global_norm([g for g, v in own if id(v) in ids]))
             if self._variable_norms:
                 for g, v in pairs:
-                    self._scalar(tags.variable_grad_norm(head, self._address(v)), global_norm([g]))
-            self._scalar(tags.lr(head), self._lr[head])
-            before = [self._before[id(v)] for v in variables]
+                    stats.record(tags.variable_grad_norm(head, self._addresses[id(v)]), global_norm([g]))
+            stats.record(tags.lr(head), stats.get(("lr", head))[0])
+            before = [stats.get(("before", id(v)))[0] for v in variables]
             update = [v - w for v, w in zip(variables, before)]
-            self._scalar(tags.update_ratio(head),
+            stats.record(tags.update_ratio(head),
                          tf.math.divide_no_nan(global_norm(update), global_norm(before)))
-            for v, w in zip(variables, before):
-                w.assign(v)  # the next head's update starts from here
-            if trunk:
-                self._write_cosines(head, trunk, trunk_norm, earlier, step)
-            self._recorded_at[head].assign(step)
+            if trunk and self._grad_cosine:
+                self._cosines(stats, head, trunk, trunk_norm)
 
-        self._gated(self._cadence.scalars_due(step), scalars)
+        stats.gated(stats.scalars_due, scalars)
         if self._cadence.histograms_every:
             def histograms() -> None:
                 for g, v in pairs:
-                    self._histogram(tags.grad_hist(head, self._address(v)), _dense(g))
+                    stats.record(tags.grad_hist(head, self._addresses[id(v)]),
+                                 histogram_buckets(_dense(g)), histogram=True)
 
-            self._gated(self._cadence.histograms_due(step), histograms)
+            stats.gated(self._cadence.histograms_due(stats.done), histograms)
 
-    def _address(self, variable: keras.Variable) -> str:
-        return self._addresses.get(id(variable)) or variable.path
-
-    def _write_cosines(self, head: str, trunk: list[tuple[_Grad, keras.Variable]],
-                       norm: tf.Tensor, earlier: list[str], step: tf.Tensor) -> None:
-        # A head that trains fewer trunk blocks (a trunk tap) has a zero gradient on the
-        # others: the dot product runs over the variables both heads train, by identity.
-        def writer(other: str) -> Callable[[], None]:
-            def write() -> None:
-                buffers = self._trunk_grad[other]
-                common = [(buffers[id(v)], g) for g, v in trunk if id(v) in buffers]
-                dot = (flat_dot([b for b, _ in common], [g for _, g in common]) if common
-                       else tf.constant(0.0))
-                first, second = sorted((other, head), key=self.heads.index)
-                self._scalar(tags.grad_cosine(first, second),
-                             cosine(dot, self._trunk_norm[other], norm))
-            return write
-
-        for other in earlier:  # heads updated before this one in this step, if they were due
-            self._gated(tf.equal(self._recorded_at[other], step), writer(other))
-        if head in self._trunk_grad:
+    def _cosines(self, stats: StepStats, head: str, trunk: list[tuple[_Grad, keras.Variable]],
+                 norm: tf.Tensor) -> None:
+        """The cosine of `head`'s trunk gradient with that of each head updated before it in
+        the step (kept by its own `head_update`); then keeps its own for the heads after it.
+        A head that trains fewer trunk blocks (a trunk tap) has a zero gradient on the
+        others: the dot product runs over the variables both heads train, by identity."""
+        for other in self._trunk_heads:
+            kept = stats.get(("trunk_norm", other))
+            if other == head or kept is None:
+                continue
+            other_norm, other_present = kept
+            common = [(stats.get(("trunk_grad", other, id(v)))[0], g) for g, v in trunk
+                      if stats.get(("trunk_grad", other, id(v))) is not None]
+            dot = (flat_dot([b for b, _ in common], [g for _, g in common]) if common
+                   else tf.constant(0.0))
+            first, second = sorted((other, head), key=self.heads.index)
+            stats.record(tags.grad_cosine(first, second), cosine(dot, other_norm, norm),
+                         present=other_present)
+        if head != self._trunk_heads[-1]:  # the last head has no later partner
             for g, v in trunk:
-                self._trunk_grad[head][id(v)].assign(_dense(g))
-            self._trunk_norm[head].assign(norm)
+                stats.keep(("trunk_grad", head, id(v)), _dense(g))
+            stats.keep(("trunk_norm", head), norm)

@@ -34,29 +34,35 @@ section per head, one chart per tag: see `multihead.monitoring.layout`):
 
 Every tag is built by `multihead.monitoring.tags`, the schema `multihead report` reads.
 
-Cost: on steps that do not log, no monitoring work runs at all. The train step
-is compiled twice: a variant with the monitor (`Monitor.monitored`), run on
-logging steps, and one without a single monitoring op, run on the others; the
-choice is made in Python from the step counter (`TrainStep.run` splits a
-multi-step call at logging steps). An in-graph conditional that is not taken
-still costs ~10-25 us per step, so gating in the graph is left to the pieces of
-a logging step (scalars at `every`, histograms at `histograms_every`). Under a
-`tf.distribute` strategy the monitored variant runs every step, each piece gated
-in the graph (`Monitor.distributed`). Summary writes by user code
-(`multihead.write_scalar` in a research loss) follow the scalar cadence through
-`tf.summary.record_if`. The writer is not flushed by the step (it flushes when
-its queue fills; `Trainer.fit` and `close` flush).
+How: the step measures, the monitor writes. A monitored step body records its
+statistics into a `StepStats` (`multihead.monitoring.step_stats`): the per-head update
+statistics (`multihead.monitoring.head_updates`), the gates, the affinities, the trunk
+rule's aggregation and the step's own counters; values measured inside a conditional (a
+head with `every > 1`, the non-finite guard) leave it as outputs. The step returns them,
+and `write_stats` writes them after the step, eagerly, at the step's number of updates.
+Nothing is written and no variable is assigned for monitoring inside the step.
+
+Cost: on steps that do not log, no monitoring work runs at all. The train step is
+compiled twice: a variant that measures, run on logging steps, and one without a
+single monitoring op, run on the others; the choice is made in Python from the step
+counter (`TrainStep.run` splits a multi-step call at logging steps). In the measuring
+variant each piece is gated in the graph on its own cadence (scalars at `every`,
+histograms at `histograms_every`). Under a `tf.distribute` strategy the measuring
+variant runs every step, each piece gated in the graph (its all-reduces must be the
+same ops on every worker). Summary writes by user code (`multihead.write_scalar` in a
+research loss) follow the scalar cadence through `tf.summary.record_if`. The writer is
+not flushed by the step (it flushes when its queue fills; `Trainer.fit` and `close`
+flush).
 
 The per-head update statistics (loss, gradient norms, lr, update ratio, cosines,
-gradient histograms) are measured by `multihead.monitoring.head_updates`, with buffer
-variables `bind` creates: one copy of the model's weights plus one copy of the trunk
-per head but the last (set `grad_cosine=False` to drop the latter).
+gradient histograms) are measured by `multihead.monitoring.head_updates`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import keras
 import tensorflow as tf
@@ -70,15 +76,13 @@ from multihead.monitoring.cadence import Cadence
 from multihead.monitoring.gradient_stats import histogram_buckets
 from multihead.monitoring.head_updates import HeadUpdateStats
 from multihead.monitoring.layout import custom_scalars_layout
+from multihead.monitoring.step_stats import StatsOutput, StepStats, present_entries
 
 if TYPE_CHECKING:  # annotation only
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-T = TypeVar("T")
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
-_SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
-_HISTOGRAM_BYTES = _HISTOGRAM_METADATA.SerializeToString()
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -89,10 +93,6 @@ def write_scalar(tag: str, value: tf.Tensor | float) -> None:
     with `every > 1` update inside such a branch, so their tags would move.
     """
     tf.summary.write(tag, tf.cast(value, tf.float32), metadata=_SCALAR_METADATA)
-
-
-def _no_op() -> None:
-    return None
 
 
 class _InStepWriter(tf.summary.SummaryWriter):
@@ -120,10 +120,11 @@ class _InStepWriter(tf.summary.SummaryWriter):
 class Monitor:
     """Writes per-head training summaries to `<log_dir>/train` and eval ones to `<log_dir>/eval`.
 
-    The train step drives it: `bind` once (eagerly, before tracing), then inside
-    the traced step body `monitor.monitored(step, update)` around the updates, and
-    `head_update(...)` right after each head's optimizer applied its gradients.
-    See the module docstring for the tags.
+    The train step uses it: `bind` once (eagerly, before tracing); inside the traced
+    body of a monitored step, `start(step)` gives the step's `StepStats`, which the
+    step measures into (`updates.before_update` / `updates.head_update` around each
+    head's update, `gates`, `affinity`, `scalars`) and returns; after the step,
+    `write_stats` writes what it returned. See the module docstring for the tags.
 
     Example:
         >>> import keras, numpy as np, tempfile, multihead as mh
@@ -179,21 +180,13 @@ class Monitor:
                                                ("optimizer", "sgd"))
         self.log_dir = os.fspath(log_dir)
         self._eval_metrics = {h: list(names) for h, names in (eval_metrics or {}).items()}
-        #: Set when the step runs under a `tf.distribute` strategy (by `TrainStep`). Then
-        #: the monitored step variant runs every step, gated piece by piece in the graph
-        #: (its all-reduces must be the same ops on every worker, monitored or not), and
-        #: the gates are lowered conds: an unlowered `If` reading mirrored variables
-        #: cannot be placed (resource edges to several devices).
-        self.distributed = False
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
         self._step_writer = (_InStepWriter(self._train_writer)
                              if internals.summary_writer_resource(self._train_writer) is not None
                              else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
-        #: The per-head update statistics and their buffers, created by `bind`.
+        #: The per-head update statistics, created by `bind`.
         self._updates: HeadUpdateStats | None = None
-        # Set only while `monitored` traces a step body.
-        self._step: tf.Tensor | None = None
 
     # -- set-up (eager) ------------------------------------------------------------------
 
@@ -205,7 +198,7 @@ class Monitor:
         addresses: Mapping[int, str] | None = None,
         other_tags: Sequence[str] = (),
     ) -> None:
-        """Creates the monitor's buffers for these heads; call once, eagerly, before tracing.
+        """Binds the monitor to these heads; call once, eagerly, before tracing.
 
         Args:
             var_lists: head -> the variables its optimizer is built on, in head order.
@@ -222,8 +215,7 @@ class Monitor:
         """
         self._updates = HeadUpdateStats(
             var_lists, trunk_variables, optimizers, addresses, self.cadence,
-            variable_norms=self.variable_norms, grad_cosine=self.grad_cosine,
-            gated=self._gated, scalar=self._emit_scalar, histogram=self._emit_histogram)
+            variable_norms=self.variable_norms, grad_cosine=self.grad_cosine)
         written = self._updates.scalar_tags() + list(other_tags)
         self._write_layout(custom_scalars_layout(self._updates.heads, written, self._eval_metrics))
 
@@ -247,7 +239,7 @@ class Monitor:
             tf.summary.text(tag, markdown)
         self._train_writer.flush()
 
-    # -- inside the traced step ----------------------------------------------------------
+    # -- the cadence ----------------------------------------------------------------------
 
     def log_last(self, step: int) -> None:
         """Also writes the scalars of update `step` (the last of a `fit`), whatever `every`."""
@@ -261,150 +253,89 @@ class Monitor:
         """How many consecutive steps from `step` (a step that does not log) do not log."""
         return self.cadence.quiet_steps_from(step)
 
-    def monitored(self, step: tf.Tensor, update: Callable[[], T]) -> T:
-        """The body of one compiled step taken at counter value `step`, monitored.
+    # -- inside the traced step: what a monitored step measures ---------------------------
 
-        `update()` builds the step's updates and returns its results; the
-        `head_update` calls inside it write the summaries of the step at `step + 1`
-        (the number of updates done after it), each piece
-        gated in the graph on its cadence. The train step compiles this variant
-        for logging steps, and runs a second one without any monitoring op on the
-        others (under a strategy it runs this one on every step). Summaries that
-        user code writes (`multihead.write_scalar` in a research loss) follow the
-        scalar cadence through `tf.summary.record_if`.
-        """
+    @property
+    def updates(self) -> HeadUpdateStats:
+        """The per-head update statistics a monitored step measures (after `bind`)."""
         if self._updates is None or not self._updates.heads:
             raise RuntimeError("Monitor.bind(var_lists, trunk_variables) must be called "
                                "(eagerly) before the step is traced")
-        if self._step is not None:
-            raise RuntimeError("Monitor.monitored cannot be nested")
+        return self._updates
+
+    def start(self, step: tf.Tensor, functional: bool = True) -> StepStats:
+        """The measurements of a monitored step taken at counter value `step` (a tensor),
+        written at `step + 1`, the number of updates done after it."""
+        self.updates  # noqa: B018  (bound: checked before any trace)
         done = step + 1
-        scalars_due = self.cadence.scalars_due(done)
-        self._step = done
-        self._updates.start()
-        try:
-            with self._step_writer.as_default(step=done), tf.summary.record_if(lambda: scalars_due):
-                self._gated(scalars_due, self._updates.snapshot)
-                return update()
-        finally:
-            self._step = None
+        return StepStats(done, self.cadence.scalars_due(done), functional)
 
-    @property
-    def active(self) -> bool:
-        """True while `monitored` traces a step body: monitoring ops belong there."""
-        return self._step is not None
-
-    def when_scalars(self, fn: Callable[[], None]) -> None:
-        """Inside `monitored`, runs `fn` (summary writes, literal tags) on scalar logging
-        steps only; elsewhere does nothing."""
-        if not self.active:
+    @contextlib.contextmanager
+    def user_summaries(self, stats: StepStats | None) -> Iterator[None]:
+        """Inside a step body: summaries that user code writes (`multihead.write_scalar` in a
+        research loss) go to the train run at the step's number of updates, on scalar logging
+        steps; with `stats` None (a step that does not log), nowhere."""
+        if stats is None:
+            with tf.summary.record_if(False):
+                yield
             return
+        due = stats.scalars_due
+        with self._step_writer.as_default(step=stats.done), tf.summary.record_if(lambda: due):
+            yield
 
-        def body() -> None:
-            with tf.compat.v1.name_scope(None):
-                fn()
-
-        self._gated(self.cadence.scalars_due(self._step), body)
-
-    def gates(self, gate_weights: Callable[[], Mapping[str, tf.Tensor]]) -> None:
-        """Inside `monitored`, before the step's updates: per head, the mean gate weight per
-        expert and the mean entropy of the gate weights (scalar cadence), and a histogram
-        of the gate weights (histogram cadence). `gate_weights()` returns head ->
-        `(batch, experts)` mixture weights; it runs only on steps that log them."""
-        if not self.active:
-            return
-
-        def stats() -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-            weights = {h: tf.cast(w, tf.float32) for h, w in gate_weights().items()}
-            means = {h: tf.reduce_mean(w, axis=0) for h, w in weights.items()}
-            # 0 log 0 = 0: a gate that gives an expert no weight adds nothing.
-            entropy = {h: tf.reduce_mean(-tf.reduce_sum(tf.math.multiply_no_nan(tf.math.log(w), w), -1))
-                       for h, w in weights.items()}
-            return weights, means, entropy
+    @tf.autograph.experimental.do_not_convert  # graph building only
+    def gates(self, stats: StepStats, gate_weights: Callable[[], Mapping[str, tf.Tensor]]) -> None:
+        """Before the step's updates: per head, the mean gate weight per expert and the mean
+        entropy of the gate weights (scalar cadence), and a histogram of the gate weights
+        (histogram cadence). `gate_weights()` returns head -> `(batch, experts)` mixture
+        weights; it runs only on steps that measure them."""
+        def weights() -> dict[str, tf.Tensor]:
+            return {h: tf.cast(w, tf.float32) for h, w in gate_weights().items()}
 
         def scalars() -> None:
-            _, means, entropy = stats()
-            for head, mean in means.items():
+            for head, w in weights().items():
+                mean = tf.reduce_mean(w, axis=0)
                 for i in range(int(mean.shape[0])):
-                    self._emit_scalar(tags.gate_expert(head, i), mean[i])
-                self._emit_scalar(tags.gate_entropy(head), entropy[head])
+                    stats.record(tags.gate_expert(head, i), mean[i])
+                # 0 log 0 = 0: a gate that gives an expert no weight adds nothing.
+                stats.record(tags.gate_entropy(head), tf.reduce_mean(
+                    -tf.reduce_sum(tf.math.multiply_no_nan(tf.math.log(w), w), -1)))
 
         def histograms() -> None:
-            with tf.compat.v1.name_scope(None):
-                for head, w in stats()[0].items():
-                    self._emit_histogram(tags.gate_hist(head), w)
+            for head, w in weights().items():
+                stats.record(tags.gate_hist(head), histogram_buckets(w), histogram=True)
 
-        self.when_scalars(scalars)
-        self._gated(self.cadence.histograms_due(self._step), histograms)
+        stats.gated(stats.scalars_due, scalars)
+        if self.histograms_every:
+            stats.gated(self.cadence.histograms_due(stats.done), histograms)
 
-    def affinity(self, compute: Callable[[], Mapping[str, tf.Tensor]]) -> None:
-        """Inside `monitored`, before the step's updates: on affinity steps (`affinity_every`)
-        writes the scalars `compute()` returns, tag -> value (`affinity/<i>/<j>`); `compute`
-        runs only on those steps."""
-        if not self.active or not self.affinity_every:
+    def affinity(self, stats: StepStats, compute: Callable[[], Mapping[str, tf.Tensor]]) -> None:
+        """Before the step's updates: on affinity steps (`affinity_every`) the scalars
+        `compute()` returns, tag -> value (`affinity/<i>/<j>`); `compute` runs only then."""
+        if not self.affinity_every:
             return
 
-        def write() -> None:
-            with tf.compat.v1.name_scope(None):
-                for tag, value in compute().items():
-                    self._emit_scalar(tag, value)
+        def measure() -> None:
+            for tag, value in compute().items():
+                stats.record(tag, value)
 
-        self._gated(self.cadence.affinity_due(self._step), write)
+        stats.gated(self.cadence.affinity_due(stats.done), measure)
 
-    def _gated(self, due: tf.Tensor, fn: Callable[[], None]) -> None:
-        """`fn()` only when `due`, as a functional `If` that is not lowered.
+    def scalars(self, stats: StepStats, values: Sequence[tuple[str, Callable[[], Any]]]) -> None:
+        """On scalar logging steps, `(tag, value())` of each of `values`."""
+        for tag, value in values:
+            stats.record(tag, value(), present=stats.scalars_due)
 
-        Inside a `tf.function` TensorFlow normally lowers `tf.cond` to
-        Switch/Merge nodes, and then every node of the branch not taken is still
-        visited (as dead) on every step: measurable on steps that log nothing.
-        An `If` kept functional only calls the branch taken.
-        """
-        if self.distributed:
-            tf.cond(due, fn, _no_op)
-            return
-        graph = tf.compat.v1.get_default_graph()
-        start = len(graph.get_operations())
-        tf.cond(due, fn, _no_op)
-        for op in graph.get_operations()[start:]:
-            if op.type in ("If", "StatelessIf"):
-                internals.keep_cond_functional(op)
+    # -- after the step ---------------------------------------------------------------------
 
-    def _emit(self, tag: str, tensor: tf.Tensor, metadata: bytes) -> None:
-        # Only called inside a branch that is already gated on the step: write
-        # straight to the writer. `tf.summary.write` would wrap every tag in its
-        # own `tf.cond` on `record_if`, which costs trace time per tag (seconds
-        # with per-variable norms and histograms) and nothing else.
-        resource = internals.summary_writer_resource(self._step_writer)
-        if resource is None:  # a writer without the resource handle: the public path
-            tf.summary.write(tag, tensor, metadata=metadata)
-            return
-        tf.raw_ops.WriteSummary(writer=resource, step=self._step, tensor=tensor, tag=tag,
-                                summary_metadata=metadata)
-
-    def _emit_scalar(self, tag: str, value: tf.Tensor) -> None:
-        self._emit(tag, tf.cast(value, tf.float32), _SCALAR_BYTES)
-
-    def _emit_histogram(self, tag: str, values: tf.Tensor) -> None:
-        self._emit(tag, histogram_buckets(values), _HISTOGRAM_BYTES)
-
-    @tf.autograph.experimental.do_not_convert  # graph building only (see HeadUpdateStats)
-    def head_update(
-        self,
-        head: str,
-        loss: tf.Tensor,
-        grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
-        variables: Sequence[keras.Variable],
-        optimizer: keras.optimizers.Optimizer,
-    ) -> None:
-        """Called right after head `head`'s optimizer applied `grads` to `variables`.
-
-        `grad_norm/<head>/trunk` is the norm of the raw gradient (before the optimizer's
-        clipping); with `clipnorm`, `global_clipnorm` or `clipvalue`,
-        `grad_norm_clipped/<head>/trunk` is the norm of what the optimizer applied.
-        """
-        if not self.active:
-            return  # not inside `monitored`: the step variant that does not log
-        self._updates.head_update(head, loss, grads, variables, optimizer, self._step)
+    def write_stats(self, step: int, stats: StatsOutput) -> None:
+        """Writes what a monitored step measured (`StepStats.outputs()`, eager values) at
+        `step`, its number of updates done: each present entry, scalars then histograms."""
+        with self._train_writer.as_default(step=step):
+            for tag, value in present_entries(stats.scalars).items():
+                tf.summary.write(tag, value, metadata=_SCALAR_METADATA)
+            for tag, value in present_entries(stats.histograms).items():
+                tf.summary.write(tag, value, metadata=_HISTOGRAM_METADATA)
 
     # -- eager ---------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ reports sits here, once:
   updated (`multihead.step.loss_scales`);
 * a condition of the rule's own (`PlannedUpdate.when`, e.g. the trunk update of an
   aggregate that lost two heads to non-finite gradients);
-* the monitor hook of a head's update (loss, gradient norms, histograms).
+* in a step that measures, what each head's update did (loss, gradient norms,
+  histograms: `multihead.monitoring.head_updates`), measured around the update and
+  taken out of these conditionals (`multihead.monitoring.step_stats`).
 
 Like optax's `apply_updates`, the applier computes nothing about *what* the
 update is: the rule decides that.
@@ -38,7 +40,9 @@ from multihead.aggregation.loss_weighting import StateWrites
 from multihead.step import adam_sgd_ops
 from multihead.step.loss_scales import LossScales
 from multihead.step.options import StepOptions
+from multihead.monitoring import step_stats
 from multihead.monitoring.monitor import Monitor
+from multihead.monitoring.step_stats import StepStats
 
 Gradients = Sequence[Union[tf.Tensor, tf.IndexedSlices, None]]
 
@@ -131,11 +135,11 @@ def _not_done() -> tuple[tf.Tensor, tf.Tensor]:
 
 
 class Applier:
-    """Applies planned updates: due heads, the non-finite guard, the monitor hooks.
+    """Applies planned updates: due heads, the non-finite guard, what each update measures.
 
     Args:
-        monitor: the TensorBoard monitor (its `head_update` logs each head's update),
-            or None.
+        monitor: the TensorBoard monitor (its `updates` measure each head's update in a
+            step that measures), or None.
         distributed: the step runs under a `tf.distribute` strategy.
         options: the step's options; with `fused_updates`, plain Adam and SGD optimizers
             update through TF1's fused kernels (see `multihead.step.adam_sgd_ops`).
@@ -151,23 +155,24 @@ class Applier:
         self._loss_scales = loss_scales
 
     def apply_all(self, plans: Sequence[PlannedUpdate], step: tf.Tensor,
-                  due_decided: bool = False) -> HeadsDone:
+                  due_decided: bool = False, stats: StepStats | None = None) -> HeadsDone:
         """Applies `plans` in order; per head, whether it updated and whether it was skipped.
 
         Args:
             step: the step counter before the step.
             due_decided: the caller runs this only on steps where the heads are due
                 (the sequential schedule's per-head branch): `every` is not checked again.
+            stats: the step's measurements, in a step that measures; None: none.
         """
         updated, skipped = {}, {}
         for plan in plans:
-            done = self.apply(plan, step, due_decided)
+            done = self.apply(plan, step, due_decided, stats)
             if plan.head is not None:
                 updated[plan.head], skipped[plan.head] = done
         return HeadsDone(updated, skipped)
 
     def apply(self, plan: PlannedUpdate, step: tf.Tensor, due_decided: bool = False,
-              ) -> tuple[tf.Tensor, tf.Tensor]:
+              stats: StepStats | None = None) -> tuple[tf.Tensor, tf.Tensor]:
         """Applies one plan -> (updated, skipped), bool scalars."""
         scales = self._loss_scales
         scaled = scales is not None and plan.head in scales.scales
@@ -177,10 +182,10 @@ class Applier:
             if scaled:
                 grads = scales.unscale(plan.head, grads)
             if not plan.guarded and not scaled:
-                self._write(plan, grads)
+                self._write(plan, grads, stats)
                 return tf.constant(True), tf.constant(False)
             finite = plan.finite if plan.finite is not None else all_finite(plan.loss, grads)
-            done = self._guarded(finite, lambda: self._write(plan, grads))
+            done = self._guarded(finite, lambda: self._write(plan, grads, stats), stats)
             if scaled:
                 write_state(scales.updated(plan.head, finite))
             return done
@@ -190,23 +195,29 @@ class Applier:
             conditions.append(tf.equal(step % plan.every, 0))
         if not conditions:
             return run()
-        return tf.cond(conditions[0] if len(conditions) == 1 else tf.logical_and(*conditions),
-                       run, _not_done)
+        return step_stats.cond(
+            stats, conditions[0] if len(conditions) == 1 else tf.logical_and(*conditions),
+            run, _not_done)
 
     @not_converted
-    def _write(self, plan: PlannedUpdate, grads: Gradients) -> None:
+    def _write(self, plan: PlannedUpdate, grads: Gradients, stats: StepStats | None) -> None:
+        measured = stats is not None and plan.head is not None
+        if measured:
+            self._monitor.updates.before_update(stats, plan.head, plan.variables, plan.optimizer)
         adam_sgd_ops.apply_gradients(plan.optimizer, grads, plan.variables, fused=self._fused)
-        if self._monitor is not None and plan.head is not None:
-            self._monitor.head_update(plan.head, plan.loss, grads, plan.variables, plan.optimizer)
+        if measured:
+            self._monitor.updates.head_update(stats, plan.head, plan.loss, grads, plan.variables,
+                                              plan.optimizer)
 
-    def _guarded(self, finite: tf.Tensor, write: Callable[[], None]) -> tuple[tf.Tensor, tf.Tensor]:
+    def _guarded(self, finite: tf.Tensor, write: Callable[[], None], stats: StepStats | None,
+                 ) -> tuple[tf.Tensor, tf.Tensor]:
         def applied() -> tf.Tensor:
             write()
             return tf.constant(True)
 
         graph = tf.compat.v1.get_default_graph()
         start = len(graph.get_operations())
-        updated = tf.cond(finite, applied, lambda: tf.constant(False))
+        updated = step_stats.cond(stats, finite, applied, lambda: tf.constant(False))
         if not self._distributed:
             # A lowered cond puts a Switch on every tensor the update reads; kept as a
             # function call, the branch runs as one op.

@@ -34,12 +34,15 @@ class StepOutput(NamedTuple):
         losses: `(K,)` float32, NaN where the head was not evaluated.
         updated: `(K,)` bool, whether the head's optimizer applied an update.
         skipped: `(K,)` bool, whether a non-finite loss or gradient dropped it.
+        stats: what a step that measures measured, for the monitor to write
+            (`multihead.monitoring.step_stats.StatsOutput`); None for the others.
     """
 
     step: tf.Tensor
     losses: tf.Tensor
     updated: tf.Tensor
     skipped: tf.Tensor
+    stats: Any = None
 
 
 class StepsOutput(NamedTuple):
@@ -60,8 +63,9 @@ class StepsOutput(NamedTuple):
     skipped: tf.Tensor
 
 
-#: A step body: `(inputs, targets) -> (losses, updated, skipped)`, each a `(K,)` row.
-Rows = tuple[tf.Tensor, tf.Tensor, tf.Tensor]
+#: A step body: `(inputs, targets) -> (losses, updated, skipped)`, each a `(K,)` row, and
+#: in a step that measures its statistics after them.
+Rows = tuple[Any, ...]
 _ROW_DTYPES = (tf.float32, tf.bool, tf.bool)
 
 
@@ -136,7 +140,7 @@ def batch_loop(iterator: Any, body: Callable[[Any, Any], Sequence[tf.Tensor]], w
              ) -> tuple[tf.Tensor, list[tf.TensorArray]]:
         index, arrays = carry
         inputs, targets = batch
-        rows = body(inputs, targets)
+        rows = body(inputs, targets)[:3]  # a loop's steps log nothing: no statistics
         return index + 1, [a.write(index, row) for a, row in zip(arrays, rows)]
 
     arrays = [tf.TensorArray(dtype, size=max_steps, element_shape=[width]) for dtype in _ROW_DTYPES]
@@ -207,7 +211,7 @@ class StepLoops:
 
     def _single(self, body: Callable[[Any, Any], Rows], inputs: Any, targets: Any) -> StepOutput:
         step = self._counter.read_value()
-        return StepOutput(step, *body(inputs, targets))
+        return StepOutput(step, *body(inputs, targets))  # statistics last, if measured
 
     def _multi(self, body: Callable[[Any, Any], Rows], iterator: Any, max_steps: tf.Tensor,
                ) -> StepsOutput:

@@ -65,7 +65,7 @@ def takes_one_pass(heads_pass: HeadsPass, agg: Sequence[StepObjective]) -> bool:
     time): one device, a step that does not log, each objective its own head's alone on
     variables of its own."""
     p = heads_pass
-    if p.given is not None or p.backward is None or p.when_logging is not None or not agg:
+    if p.given is not None or p.backward is None or p.stats is not None or not agg:
         return False
     seen: set[int] = set()
     for head in agg:

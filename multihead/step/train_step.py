@@ -18,8 +18,9 @@ is `multihead.step.forward`'s. What the heads' gradients become is the trunk rul
 (`multihead.step.applier`); compiling the step, one step or many per call, is
 `multihead.step.compiled`'s.
 
-With TensorBoard monitoring, the step is compiled in two variants, with and without
-the monitor, and each call picks one in Python from the step counter (see
+With TensorBoard monitoring, the step is compiled in two variants, one that measures
+(it returns its statistics, which the monitor writes after the call) and one without a
+single monitoring op, and each call picks one in Python from the step counter (see
 `multihead.monitoring.monitor`).
 
 With a `tf.distribute` strategy, gradients are taken and all-reduced in replica
@@ -28,6 +29,7 @@ context and applied in cross-replica context (see `multihead.step.distribute`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import keras
@@ -56,8 +58,9 @@ from multihead.step.trunk_rule import (
     LossFactors,
     TrunkRule,
 )
-from multihead.monitoring import tags
-from multihead.monitoring.monitor import Monitor, write_scalar
+from multihead.monitoring import step_stats, tags
+from multihead.monitoring.monitor import Monitor
+from multihead.monitoring.step_stats import StepStats
 
 __all__ = ["SCHEDULES", "Forward", "StepObjective", "HeadsDone", "PlannedUpdate", "StepOutput",
            "StepsOutput", "TrainStep", "all_finite"]
@@ -164,8 +167,21 @@ class TrainStep:
             distribute.check_not_in_scope(self._strategy)
             inputs, targets = distribute.distribute_batch(self._strategy, (inputs, targets))
         monitor = self._monitor
-        monitored = monitor is not None and (monitor.distributed or monitor.logs_at(self._counter()))
-        return self.loops.one((monitored, names, own_batches), inputs, targets)
+        logs = monitor is not None and monitor.logs_at(self._counter())
+        return self._one((self._measures(logs), names, own_batches), inputs, targets, logs)
+
+    def _measures(self, logs: bool) -> bool:
+        """Whether a step runs the variant that measures: on logging steps, and under a
+        strategy on every step (its all-reduces must be the same ops on every worker,
+        logging or not; each piece is gated in the graph)."""
+        return self._monitor is not None and (logs or self._strategy is not None)
+
+    def _one(self, key: Hashable, inputs: Any, targets: Any, logs: bool) -> StepOutput:
+        """One compiled step of variant `key`; on a logging step its statistics written."""
+        output = self.loops.one(key, inputs, targets)
+        if logs:
+            self._monitor.write_stats(int(output.step) + 1, output.stats)
+        return output
 
     def _variant_heads(self, heads: Sequence[str] | None) -> tuple[str, ...]:
         """The heads of the variant a step of `heads` (None: all) runs: with frozen heads
@@ -193,32 +209,49 @@ class TrainStep:
         cacheable = self._strategy is None
         names = self._variant_heads(heads)
 
-        def part(monitored: bool, n: int) -> StepsOutput:
-            return self.loops.many((monitored, names, own_batches), iterator, n, cacheable)
+        def part(logs: bool, n: int) -> StepsOutput:
+            key = (self._measures(logs), names, own_batches)
+            if logs:  # one step, its batch taken here: its statistics leave the call
+                return self._one_from(key, iterator)
+            return self.loops.many(key, iterator, n, cacheable)
 
-        if monitor is None or monitor.distributed:
-            return part(monitor is not None, max_steps)
+        if monitor is None:
+            return part(False, max_steps)
         return split_at_logging_steps(part, self._counter(), max_steps, monitor.logs_at,
                                       monitor.quiet_steps_from)
 
+    def _one_from(self, key: Hashable, iterator: Any) -> StepsOutput:
+        """One logging step on the next batch of `iterator`, as a `StepsOutput` of one row
+        (none at the end of the data)."""
+        batch = iterator.get_next_as_optional()
+        if not bool(batch.has_value()):
+            k = len(self._heads)
+            return StepsOutput(self._step.read_value(), tf.constant(0), tf.zeros([1, k]),
+                               tf.zeros([1, k], tf.bool), tf.zeros([1, k], tf.bool))
+        inputs, targets = batch.get_value()
+        out = self._one(key, inputs, targets, logs=True)
+        return StepsOutput(out.step, tf.constant(1), out.losses[None], out.updated[None],
+                           out.skipped[None])
+
     # -- the step body: a plain function of its inputs, compiled by `loops` ---------------
 
-    def _body_for(self, key: Hashable) -> Callable[[Any, Any], tuple[tf.Tensor, ...]]:
-        monitored, names, own_batches = key
+    def _body_for(self, key: Hashable) -> Callable[[Any, Any], tuple[Any, ...]]:
+        measures, names, own_batches = key
         heads = tuple(h for h in self._heads if h.name in names)
 
-        def body(inputs: Any, targets: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            losses, done = self._body(inputs, targets, monitored, heads, own_batches)
+        def body(inputs: Any, targets: Any) -> tuple[Any, ...]:
+            losses, done, stats = self._body(inputs, targets, measures, heads, own_batches)
             order = self.head_names
-            return (stack_done(order, losses, tf.float32, float("nan")),
+            rows = (stack_done(order, losses, tf.float32, float("nan")),
                     stack_done(order, done.updated, tf.bool, False),
                     stack_done(order, done.skipped, tf.bool, False))
+            return rows if stats is None else (*rows, stats.outputs())
 
         return body
 
     def _scalars(self, step: tf.Tensor | None) -> list[tuple[str, str, Callable[[], Any]]]:
-        """(head, tag, value) of every scalar the step itself writes on logging steps (the
-        trunk rule's aside): the one list `summary_tags` reads and `_count_and_log` writes."""
+        """(head, tag, value) of every scalar the step itself measures on logging steps (the
+        trunk rule's aside): the one list `summary_tags` reads and `_count_and_log` records."""
         out: list[tuple[str, str, Callable[[], Any]]] = []
         for i, head in enumerate(self._heads):
             name = head.name
@@ -235,60 +268,46 @@ class TrainStep:
         """The scalar tags the step writes into the train run on logging steps."""
         return [tag for _, tag, _ in self._scalars(None)]
 
-    def _count_and_log(self, heads: Sequence[StepObjective], step: tf.Tensor, done: HeadsDone) -> None:
-        """Counts the dropped updates; on logging steps writes the step's scalars of `heads`
-        (`_scalars`)."""
+    def _count_and_log(self, heads: Sequence[StepObjective], step: tf.Tensor, done: HeadsDone,
+                       stats: StepStats | None) -> None:
+        """Counts the dropped updates; in a step that measures, records the step's scalars
+        of `heads` (`_scalars`)."""
         guarded = [h for h in heads if h.guarded]
         if guarded:
             write_state([(self.nonfinite_skips, self.nonfinite_skips + tf.cast(
                 stack_done(self.head_names, done.skipped, tf.bool, False), tf.int64))])
-        monitor = self._monitor
-        if monitor is None:
-            return
-        names = {h.name for h in heads}
+        if stats is not None:
+            names = {h.name for h in heads}
+            self._monitor.scalars(stats, [(tag, value) for head, tag, value in self._scalars(step)
+                                          if head in names])
 
-        def log() -> None:
-            for head, tag, value in self._scalars(step):
-                if head in names:
-                    write_scalar(tag, value())
-
-        monitor.when_scalars(log)
-
-    def _body(self, inputs: Any, targets: Any, monitored: bool, heads: tuple[StepObjective, ...],
-              own_batches: bool = False) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+    def _body(self, inputs: Any, targets: Any, measures: bool, heads: tuple[StepObjective, ...],
+              own_batches: bool = False,
+              ) -> tuple[dict[str, tf.Tensor], HeadsDone, StepStats | None]:
         self.trace_count += 1  # Python side effect: runs once per trace, not per step
         step = self._step.read_value()
-        if self._strategy is not None:
-            update = lambda: self._replicated(inputs, targets, step, heads)  # noqa: E731
-        elif self._schedule == "simultaneous":
-            update = lambda: self._simultaneous(inputs, targets, step, heads, own_batches)  # noqa: E731
-        else:
-            update = lambda: self._sequential(inputs, targets, step, heads, own_batches)  # noqa: E731
-        if monitored:
-            def update_and_log() -> tuple[dict[str, tf.Tensor], HeadsDone]:
-                gate_weights = getattr(self._model.trunk, "gate_weights", None)
-                if gate_weights is not None and self._strategy is None and not own_batches:
-                    # before the updates; with own batches the gates see no one batch
-                    self._monitor.gates(lambda: gate_weights(inputs, training=True))
-                if self._affinity is not None:  # before the updates, at the same parameters
-                    self._monitor.affinity(
-                        lambda: self._affinity(inputs, targets, heads, step, own_batches))
-                out = update()
-                self._count_and_log(heads, step, out[1])
-                return out
-
-            result = self._monitor.monitored(step, update_and_log)
-        elif self._monitor is not None:
-            with tf.summary.record_if(False):  # summaries written by user code: not this step
-                result = update()
-        else:
-            result = update()
-        if not monitored:
-            self._count_and_log(heads, step, result[1])
+        stats = None
+        if measures:
+            stats = self._monitor.start(step, functional=self._strategy is None)
+            gate_weights = getattr(self._model.trunk, "gate_weights", None)
+            if gate_weights is not None and self._strategy is None and not own_batches:
+                # before the updates; with own batches the gates see no one batch
+                self._monitor.gates(stats, lambda: gate_weights(inputs, training=True))
+            if self._affinity is not None:  # before the updates, at the same parameters
+                self._monitor.affinity(
+                    stats, lambda: self._affinity(inputs, targets, heads, step, own_batches))
+        with self._monitor.user_summaries(stats) if self._monitor else contextlib.nullcontext():
+            if self._strategy is not None:
+                losses, done = self._replicated(inputs, targets, step, heads, stats)
+            elif self._schedule == "simultaneous":
+                losses, done = self._simultaneous(inputs, targets, step, heads, own_batches, stats)
+            else:
+                losses, done = self._sequential(inputs, targets, step, heads, own_batches, stats)
+        self._count_and_log(heads, step, done, stats)
         for target in self._target_networks:
             target.update()
         write_state([(self._step, step + 1)])
-        return result
+        return losses, done, stats
 
     # -- the forward pass: every head's objective, one code path -------------------------
 
@@ -300,10 +319,10 @@ class TrainStep:
 
     def _pass(self, heads: tuple[StepObjective, ...], losses: dict[str, tf.Tensor], step: tf.Tensor,
               fwd: Forward | None = None, tape: tf.GradientTape | None = None,
-              given: Any = None, counts: Mapping[str, tf.Tensor] | None = None) -> HeadsPass:
+              given: Any = None, counts: Mapping[str, tf.Tensor] | None = None,
+              stats: StepStats | None = None) -> HeadsPass:
         """What the trunk rule plans from: `fwd` on `tape` (one device) or `given`
         gradients and `counts` of present labels (all-reduced under a strategy)."""
-        monitor = self._monitor
         counts = fwd.counts if fwd is not None else counts
         return HeadsPass(
             heads=heads, losses=losses, step=step,
@@ -314,27 +333,15 @@ class TrainStep:
             trunk_reg=0.0 if fwd is None else fwd.trunk_reg,
             loss_factors=fwd.loss_factors if fwd is not None else LossFactors({}),
             # None in the variant that does not log: its rule needs no per-head statistics
-            when_logging=monitor.when_scalars if monitor is not None and monitor.active else None,
+            stats=stats,
             active=self._taking_part(heads, counts or {}, step))
 
     def _taking_part(self, heads: tuple[StepObjective, ...], counts: Mapping[str, tf.Tensor],
                      step: tf.Tensor) -> dict[str, tf.Tensor] | None:
-        """Head -> whether it takes part in the step: not frozen, and with a present label
-        when it has a missing-label marker (`counts`); None: every head does. Counts the
-        due, unfrozen heads without a label in `missing_label_skips`."""
+        """`taking_part`; counts the due, unfrozen heads without a label in
+        `missing_label_skips`."""
         frozen = None if self._frozen is None else self._frozen.active()
-        active, unlabelled = {}, {}
-        for head in heads:
-            takes = None if frozen is None else frozen[head.name]
-            if head.name in counts:
-                labelled = counts[head.name] > 0
-                missed = tf.logical_not(labelled)
-                if head.every != 1:
-                    missed = tf.logical_and(missed, tf.equal(step % head.every, 0))
-                unlabelled[head.name] = missed if takes is None else tf.logical_and(missed, takes)
-                takes = labelled if takes is None else tf.logical_and(takes, labelled)
-            if takes is not None:
-                active[head.name] = takes
+        active, unlabelled = taking_part(heads, counts, step, frozen)
         if unlabelled:
             write_state([(self.missing_label_skips, self.missing_label_skips + tf.cast(
                 stack_done(self.head_names, unlabelled, tf.bool, False), tf.int64))])
@@ -344,40 +351,43 @@ class TrainStep:
 
     def _simultaneous(self, inputs: Any, targets: Any, step: tf.Tensor,
                       heads: tuple[StepObjective, ...], own_batches: bool = False,
-                      ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                      stats: StepStats | None = None) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         with tf.GradientTape(persistent=True) as tape:
             fwd = self.forward(inputs, targets, heads, step, own_batches)
-        plans = self._rule.plan(self._pass(heads, fwd.losses, step, fwd, tape))
-        done = self._applier.apply_all(plans, step)
+        plans = self._rule.plan(self._pass(heads, fwd.losses, step, fwd, tape, stats=stats))
+        done = self._applier.apply_all(plans, step, stats=stats)
         del tape
         return fwd.losses, done
 
     def _sequential(self, inputs: Any, targets: Any, step: tf.Tensor,
                     heads: tuple[StepObjective, ...], own_batches: bool = False,
-                    ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                    stats: StepStats | None = None) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         def one_head(head: StepObjective) -> tuple[dict[str, tf.Tensor], HeadsDone]:
             with tf.GradientTape() as tape:
                 fwd = self.forward(inputs, targets, (head,), step, own_batches)
-            plans = self._rule.plan(self._pass((head,), fwd.losses, step, fwd, tape))
-            return fwd.losses, self._applier.apply_all(plans, step, due_decided=True)
+            plans = self._rule.plan(self._pass((head,), fwd.losses, step, fwd, tape, stats=stats))
+            return fwd.losses, self._applier.apply_all(plans, step, due_decided=True, stats=stats)
 
-        return _one_after_another(heads, step, one_head)
+        return _one_after_another(heads, step, one_head, stats)
 
     # -- tf.distribute: gradients in replica context, updates in cross-replica context ----
 
     def _replicated(self, inputs: Any, targets: Any, step: tf.Tensor,
-                    heads: tuple[StepObjective, ...]) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                    heads: tuple[StepObjective, ...], stats: StepStats | None = None,
+                    ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         """The step under a strategy; `inputs`, `targets` are per-replica values."""
         if self._schedule == "simultaneous":
-            return self._replicated_pass(inputs, targets, step, heads)
+            return self._replicated_pass(inputs, targets, step, heads, stats=stats)
         # strategy.run inside a cross-replica tf.cond: the branch holds whole replica
         # functions, so their all-reduces are not inside replica control flow.
         return _one_after_another(
             heads, step,
-            lambda head: self._replicated_pass(inputs, targets, step, (head,), due_decided=True))
+            lambda head: self._replicated_pass(inputs, targets, step, (head,), True, stats),
+            stats)
 
     def _replicated_pass(self, inputs: Any, targets: Any, step: tf.Tensor,
                          heads: tuple[StepObjective, ...], due_decided: bool = False,
+                         stats: StepStats | None = None,
                          ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         """One forward pass of `heads` on every replica, every head's gradient all-reduced
         in replica context (an all-reduce cannot sit in a tf.cond there), then the trunk
@@ -401,13 +411,35 @@ class TrainStep:
         strategy = self._strategy
         losses, grads, counts = distribute.first_replica(
             strategy, strategy.run(gradients, (inputs, targets)))
-        plans = self._rule.plan(self._pass(heads, losses, step, given=grads, counts=counts))
-        return losses, self._applier.apply_all(plans, step, due_decided)
+        plans = self._rule.plan(self._pass(heads, losses, step, given=grads, counts=counts,
+                                           stats=stats))
+        return losses, self._applier.apply_all(plans, step, due_decided, stats)
+
+
+def taking_part(heads: Sequence[StepObjective], counts: Mapping[str, tf.Tensor], step: tf.Tensor,
+                frozen: Mapping[str, tf.Tensor] | None,
+                ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+    """Head -> whether it takes part in the step (not `frozen`, and with a present label when
+    it has a missing-label marker: `counts`), for the heads that may not; and head -> whether
+    it is due, unfrozen and without a label."""
+    active, unlabelled = {}, {}
+    for head in heads:
+        takes = None if frozen is None else frozen[head.name]
+        if head.name in counts:
+            labelled = counts[head.name] > 0
+            missed = tf.logical_not(labelled)
+            if head.every != 1:
+                missed = tf.logical_and(missed, tf.equal(step % head.every, 0))
+            unlabelled[head.name] = missed if takes is None else tf.logical_and(missed, takes)
+            takes = labelled if takes is None else tf.logical_and(takes, labelled)
+        if takes is not None:
+            active[head.name] = takes
+    return active, unlabelled
 
 
 def _one_after_another(heads: Sequence[StepObjective], step: tf.Tensor,
                        one_head: Callable[[StepObjective], tuple[dict[str, tf.Tensor], HeadsDone]],
-                       ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
+                       stats: StepStats | None = None) -> tuple[dict[str, tf.Tensor], HeadsDone]:
     """The sequential schedule: `one_head(head)` (a forward pass and update of that head
     alone) for each head, in order, on the steps where it is due."""
     losses, updated, skipped = {}, {}, {}
@@ -419,8 +451,8 @@ def _one_after_another(heads: Sequence[StepObjective], step: tf.Tensor,
         if head.every == 1:
             out = update()
         else:
-            out = tf.cond(tf.equal(step % head.every, 0), update,
-                          lambda: (tf.constant(float("nan")), tf.constant(False),
-                                   tf.constant(False)))
+            out = step_stats.cond(stats, tf.equal(step % head.every, 0), update,
+                                  lambda: (tf.constant(float("nan")), tf.constant(False),
+                                           tf.constant(False)))
         losses[head.name], updated[head.name], skipped[head.name] = out
     return losses, HeadsDone(updated, skipped)

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from multihead._autograph import converted
+from multihead.monitoring.step_stats import StepStats
 from multihead.step import batched_backward
 from multihead.step.applier import PlannedUpdate, not_converted
 from multihead.objectives.objective import HeadLoss
@@ -185,8 +186,9 @@ class HeadsPass(NamedTuple):
         features: the trunk output (None under a strategy).
         trunk_reg: the trunk's regularization (0.0 when it has none).
         loss_factors: what the rule's `loss_factors` computed in the pass.
-        when_logging: runs a function (summary writes) on scalar logging steps only;
-            None without a monitor and in the step variant that does not log.
+        stats: the measurements of a monitored step, which the rule records into and
+            takes out of its conditionals (`multihead.monitoring.step_stats`); None
+            without a monitor and in the step variant that does not log.
         active: head -> bool scalar, whether the head takes part in this step (False:
             frozen, or no present label in its batch): a head that does not is dropped
             exactly as the non-finite guard drops one. None: every head takes part.
@@ -201,7 +203,7 @@ class HeadsPass(NamedTuple):
     features: Any = None
     trunk_reg: tf.Tensor | float = 0.0
     loss_factors: LossFactors = NO_FACTORS
-    when_logging: Callable[[Callable[[], None]], None] | None = None
+    stats: StepStats | None = None
     active: Mapping[str, tf.Tensor] | None = None
 
     def takes_part(self, head: str) -> tf.Tensor | None:

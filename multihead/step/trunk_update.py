@@ -69,7 +69,8 @@ from multihead.aggregation.loss_weighting import LossWeighting
 from multihead.objectives.objective import Objective, resolve_optimizer
 from multihead.settings import PYTHON, check_trunk_aggregation
 from multihead.monitoring import tags
-from multihead.monitoring.monitor import write_scalar
+from multihead.monitoring import step_stats
+from multihead.monitoring.step_stats import StepStats
 from multihead.step import one_pass
 from multihead.step.aggregator_state import AggregatorState
 from multihead.step.applier import PlannedUpdate, WithState, all_finite
@@ -204,10 +205,11 @@ class _Aggregated:
             return self._trunk_gradients(
                 p, [agg[i] for i in members], [trunk_parts[i] for i in members], sources,
                 trunk_vars, reg_grads, rep_grad,
-                None if losses is None else tf.stack([losses[i] for i in members]), without)
+                None if losses is None else tf.stack([losses[i] for i in members]), without,
+                everyone=tuple(h.name for h in agg))
 
         ok = {h.name: _both(finite[h.name], p.takes_part(h.name)) for h in agg}
-        plans = [self._trunk_plan(agg, ok, trunk_gradients)] if agg else []
+        plans = [self._trunk_plan(agg, ok, trunk_gradients, p.stats)] if agg else []
         for head in agg:  # head variables only: their var_list excludes the trunk
             plans.append(PlannedUpdate(head.optimizer, own[head.name], head.var_list, head.name,
                                        head.guarded, p.losses[head.name], finite[head.name],
@@ -215,7 +217,8 @@ class _Aggregated:
         return plans
 
     def _trunk_plan(self, agg: Sequence[StepObjective], kept: Mapping[str, tf.Tensor | None],
-                    trunk_gradients: Callable[..., _TrunkStep]) -> PlannedUpdate:
+                    trunk_gradients: Callable[..., _TrunkStep],
+                    stats: StepStats | None = None) -> PlannedUpdate:
         """The trunk update over the heads that take part with a finite loss and gradient
         (`kept`, None: always): all of them; all but one (the aggregate of the others, as a
         step without it); else none.
@@ -240,15 +243,17 @@ class _Aggregated:
             if self._without_one(names) is not None:
                 # Lowered, as the Case below: kept functional, its branches would be optimised
                 # apart from the step, and the update of a finite step rounded otherwise.
-                return self._commit(tf.cond(
-                    tf.equal(bad, 0), lambda: trunk_gradients(everyone),
+                return self._commit(step_stats.cond(
+                    stats, tf.equal(bad, 0), lambda: trunk_gradients(everyone),
                     lambda: trunk_gradients(everyone, first_bad)))
             # Per-head options (fixed weights): one traced step per subset (`_without_one`).
             # 0: every head; 1 + i: all but head i, the one non-finite head
             index = tf.where(tf.equal(bad, 0), 0, 1 + first_bad)
             branches = [lambda: trunk_gradients(everyone)] + [
                 lambda i=i: trunk_gradients([j for j in range(k) if j != i]) for i in range(k)]
-            return self._commit(tf.switch_case(index, branches))
+            if stats is None:
+                return self._commit(tf.switch_case(index, branches))
+            return self._commit(stats.switch_case(index, branches))
 
         return plan._replace(gradients=chosen, when=tf.less_equal(bad, 1))
 
@@ -272,7 +277,8 @@ class _Aggregated:
                          trunk_vars: list[keras.Variable],
                          reg_grads: Sequence[tf.Tensor | None] | None, rep_grad: bool,
                          losses: tf.Tensor | None = None,
-                         without: tf.Tensor | None = None) -> _TrunkStep:
+                         without: tf.Tensor | None = None,
+                         everyone: tuple[str, ...] = ()) -> _TrunkStep:
         """The trunk optimizer's gradients (on `var_list`) from the aggregate of `agg`
         (less the head at position `without`, a tensor, unless None) and the aggregator's
         new state, and the loss weighting's; logs the aggregation."""
@@ -301,9 +307,9 @@ class _Aggregated:
                 unweighted = tf.math.divide_no_nan(norms, factors)
             # The weighting's state is not among the variables the trunk optimizer writes.
             weighting_writes = converted(self.weighting.update)(task, unweighted) or ()
-        if p.when_logging is not None:
-            self._log_aggregation(p.when_logging, names, weights, factors, gram, stacked,
-                                  projections, trunk_grads, c.keep)
+        if p.stats is not None:
+            self._log_aggregation(p.stats, everyone or names, names, weights, factors, gram,
+                                  stacked, projections, trunk_grads, c.keep)
         return _TrunkStep(list(trunk_grads) + list(extra_grads), c.state, tuple(weighting_writes))
 
     def summary_tags(self) -> list[str]:
@@ -320,51 +326,57 @@ class _Aggregated:
             written.append(tags.AGG_PROJECTIONS)
         return written
 
-    def _log_aggregation(self, when_logging: Callable[[Callable[[], None]], None],
-                         names: Sequence[str], weights: tf.Tensor, factors: tf.Tensor | None,
+    def _log_aggregation(self, stats: StepStats, everyone: Sequence[str], names: Sequence[str],
+                         weights: tf.Tensor | None, factors: tf.Tensor | None,
                          gram: tf.Tensor | None, stacked: Sequence[tf.Tensor],
                          projections: tf.Tensor, trunk_grads: Sequence[tf.Tensor],
                          keep: tf.Tensor | None = None) -> None:
-        """Logs the aggregation of `names`, or of its heads at positions `keep` (a tensor:
-        the heads of the step are known only in the graph, and so are their tags)."""
-        random_order = self.aggregator.counts_projections
-        k = len(names) if keep is None else int(keep.shape[0])
+        """Measures the aggregation of `names`, or of its heads at positions `keep` (a tensor:
+        the heads of the step are known only in the graph), on scalar logging steps. Each
+        branch of the step's choice of heads records the tags of `everyone`, a head it left
+        out as not present."""
+        total = len(everyone)
+        position = [everyone.index(h) for h in names]
+        index = None  # the positions in `everyone` of the aggregated rows; None: all, in order
+        if keep is not None:
+            index = tf.gather(tf.constant(position, tf.int32), keep)
+        elif position != list(range(total)):
+            index = tf.constant(position, tf.int32)
 
-        def head_tags(tag: Callable[[str], str]) -> list[Any]:
-            if keep is None:
-                return [tag(h) for h in names]
-            return tf.unstack(tf.gather(tf.constant([tag(h) for h in names]), keep), num=k)
-
-        def pair_tags() -> list[list[Any]]:
-            if keep is None:
-                return [[tags.agg_cosine(a, b) for b in names] for a in names]
-            table = tf.constant([[tags.agg_cosine(a, b) if a != b else "" for b in names]
-                                 for a in names])
-            rows = tf.gather(tf.gather(table, keep), keep, axis=1)
-            return [tf.unstack(row, num=k) for row in tf.unstack(rows, num=k)]
+        def full(values: tf.Tensor) -> tf.Tensor:  # rows of the aggregated heads -> of everyone
+            return values if index is None else tf.scatter_nd(index[:, None], values, [total])
 
         def log() -> None:
             # Constant weights need no Gramian to step: compute it on logging steps only.
             g = gram if gram is not None else gramian(stacked)
             n = tf.sqrt(tf.maximum(tf.linalg.diag_part(g), 0.0))
             cos = tf.math.divide_no_nan(g, n[:, None] * n[None, :])
-            weight_tags, factor_tags = head_tags(tags.agg_weight), head_tags(tags.agg_loss_weight)
-            norm_tags, cosine_tags = head_tags(tags.agg_trunk_grad_norm), pair_tags()
-            for i in range(k):
-                if weights is not None:  # coordinate-wise aggregators have no row weights
-                    write_scalar(weight_tags[i], weights[i])
-                if factors is not None:
-                    write_scalar(factor_tags[i], factors[i])
-                write_scalar(norm_tags[i], n[i])
-            for i in range(k):
-                for j in range(i + 1, k):
-                    write_scalar(cosine_tags[i][j], cos[i, j])
-            if random_order:
-                write_scalar(tags.AGG_PROJECTIONS, projections)
-            write_scalar(tags.AGG_UPDATE_NORM, tf.sqrt(tf.add_n(
+            if index is None:
+                present = [True] * total
+            else:
+                cos = tf.scatter_nd(tf.stack(tf.meshgrid(index, index, indexing="ij"), -1), cos,
+                                    [total, total])
+                present = tf.unstack(full(tf.ones_like(index)) > 0, num=total)
+            head_rows = [(tags.agg_trunk_grad_norm, n)]
+            if weights is not None:  # coordinate-wise aggregators have no row weights
+                head_rows.append((tags.agg_weight, weights))
+            if factors is not None:
+                head_rows.append((tags.agg_loss_weight, factors))
+            for tag, values in head_rows:
+                values = tf.unstack(full(tf.cast(values, tf.float32)), num=total)
+                for i, head in enumerate(everyone):
+                    stats.record(tag(head), values[i], present[i])
+            for i, a in enumerate(everyone):
+                for j in range(i + 1, total):
+                    both = (True if index is None
+                            else tf.logical_and(present[i], present[j]))
+                    stats.record(tags.agg_cosine(a, everyone[j]), cos[i, j], both)
+            if self.aggregator.counts_projections:
+                stats.record(tags.AGG_PROJECTIONS, projections)
+            stats.record(tags.AGG_UPDATE_NORM, tf.sqrt(tf.add_n(
                 [tf.reduce_sum(tf.square(g)) for g in trunk_grads])))
 
-        when_logging(log)  # nothing at all in the step variant that does not log
+        stats.gated(stats.scalars_due, log)  # nothing at all in the step that does not log
 
     def _combine(self, names: tuple[str, ...], per_head: Sequence[Sequence[tf.Tensor | None]],
                  sources: Sequence[Any], losses: tf.Tensor | None = None,

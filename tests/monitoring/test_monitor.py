@@ -260,9 +260,9 @@ def test_no_summary_work_runs_on_steps_that_do_not_log(tmp_path):
                       .get_concrete_function(x, y).graph)
     assert not {"WriteSummary", "FlushSummaryWriter"} & quiet
     assert quiet == plain  # the monitor adds no op type (no cond) to a step that does not log
-    assert "WriteSummary" in _op_types(monitored) and "FlushSummaryWriter" not in _op_types(monitored)
-    # In the monitored variant, writes sit only in branches gated on the step.
-    assert "WriteSummary" not in {op.type for op in monitored.get_operations()}
+    # The variant that measures writes nothing either: it returns its statistics, and the
+    # monitor writes them after the call (the events: the other tests of this file).
+    assert not {"WriteSummary", "FlushSummaryWriter"} & _op_types(monitored)
 
 
 def _op_types(graph) -> set[str]:
@@ -354,7 +354,7 @@ def test_bad_cadence_fails_at_construction(tmp_path, kwargs, match):
 def test_monitoring_before_bind_explains_what_to_do(tmp_path):
     monitor = mh.Monitor(str(tmp_path))
     with pytest.raises(RuntimeError, match="bind"):
-        monitor.monitored(tf.constant(0, tf.int64), lambda: None)
+        monitor.start(tf.constant(0, tf.int64))
     monitor.close()
 
 
@@ -403,17 +403,17 @@ def _per_variable_tags(model, log_dir, addresses) -> set[str]:
 
     @tf.function
     def step(x, y):
-        def update():
-            for h in heads:
-                with tf.GradientTape() as tape:
-                    loss = _mse(y[h], model.heads[h](model.trunk(x, training=True), training=True))
-                grads = tape.gradient(loss, var_lists[h])
-                optimizers[h].apply_gradients(zip(grads, var_lists[h]))
-                monitor.head_update(h, loss, grads, var_lists[h], optimizers[h])
+        stats = monitor.start(tf.constant(0, tf.int64))  # the step taken at counter 0
+        for h in heads:
+            with tf.GradientTape() as tape:
+                loss = _mse(y[h], model.heads[h](model.trunk(x, training=True), training=True))
+            grads = tape.gradient(loss, var_lists[h])
+            monitor.updates.before_update(stats, h, var_lists[h], optimizers[h])
+            optimizers[h].apply_gradients(zip(grads, var_lists[h]))
+            monitor.updates.head_update(stats, h, loss, grads, var_lists[h], optimizers[h])
+        return stats.outputs()
 
-        monitor.monitored(tf.constant(0, tf.int64), update)
-
-    step(x, y)
+    monitor.write_stats(1, step(x, y))  # written after the step, at its number of updates
     monitor.close()
     written = (tags.parse(t) for t in read_events(os.path.join(log_dir, "train")))
     return {(t.kind, t.heads, t.address) for t in written if t is not None and t.address is not None}

@@ -1,0 +1,155 @@
+"""The statistics a monitored step returns: measured in the graph, written after the step.
+
+A monitored step body measures into one `StepStats`: `record(tag, value, present)` for a
+scalar or histogram it returns, `keep(key, value, present)` for a value only later
+measurements read (a head's trunk gradient, for the cosines of the heads updated after
+it). Each entry is a value with a flag, `present`: whether the step measured it (a head
+that did not update, a piece that was not due this step, is not present).
+
+A value measured inside a `tf.cond` or `tf.switch_case` branch (a head with `every > 1`,
+the non-finite guard, the aggregation's choice of heads) leaves the branch as one of its
+outputs: the step's conditionals that hold measurements are taken through `cond` and
+`switch_case` here, which return, beside the branches' own outputs, every entry a branch
+recorded (absent in the branches that did not record it). So nothing is written inside
+the step: the step returns `outputs()`, and the monitor writes the present entries at the
+step's number of updates (`Monitor.write_stats`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence, TypeVar
+
+import tensorflow as tf
+
+from multihead import _keras_internals as internals
+
+T = TypeVar("T")
+_Entry = tuple[tf.Tensor, tf.Tensor]  # (value, present)
+
+
+class StatsOutput(NamedTuple):
+    """What a monitored step returns to be written: tag -> (value, present), scalars (float32)
+    and histograms (TensorBoard's `[bins, 3]` rows)."""
+
+    scalars: dict[str, _Entry]
+    histograms: dict[str, _Entry]
+
+
+class StepStats:
+    """The measurements of one monitored step body, traced once per trace of the body.
+
+    Args:
+        done: the number of updates after the step, the step its statistics are written at
+            (for the cadence's gates).
+        scalars_due: whether the step's scalars are due (a bool scalar tensor).
+        functional: keep the conditionals of `gated` functional (`If` ops called, not
+            lowered to Switch/Merge): the pieces not due cost one op call, not a visit of
+            each of their nodes. False under a `tf.distribute` strategy, where an unlowered
+            `If` reading mirrored variables cannot be placed.
+    """
+
+    def __init__(self, done: tf.Tensor, scalars_due: tf.Tensor, functional: bool = True) -> None:
+        self.done = done
+        self.scalars_due = scalars_due
+        self._functional = functional
+        self._entries: dict[Hashable, _Entry] = {}
+        self._kinds: dict[str, str] = {}  # tag -> "scalar" | "histogram"
+
+    # -- recording ------------------------------------------------------------------------
+
+    def record(self, tag: str, value: Any, present: Any = True, histogram: bool = False) -> None:
+        """Returns `value` under `tag` (a scalar, or TensorBoard histogram rows), written when
+        `present`."""
+        self._kinds[tag] = "histogram" if histogram else "scalar"
+        value = tf.convert_to_tensor(value)
+        self._entries[tag] = (value if histogram else tf.cast(value, tf.float32),
+                              tf.convert_to_tensor(present, tf.bool))
+
+    def keep(self, key: tuple[Any, ...], value: Any, present: Any = True) -> None:
+        """Holds `value` for later measurements of the step (`get`), not written."""
+        self._entries[key] = (tf.convert_to_tensor(value), tf.convert_to_tensor(present, tf.bool))
+
+    def get(self, key: Hashable) -> _Entry | None:
+        """`(value, present)` recorded or kept under `key` so far in the step, or None."""
+        return self._entries.get(key)
+
+    # -- conditionals that hold measurements ---------------------------------------------
+
+    def cond(self, pred: Any, true_fn: Callable[[], T], false_fn: Callable[[], T]) -> T:
+        """`tf.cond(pred, true_fn, false_fn)`, the entries either branch records taken out."""
+        return self._branched(lambda fns: tf.cond(pred, *fns), (true_fn, false_fn))
+
+    def switch_case(self, index: Any, branches: Sequence[Callable[[], T]]) -> T:
+        """`tf.switch_case(index, branches)`, the entries the branches record taken out.
+        Every branch records the same entries, or none."""
+        return self._branched(lambda fns: tf.switch_case(index, list(fns)), tuple(branches))
+
+    def gated(self, due: Any, measure: Callable[[], None]) -> None:
+        """`measure()` (it records) only when `due`, as a conditional kept functional."""
+        graph = tf.compat.v1.get_default_graph()
+        start = len(graph.get_operations())
+        self.cond(due, measure, lambda: None)
+        if self._functional:
+            for op in graph.get_operations()[start:]:
+                if op.type in ("If", "StatelessIf"):
+                    internals.keep_cond_functional(op)
+
+    def _branched(self, call: Callable[[Sequence[Callable[[], Any]]], Any],
+                  branches: Sequence[Callable[[], T]]) -> T:
+        """`call(branches)` with each branch returning, beside its own output, the entries
+        the first branch traced recorded (TensorFlow traces a conditional's branches in
+        order); an entry a branch did not record is its value before the conditional, or
+        absent (zeros, not present)."""
+        before = dict(self._entries)
+        recorded: list[Hashable] = []
+        first: dict[Hashable, _Entry] = {}
+
+        def wrapped(fn: Callable[[], T], index: int) -> Callable[[], tuple[T, list[_Entry]]]:
+            def branch() -> tuple[T, list[_Entry]]:
+                self._entries = dict(before)
+                out = fn()
+                changed = [k for k, e in self._entries.items() if before.get(k) is not e]
+                if index == 0:
+                    recorded.extend(changed)
+                    first.update((k, self._entries[k]) for k in changed)
+                elif set(changed) - set(recorded):
+                    raise RuntimeError(f"a branch recorded {sorted(map(str, set(changed) - set(recorded)))} "
+                                       "that the first branch did not: record the same entries in "
+                                       "every branch")
+                entries = [self._entries.get(k) or _absent(first[k]) for k in recorded]
+                return out, entries
+
+            return branch
+
+        out, entries = call([wrapped(fn, i) for i, fn in enumerate(branches)])
+        self._entries = before
+        self._entries.update(zip(recorded, (tuple(e) for e in entries)))
+        return out
+
+    # -- the step's output ----------------------------------------------------------------
+
+    def outputs(self) -> StatsOutput:
+        """Tag -> (value, present) of every scalar and histogram recorded."""
+        scalars, histograms = {}, {}
+        for tag, kind in self._kinds.items():
+            (histograms if kind == "histogram" else scalars)[tag] = self._entries[tag]
+        return StatsOutput(scalars, histograms)
+
+
+def cond(stats: StepStats | None, pred: Any, true_fn: Callable[[], T],
+         false_fn: Callable[[], T]) -> T:
+    """`tf.cond(pred, true_fn, false_fn)`, through `stats` (`StepStats.cond`) in a step that
+    measures."""
+    if stats is None:
+        return tf.cond(pred, true_fn, false_fn)
+    return stats.cond(pred, true_fn, false_fn)
+
+
+def _absent(entry: _Entry) -> _Entry:
+    value, _ = entry
+    return tf.zeros_like(value), tf.constant(False)
+
+
+def present_entries(entries: Mapping[str, _Entry]) -> dict[str, Any]:
+    """Tag -> value of the entries a step measured (eager outputs)."""
+    return {tag: value for tag, (value, present) in entries.items() if bool(present)}
