@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # annotation only
 
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
+_MAX_STATS_WRITERS = 32  # sets of tags written whose writer is kept (a few in a run: every, heads' every)
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -187,6 +188,7 @@ class Monitor:
         self._eval_writer: tf.summary.SummaryWriter | None = None
         #: The per-head update statistics, created by `bind`.
         self._updates: HeadUpdateStats | None = None
+        self._stats_writers: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
 
     # -- set-up (eager) ------------------------------------------------------------------
 
@@ -330,12 +332,30 @@ class Monitor:
 
     def write_stats(self, step: int, stats: StatsOutput) -> None:
         """Writes what a monitored step measured (`StepStats.outputs()`, eager values) at
-        `step`, its number of updates done: each present entry, scalars then histograms."""
-        with self._train_writer.as_default(step=step):
-            for tag, value in present_entries(stats.scalars).items():
-                tf.summary.write(tag, value, metadata=_SCALAR_METADATA)
-            for tag, value in present_entries(stats.histograms).items():
-                tf.summary.write(tag, value, metadata=_HISTOGRAM_METADATA)
+        `step`, its number of updates done: each present entry, in one compiled call per set
+        of tags (an eager write costs ~50 us a tag)."""
+        scalars, histograms = present_entries(stats.scalars), present_entries(stats.histograms)
+        key = (tuple(scalars), tuple(histograms))
+        write = self._stats_writers.get(key)
+        if write is None:
+            write = self._stats_writer(*key)
+            if len(self._stats_writers) < _MAX_STATS_WRITERS:
+                self._stats_writers[key] = write
+        write(tf.constant(step, tf.int64), list(scalars.values()), list(histograms.values()))
+
+    def _stats_writer(self, scalar_tags: tuple[str, ...], histogram_tags: tuple[str, ...],
+                      ) -> Callable[[tf.Tensor, list[tf.Tensor], list[tf.Tensor]], None]:
+        """A compiled function that writes these tags' values at a step."""
+        writer = self._step_writer
+
+        def write(step: tf.Tensor, scalars: list[tf.Tensor], histograms: list[tf.Tensor]) -> None:
+            with writer.as_default(step=step):
+                for tag, value in zip(scalar_tags, scalars):
+                    tf.summary.write(tag, value, metadata=_SCALAR_METADATA)
+                for tag, value in zip(histogram_tags, histograms):
+                    tf.summary.write(tag, value, metadata=_HISTOGRAM_METADATA)
+
+        return tf.function(write, autograph=False)
 
     # -- eager ---------------------------------------------------------------------------
 

@@ -151,5 +151,8 @@ def _absent(entry: _Entry) -> _Entry:
 
 
 def present_entries(entries: Mapping[str, _Entry]) -> dict[str, Any]:
-    """Tag -> value of the entries a step measured (eager outputs)."""
-    return {tag: value for tag, (value, present) in entries.items() if bool(present)}
+    """Tag -> value of the entries a step measured (eager outputs; the flags read at once)."""
+    if not entries:
+        return {}
+    flags = tf.stack([present for _, present in entries.values()]).numpy()
+    return {tag: value for (tag, (value, _)), flag in zip(entries.items(), flags) if flag}
