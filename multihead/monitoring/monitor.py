@@ -334,26 +334,27 @@ class Monitor:
         """Writes what a monitored step measured (`StepStats.outputs()`, eager values) at
         `step`, its number of updates done: each present entry, in one compiled call per set
         of tags (an eager write costs ~50 us a tag)."""
-        scalars, histograms = present_entries(stats.scalars), present_entries(stats.histograms)
-        key = (tuple(scalars), tuple(histograms))
+        scalars, histograms = present_entries(stats)
+        key = (tuple(scalars.items()), tuple(histograms.items()))
         write = self._stats_writers.get(key)
         if write is None:
-            write = self._stats_writer(*key)
+            write = self._stats_writer(scalars, histograms)
             if len(self._stats_writers) < _MAX_STATS_WRITERS:
                 self._stats_writers[key] = write
-        write(tf.constant(step, tf.int64), list(scalars.values()), list(histograms.values()))
+        write(tf.constant(step, tf.int64), stats.scalars, stats.histograms)
 
-    def _stats_writer(self, scalar_tags: tuple[str, ...], histogram_tags: tuple[str, ...],
-                      ) -> Callable[[tf.Tensor, list[tf.Tensor], list[tf.Tensor]], None]:
-        """A compiled function that writes these tags' values at a step."""
+    def _stats_writer(self, scalars: Mapping[int, str], histograms: Mapping[int, str],
+                      ) -> Callable[[tf.Tensor, tf.Tensor, tf.Tensor], None]:
+        """A compiled function that writes the scalars and histograms at these positions
+        (position -> tag) at a step."""
         writer = self._step_writer
 
-        def write(step: tf.Tensor, scalars: list[tf.Tensor], histograms: list[tf.Tensor]) -> None:
+        def write(step: tf.Tensor, scalar_values: tf.Tensor, histogram_values: tf.Tensor) -> None:
             with writer.as_default(step=step):
-                for tag, value in zip(scalar_tags, scalars):
-                    tf.summary.write(tag, value, metadata=_SCALAR_METADATA)
-                for tag, value in zip(histogram_tags, histograms):
-                    tf.summary.write(tag, value, metadata=_HISTOGRAM_METADATA)
+                for i, tag in scalars.items():
+                    tf.summary.write(tag, scalar_values[i], metadata=_SCALAR_METADATA)
+                for i, tag in histograms.items():
+                    tf.summary.write(tag, histogram_values[i], metadata=_HISTOGRAM_METADATA)
 
         return tf.function(write, autograph=False)
 

@@ -17,22 +17,29 @@ step's number of updates (`Monitor.write_stats`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Hashable, NamedTuple, Sequence, TypeVar
 
+import numpy as np
 import tensorflow as tf
 
 from multihead import _keras_internals as internals
+from multihead.monitoring.gradient_stats import HISTOGRAM_BINS
 
 T = TypeVar("T")
 _Entry = tuple[tf.Tensor, tf.Tensor]  # (value, present)
 
 
 class StatsOutput(NamedTuple):
-    """What a monitored step returns to be written: tag -> (value, present), scalars (float32)
-    and histograms (TensorBoard's `[bins, 3]` rows)."""
+    """What a monitored step returns to be written, packed in six tensors (a call's outputs
+    cost per tensor): the tags, values and flags of its scalars (float32) and histograms
+    (TensorBoard's `[bins, 3]` rows)."""
 
-    scalars: dict[str, _Entry]
-    histograms: dict[str, _Entry]
+    scalar_tags: tf.Tensor
+    scalars: tf.Tensor
+    scalars_present: tf.Tensor
+    histogram_tags: tf.Tensor
+    histograms: tf.Tensor
+    histograms_present: tf.Tensor
 
 
 class StepStats:
@@ -129,11 +136,16 @@ class StepStats:
     # -- the step's output ----------------------------------------------------------------
 
     def outputs(self) -> StatsOutput:
-        """Tag -> (value, present) of every scalar and histogram recorded."""
-        scalars, histograms = {}, {}
-        for tag, kind in self._kinds.items():
-            (histograms if kind == "histogram" else scalars)[tag] = self._entries[tag]
-        return StatsOutput(scalars, histograms)
+        """Every scalar and histogram recorded, with its tag and whether it is present."""
+        packed = []
+        for kind, empty in (("scalar", [0]), ("histogram", [0, HISTOGRAM_BINS, 3])):
+            tags = [tag for tag, k in self._kinds.items() if k == kind]
+            entries = [self._entries[tag] for tag in tags]
+            packed += [tf.constant(tags, tf.string, shape=[len(tags)]),
+                       tf.stack([v for v, _ in entries]) if entries
+                       else tf.zeros(empty, tf.float32 if kind == "scalar" else tf.float64),
+                       tf.stack([p for _, p in entries]) if entries else tf.zeros([0], tf.bool)]
+        return StatsOutput(*packed)
 
 
 def cond(stats: StepStats | None, pred: Any, true_fn: Callable[[], T],
@@ -150,9 +162,11 @@ def _absent(entry: _Entry) -> _Entry:
     return tf.zeros_like(value), tf.constant(False)
 
 
-def present_entries(entries: Mapping[str, _Entry]) -> dict[str, Any]:
-    """Tag -> value of the entries a step measured (eager outputs; the flags read at once)."""
-    if not entries:
-        return {}
-    flags = tf.stack([present for _, present in entries.values()]).numpy()
-    return {tag: value for (tag, (value, _)), flag in zip(entries.items(), flags) if flag}
+def present_entries(stats: StatsOutput) -> tuple[dict[int, str], dict[int, str]]:
+    """Position -> tag of the scalars and of the histograms a step measured (eager outputs)."""
+    def present(tags: tf.Tensor, flags: tf.Tensor) -> dict[int, str]:
+        names = tags.numpy()
+        return {int(i): names[i].decode() for i in np.flatnonzero(flags.numpy())}
+
+    return (present(stats.scalar_tags, stats.scalars_present),
+            present(stats.histogram_tags, stats.histograms_present))
