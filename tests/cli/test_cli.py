@@ -11,11 +11,13 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
 SMALL = ["--set", "data.train_size=2000", "--set", "data.eval_size=500", "--set", "train.steps=30",
          "--set", "model.trunk.mlp.units=[16]"]
+SMALL_SETS = SMALL[1::2]  # the same overrides, for run_experiment
 
 
 def test_help_lists_the_commands():
@@ -103,9 +105,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, ov
 def test_train_epochs_runs_ceil_rows_over_batch_steps_each_and_shows_the_epoch(tmp_path, capsys):
     run_dir = tmp_path / "run"
     # 300 rows, batch 128: ceil(300 / 128) = 3 steps an epoch, 6 for 2 epochs.
-    assert main(["train", QUICKSTART, "--run-dir", str(run_dir), "--set", "data.train_size=300",
-                 "--set", "data.eval_size=100", "--set", "model.trunk.mlp.units=[16]",
-                 "--set", "train.steps=null", "--set", "train.epochs=2"]) == 0
+    assert run_experiment(QUICKSTART, run_dir=str(run_dir), overrides=[
+        "data.train_size=300", "data.eval_size=100", "model.trunk.mlp.units=[16]",
+        "train.steps=null", "train.epochs=2"]).exit_code == 0
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 6
     assert "epoch 2/2  step 6/6" in capsys.readouterr().err
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
@@ -125,7 +127,8 @@ def test_missing_config_file_and_non_empty_run_dir(tmp_path, capsys):
 def test_seeded_runs_are_reproducible(tmp_path):
     finals = []
     for name in ["a", "b"]:
-        assert main(["train", QUICKSTART, "--run-dir", str(tmp_path / name), "--quiet"] + SMALL) == 0
+        assert run_experiment(QUICKSTART, run_dir=str(tmp_path / name), overrides=SMALL_SETS,
+                              quiet=True).exit_code == 0
         finals.append(json.loads((tmp_path / name / "metrics.json").read_text())["eval"])
     assert finals[0] == finals[1]
     assert np.isfinite(finals[0]["y1"]["loss"])
@@ -136,7 +139,7 @@ def test_config_trunk_aggregation_reaches_the_trainer(tmp_path):
 
     config = os.path.join(ROOT, "experiments", "aggregation_pcgrad.yaml")
     run_dir = tmp_path / "run"
-    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"] + SMALL) == 0
+    assert run_experiment(config, run_dir=str(run_dir), overrides=SMALL_SETS, quiet=True).exit_code == 0
     events = EventAccumulator(str(run_dir / "train"))
     events.Reload()
     tags = events.Tags()["tensors"]
@@ -146,9 +149,8 @@ def test_config_trunk_aggregation_reaches_the_trainer(tmp_path):
 
 def test_xla_run_without_tensorboard(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["train", QUICKSTART, "--run-dir", str(run_dir), "--quiet", "--set", "train.jit_compile=true",
-            "--set", "log.tensorboard=false"] + SMALL
-    assert main(args) == 0
+    overrides = ["train.jit_compile=true", "log.tensorboard=false", *SMALL_SETS]
+    assert run_experiment(QUICKSTART, run_dir=str(run_dir), overrides=overrides, quiet=True).exit_code == 0
     assert (run_dir / "metrics.json").exists() and not (run_dir / "train").exists()
 
 

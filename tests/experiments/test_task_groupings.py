@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.datasets.multitask import _task_weights
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.monitoring.report import read_scalars
@@ -82,7 +83,7 @@ def _sweep(*args, timeout=900):
 def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
     config = _write(tmp_path, TINY)
     run = tmp_path / "run"
-    assert main(["train", config, "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     # metrics.json: the mean of each logged affinity/<i>/<j> over the run
     logged = read_scalars(str(run / "train"))
     metrics = json.loads((run / "metrics.json").read_text())
@@ -121,7 +122,7 @@ def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
 def test_only_head_takes_a_set_of_heads(tmp_path):
     config = _write(tmp_path, _with(log={"affinity_every": 0}))
     run = tmp_path / "ab"
-    assert main(["train", config, "--only-head", "a,b", "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), only_head="a,b", quiet=True).exit_code == 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert list(saved["model"]["heads"]) == ["a", "b"] and saved["train"]["only_heads"] == ["a", "b"]
     assert saved["data"]["tasks"] == list(HEADS)  # the task list decides the generated data
@@ -129,7 +130,7 @@ def test_only_head_takes_a_set_of_heads(tmp_path):
 
 def test_report_groups_without_affinities_exits_2(tmp_path, capsys):
     config = _write(tmp_path, _with(log={"affinity_every": 0}))
-    assert main(["train", config, "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     capsys.readouterr()
     assert main(["report", str(tmp_path / "run"), "--groups", "2"]) == 2
     err = capsys.readouterr().err.strip()
