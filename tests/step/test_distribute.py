@@ -59,6 +59,7 @@ cases = {"simultaneous/per_head/every1": ("simultaneous", "per_head", 1),
          # state in variables + a generator; K x D buffers, one per trunk variable
          "simultaneous/gradvac": ("simultaneous", {"optimizer": "adam", "aggregator": "gradvac"}, 1),
          "simultaneous/moco": ("simultaneous", {"optimizer": "adam", "aggregator": "moco"}, 1)}
+cases = {key: case for key, case in cases.items() if CASES is None or key in CASES}
 result["fit"], result["updates"] = {}, {}
 for key, (schedule, trunk, every_b) in cases.items():
     runs = []
@@ -171,23 +172,40 @@ def _run(args, env=None, timeout=480):
     return proc.returncode, output
 
 
+#: The fit cases of the default suite: every schedule and `every`, an aggregated trunk with a
+#: stateless method (MGDA) and one with state in variables and a generator (GradVac). The
+#: other aggregators (sum, PCGrad, MoCo) take the same mirrored path; they run with -m slow.
+DEFAULT_CASES = ["simultaneous/per_head/every1", "simultaneous/per_head/every2",
+                 "sequential/per_head/every3", "simultaneous/mgda", "simultaneous/gradvac"]
+ALL_CASES = DEFAULT_CASES + ["simultaneous/sum", "simultaneous/pcgrad", "simultaneous/moco"]
+
+
 @pytest.fixture(scope="module")
 def mirrored(tmp_path_factory):
-    return run_mirrored(_MIRRORED, tmp_path_factory.mktemp("mirrored"), timeout=480)
+    return run_mirrored(f"CASES = {DEFAULT_CASES!r}\n" + _MIRRORED,
+                        tmp_path_factory.mktemp("mirrored"), timeout=480)
 
 
-def test_mirrored_training_equals_single_device_for_every_schedule_and_trunk_policy(mirrored):
+def _fit_cases_equal_single_device(mirrored, cases):
     assert mirrored["replicas"] == 2
-    assert set(mirrored["fit"]) == {"simultaneous/per_head/every1", "simultaneous/per_head/every2",
-                                    "sequential/per_head/every3", "simultaneous/mgda",
-                                    "simultaneous/sum", "simultaneous/pcgrad",
-                                    "simultaneous/gradvac", "simultaneous/moco"}
+    assert sorted(mirrored["fit"]) == sorted(cases)
     for case, gap in mirrored["fit"].items():
         assert gap < 1e-5, (case, gap)
     # 8 steps: every=2 updates at 0,2,4,6; every=3 at 0,3,6 -- under both runs
     assert mirrored["updates"]["simultaneous/per_head/every2"] == [4, 4]
     assert mirrored["updates"]["sequential/per_head/every3"] == [3, 3]
     assert mirrored["updates"]["simultaneous/per_head/every1"] == [8, 8]
+
+
+def test_mirrored_training_equals_single_device_for_every_schedule_and_trunk_policy(mirrored):
+    _fit_cases_equal_single_device(mirrored, DEFAULT_CASES)
+
+
+@pytest.mark.slow
+def test_mirrored_training_equals_single_device_for_every_aggregator(tmp_path):
+    """The default suite's test above, with every aggregator of its cases list."""
+    full = run_mirrored("CASES = None\n" + _MIRRORED, tmp_path, timeout=900)
+    _fit_cases_equal_single_device(full, ALL_CASES)
 
 
 def test_single_device_trainer_beside_mirrored_ones_is_unaffected(mirrored):
