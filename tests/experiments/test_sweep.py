@@ -225,6 +225,28 @@ def test_resume_after_sigkill_runs_what_is_missing_and_ends_as_an_uninterrupted_
     assert final == json.loads((tmp_path / "whole" / "sweep.json").read_text())
 
 
+def test_only_head_sweep_runs_the_config_of_train_only_head(tmp_path, capsys):
+    """The short version of the slow test below: a bad head exits 2 before anything is
+    written, and the base config every trial trains (the sweep's config.yaml) is the config
+    `train --only-head` trains; a trial trains its config as `train` does
+    (`test_two_parallel_trials_one_failing_fast`)."""
+    from multihead.cli.sweep import _only_head
+    from multihead.experiments.config.schema import to_dict
+    from multihead.experiments.run.experiment import load_experiment
+    from multihead.experiments.sweep.sweep import load_base
+
+    config = _write(tmp_path, TINY)
+    assert main(["sweep", config, "--only-head", "y3", "--grid", "seed=0,1",
+                 "--sweep-dir", str(tmp_path / "bad")]) == 2
+    assert "--only-head 'y3': the model has no head 'y3'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    base, _ = load_base(config, ["seed=3"])
+    swept = _only_head(config, base, "y2", ())
+    assert list(swept["model"]["heads"]) == ["y2"]
+    assert swept == to_dict(load_experiment(config, ["seed=3"], only_head="y2"))
+
+
+@pytest.mark.slow
 def test_only_head_sweep_trains_the_head_alone_as_train_only_head(tmp_path, capsys):
     config = _write(tmp_path, TINY)
     assert main(["sweep", config, "--only-head", "y3", "--grid", "seed=0,1",
@@ -240,6 +262,25 @@ def test_only_head_sweep_trains_the_head_alone_as_train_only_head(tmp_path, caps
     assert _results(tmp_path / "sw" / "trials" / "t000") == _results(tmp_path / "alone")  # bitwise
 
 
+def test_simplex_makes_one_trial_per_preference_on_the_heads_weights(tmp_path, capsys):
+    """The short version of the slow test below: `--simplex 3` over two heads is a zip axis
+    of the weights (1, 0), (0.5, 0.5), (0, 1) on model.heads.<h>.weight; `--simplex 1` exits 2
+    with nothing written."""
+    from multihead.cli.sweep import _simplex_axes
+    from multihead.experiments.config.sweep_section import sweep_spec
+
+    config = _write(tmp_path, TINY)
+    assert main(["sweep", config, "--simplex", "1", "--sweep-dir", str(tmp_path / "bad")]) == 2
+    assert "--simplex 1: simplex: expected an integer >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    spec = sweep_spec({})
+    _simplex_axes(spec, ["y1", "y2"], 3)
+    trials = trial_overrides(spec)
+    assert [(t["model.heads.y1.weight"], t["model.heads.y2.weight"]) for t in trials] == \
+        [(1.0, 0.0), (0.5, 0.5), (0.0, 1.0)]
+
+
+@pytest.mark.slow
 def test_simplex_sweep_trains_one_trial_per_preference_and_compare_reads_the_front(tmp_path, capsys):
     """`--simplex 3` over two heads: three trials with weights (1, 0), (0.5, 0.5), (0, 1) on
     model.heads.<h>.weight, each equal to `train --set` of those weights; `compare --pareto`
