@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 from test_cli import TINY
 
@@ -70,7 +71,15 @@ def test_validate_imports_tensorflow_only_to_build(tmp_path):
     assert json.loads(out.stdout) == [[argvs[0], 0, False], [argvs[1], 0, True]]
 
 
-def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path):
+#: The commands of the default suite's run of the test below: the run, a command that reads
+#: it without TensorFlow (report) and one that imports TensorFlow to read it (predict), and
+#: a sweep (its own process and its trials'); every command with -m slow.
+QUIET_DEFAULT = ["train", "report", "predict", "sweep"]
+
+
+@pytest.mark.parametrize("commands", [QUIET_DEFAULT, pytest.param(COMMANDS, marks=pytest.mark.slow)],
+                         ids=["default", "every"])
+def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path, commands):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY))
     run = tmp_path / "run"
@@ -86,7 +95,7 @@ def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path
         ["sweep", str(config), "--grid", "seed=0", "--sweep-dir", str(tmp_path / "sweep"), "--quiet"],
     ]
     assert sorted(c[0] for c in calls) == sorted(COMMANDS)
-    for argv in calls:
+    for argv in [c for c in calls if c[0] in commands]:
         out = _multihead(*argv, cwd=tmp_path)
         assert out.returncode == 0, (argv, out.stderr)
         found = CHATTER.findall(out.stdout + out.stderr)
