@@ -4,6 +4,7 @@ file trained through `multihead sweep`, one run per group on the run's own data.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -14,10 +15,11 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
-from multihead.experiments.run.experiment import run_experiment
+from multihead.experiments.run.experiment import load_experiment, run_experiment
 from multihead.datasets.multitask import _task_weights
-from multihead.experiments.config.schema import ConfigError, from_dict
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict
 from multihead.monitoring.report import read_scalars
+from multihead.experiments.sweep.sweep import load_base, trial_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADS = ("a", "b", "c")
@@ -80,7 +82,12 @@ def _sweep(*args, timeout=900):
                           text=True, timeout=timeout, env=env)
 
 
-def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
+@pytest.mark.parametrize("trained", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["written", "swept"])
+def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys, trained):
+    """By default the written sweep's trials are read back as `multihead sweep` reads them;
+    with -m slow they are also trained through `multihead sweep` (a sweep process and a
+    trial process per group)."""
     config = _write(tmp_path, TINY)
     run = tmp_path / "run"
     assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
@@ -106,6 +113,15 @@ def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
     written = yaml.safe_load(groups.read_text())
     assert written["sweep"] == {"grid": {"train.only_heads": proposed}}
     assert written["log"]["affinity_every"] == 0 and written["train"]["only_heads"] is None
+    base, spec = load_base(str(groups), [])
+    assert trial_overrides(spec) == [{"train.only_heads": g} for g in proposed]
+    for group in proposed:  # each trial's config, as `train` loads it: the group alone
+        raw = copy.deepcopy(base)
+        apply_override(raw, f"train.only_heads={json.dumps(group)}")
+        trial = _write(tmp_path, raw, name="trial.yaml")
+        assert list(load_experiment(trial).model.heads) == group
+    if not trained:
+        return
 
     done = _sweep(str(groups), "--sweep-dir", str(tmp_path / "sweep"), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
