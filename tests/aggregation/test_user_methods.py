@@ -99,13 +99,13 @@ def _state_keys(prefix):
 
 
 def test_user_methods_train_through_a_config(tmp_path):
-    from multihead.cli.main import main
+    from multihead.experiments.run.experiment import run_experiment
 
     docs_methods()   # registers the classes, as a user's import would
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG.replace("STEPS", "30"))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     text = (run / "metrics.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     keys = _state_keys(tf.train.latest_checkpoint(str(run / "checkpoints")))

@@ -11,11 +11,23 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
 SMALL = ["--set", "data.train_size=2000", "--set", "data.eval_size=500", "--set", "train.steps=30",
          "--set", "model.trunk.mlp.units=[16]"]
+SMALL_SETS = SMALL[1::2]  # the same overrides, for run_experiment
+TINY = {
+    "seed": 0,
+    "data": {"kind": "mmoe", "train_size": 64, "eval_size": 32, "input_dim": 6},
+    "model": {
+        "trunk": {"mlp": {"units": [4]}},
+        "heads": {h: {"layers": {"class_name": "Dense", "config": {"units": 1}}} for h in ("y1", "y2")},
+    },
+    "train": {"steps": 4, "batch_size": 32, "eval_every": 2},
+    "log": {"every": 2, "histograms_every": 0},
+}
 
 
 def test_help_lists_the_commands():
@@ -103,9 +115,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, ov
 def test_train_epochs_runs_ceil_rows_over_batch_steps_each_and_shows_the_epoch(tmp_path, capsys):
     run_dir = tmp_path / "run"
     # 300 rows, batch 128: ceil(300 / 128) = 3 steps an epoch, 6 for 2 epochs.
-    assert main(["train", QUICKSTART, "--run-dir", str(run_dir), "--set", "data.train_size=300",
-                 "--set", "data.eval_size=100", "--set", "model.trunk.mlp.units=[16]",
-                 "--set", "train.steps=null", "--set", "train.epochs=2"]) == 0
+    assert run_experiment(QUICKSTART, run_dir=str(run_dir), overrides=[
+        "data.train_size=300", "data.eval_size=100", "model.trunk.mlp.units=[16]",
+        "train.steps=null", "train.epochs=2"]).exit_code == 0
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 6
     assert "epoch 2/2  step 6/6" in capsys.readouterr().err
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
@@ -125,7 +137,8 @@ def test_missing_config_file_and_non_empty_run_dir(tmp_path, capsys):
 def test_seeded_runs_are_reproducible(tmp_path):
     finals = []
     for name in ["a", "b"]:
-        assert main(["train", QUICKSTART, "--run-dir", str(tmp_path / name), "--quiet"] + SMALL) == 0
+        assert run_experiment(QUICKSTART, run_dir=str(tmp_path / name), overrides=SMALL_SETS,
+                              quiet=True).exit_code == 0
         finals.append(json.loads((tmp_path / name / "metrics.json").read_text())["eval"])
     assert finals[0] == finals[1]
     assert np.isfinite(finals[0]["y1"]["loss"])
@@ -136,7 +149,7 @@ def test_config_trunk_aggregation_reaches_the_trainer(tmp_path):
 
     config = os.path.join(ROOT, "experiments", "aggregation_pcgrad.yaml")
     run_dir = tmp_path / "run"
-    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"] + SMALL) == 0
+    assert run_experiment(config, run_dir=str(run_dir), overrides=SMALL_SETS, quiet=True).exit_code == 0
     events = EventAccumulator(str(run_dir / "train"))
     events.Reload()
     tags = events.Tags()["tensors"]
@@ -146,128 +159,6 @@ def test_config_trunk_aggregation_reaches_the_trainer(tmp_path):
 
 def test_xla_run_without_tensorboard(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["train", QUICKSTART, "--run-dir", str(run_dir), "--quiet", "--set", "train.jit_compile=true",
-            "--set", "log.tensorboard=false"] + SMALL
-    assert main(args) == 0
+    overrides = ["train.jit_compile=true", "log.tensorboard=false", *SMALL_SETS]
+    assert run_experiment(QUICKSTART, run_dir=str(run_dir), overrides=overrides, quiet=True).exit_code == 0
     assert (run_dir / "metrics.json").exists() and not (run_dir / "train").exists()
-
-
-# -- a CLI that answers at once and quietly ----------------------------------------------
-
-COMMANDS = ["train", "validate", "export", "predict", "report", "sweep", "compare"]
-# TensorFlow's start-up and C++ log lines: absl's pre-init warning, glog-style `I0000 ...`,
-# CUDA probing, cpu-feature and oneDNN notices.
-CHATTER = re.compile(r"absl|InitializeLog|cuInit|cudart|cuda drivers|cpu_feature_guard|oneDNN|"
-                     r"rebuild TensorFlow|^[IWEF]\d{4} \d\d:\d\d:\d\d", re.IGNORECASE | re.MULTILINE)
-TINY = {
-    "seed": 0,
-    "data": {"kind": "mmoe", "train_size": 64, "eval_size": 32, "input_dim": 6},
-    "model": {
-        "trunk": {"mlp": {"units": [4]}},
-        "heads": {h: {"layers": {"class_name": "Dense", "config": {"units": 1}}} for h in ("y1", "y2")},
-    },
-    "train": {"steps": 4, "batch_size": 32, "eval_every": 2},
-    "log": {"every": 2, "histograms_every": 0},
-}
-_PROBE = """
-import contextlib, io, json, runpy, sys
-seen = []
-for argv in json.loads(sys.argv[1]):
-    sys.argv = ["multihead", *argv]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        try:
-            runpy.run_module("multihead", run_name="__main__", alter_sys=True)
-        except SystemExit as stop:
-            code = stop.code
-    seen.append([argv, code, "tensorflow" in sys.modules])
-print(json.dumps(seen))
-"""
-
-
-def _multihead(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command's own default, not the test runner's
-    return subprocess.run([sys.executable, "-m", "multihead", *args], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=cwd)
-
-
-def test_help_and_argument_errors_import_no_tensorflow():
-    # `python -m multihead ...` in one process, in order; after each, is TensorFlow loaded?
-    argvs = [["--help"], *[[c, "--help"] for c in COMMANDS], ["train"], ["no-such-command"],
-             ["predict", "RUN", "--batch-size", "many"], ["validate", "--help"]]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs)], capture_output=True,
-                         text=True, timeout=120, env=env, check=True)
-    seen = json.loads(out.stdout)
-    assert [code for _, code, _ in seen] == [0] * 8 + [2, 2, 2, 0]  # help exits 0, usage errors 2
-    assert [argv for argv, _, tf_loaded in seen if tf_loaded] == []
-
-
-def test_validate_imports_tensorflow_only_to_build(tmp_path):
-    # The same probe: `validate` checks the config without TensorFlow; `validate --build`,
-    # which builds the model, has it loaded after (so the probe does see an import).
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(TINY))
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    argvs = [["validate", str(config)], ["validate", str(config), "--build"]]
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs)],
-                         capture_output=True, text=True, timeout=300, env=env, check=True)
-    assert json.loads(out.stdout) == [[argvs[0], 0, False], [argvs[1], 0, True]]
-
-
-def test_every_command_is_quiet_by_default_and_verbose_shows_tensorflow(tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(TINY))
-    run = tmp_path / "run"
-    x = np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32)
-    np.savez(tmp_path / "inputs.npz", x=x)
-    calls = [
-        ["train", str(config), "--run-dir", str(run)],
-        ["validate", str(config), "--build"],
-        ["report", str(run)],
-        ["compare", str(run)],
-        ["export", str(run), str(tmp_path / "saved")],
-        ["predict", str(run), "--data", str(tmp_path / "inputs.npz"), "--out", str(tmp_path / "p.npz")],
-        ["sweep", str(config), "--grid", "seed=0", "--sweep-dir", str(tmp_path / "sweep"), "--quiet"],
-    ]
-    assert sorted(c[0] for c in calls) == sorted(COMMANDS)
-    for argv in calls:
-        out = _multihead(*argv, cwd=tmp_path)
-        assert out.returncode == 0, (argv, out.stderr)
-        found = CHATTER.findall(out.stdout + out.stderr)
-        assert not found, (argv[0], found, out.stderr)
-    trial_log = (tmp_path / "sweep" / "logs" / "t000.log").read_text()
-    assert not CHATTER.search(trial_log), trial_log  # the trials run quietly too
-    assert np.load(tmp_path / "p.npz")["y1"].shape == (5, 1)
-    # --verbose shows what the default hides: every such line TensorFlow prints when imported
-    # bare (none on some machines; on a CPU-only one, absl's warning and CUDA probing).
-    bare = subprocess.run([sys.executable, "-c", "import tensorflow as tf; tf.config.list_physical_devices()"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
-    verbose = _multihead("validate", str(config), "--build", "--verbose", cwd=tmp_path)
-    assert verbose.returncode == 0, verbose.stderr
-    assert set(CHATTER.findall(bare.stderr)) <= set(CHATTER.findall(verbose.stderr)), verbose.stderr
-
-
-def test_compare_reads_json_and_imports_no_tensorflow(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump(TINY))
-    final = {"y1": {"loss": 0.5}, "y2": {"loss": 0.25}}
-    (run / "metrics.json").write_text(json.dumps({"steps": 4, "eval": final,
-                                                  "evals": [{"step": 4, "eval": final}]}))
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([["compare", str(run), "--json"]])],
-                         capture_output=True, text=True, timeout=120, env=env, check=True)
-    assert json.loads(out.stdout) == [[["compare", str(run), "--json"], 0, False]]
-
-
-def test_validate_without_build_stays_quiet_when_a_config_rule_imports_tensorflow(tmp_path):
-    # An aggregated trunk's method is checked against the aggregation classes, which import
-    # TensorFlow on the way: its start-up lines are dropped as a --build would drop them.
-    config = tmp_path / "agg.yaml"
-    config.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "trunk": {"aggregator": "mgda"}}}))
-    out = _multihead("validate", str(config), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert not CHATTER.findall(out.stdout + out.stderr), out.stderr
-    assert out.stderr == "" and "were not built" in out.stdout

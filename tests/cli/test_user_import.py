@@ -52,7 +52,12 @@ def test_without_import_the_class_is_not_found_in_one_line(workdir):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_user_module_trains_and_resumes_bitwise_from_the_cli(workdir):
+@pytest.mark.parametrize("bitwise", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["resumes", "bitwise"])
+def test_a_user_module_trains_and_resumes_bitwise_from_the_cli(workdir, bitwise):
+    """The default suite trains and resumes with --import; with -m slow the resumed run is
+    also compared with an uninterrupted one (bitwise in process by default:
+    tests/aggregation/test_user_methods.py::test_user_methods_resume_bitwise_in_process)."""
     assert _cli(workdir, "validate", "exp.yaml", "--import", "mymethods").returncode == 0
     first = _cli(workdir, "train", "exp.yaml", "--import", "mymethods", "--run-dir", "stopped",
                  "--set", "train.steps=10", "--quiet")
@@ -60,6 +65,12 @@ def test_a_user_module_trains_and_resumes_bitwise_from_the_cli(workdir):
     assert first.stderr.strip() == ""   # quiet: no TensorFlow start-up lines
     resumed = _cli(workdir, "train", "exp.yaml", "--import", "mymethods", "--resume", "stopped", "--quiet")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (workdir / "stopped" / "checkpoints" / "ckpt-20.index").exists()
+    bad = _cli(workdir, "validate", "exp.yaml", "--import", "no_such_module")
+    assert bad.returncode == 2 and "--import no_such_module: ModuleNotFoundError" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    if not bitwise:
+        return
     full = _cli(workdir, "train", "exp.yaml", "--import", "mymethods", "--run-dir", "full", "--quiet")
     assert full.returncode == 0, full.stderr[-2000:]
     a, b = _tensors(workdir / "stopped" / "checkpoints" / "ckpt-20"), _tensors(workdir / "full" / "checkpoints" / "ckpt-20")
@@ -67,9 +78,6 @@ def test_a_user_module_trains_and_resumes_bitwise_from_the_cli(workdir):
     assert any("aggregator_state" in k for k in b)
     for key, value in b.items():
         np.testing.assert_array_equal(a[key], value, err_msg=key)
-    bad = _cli(workdir, "validate", "exp.yaml", "--import", "no_such_module")
-    assert bad.returncode == 2 and "--import no_such_module: ModuleNotFoundError" in bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A config of each architecture trains through `multihead train` (tiny sizes, few steps), and
+"""A config of each architecture trains as `multihead train` runs it (tiny sizes, few steps), and
 bad architecture configs fail with the key path."""
 
 import json
@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.monitoring import tags
 from multihead.monitoring.report import read_scalars
 
@@ -18,7 +19,7 @@ TINY = ["--set", "train.steps=4", "--set", "train.eval_every=4", "--set", "train
         "--set", "log.every=2", "--set", "log.histograms_every=0"]
 SMALL_DATA = {"mmoe": ["--set", "data.train_size=64", "--set", "data.eval_size=32"],
               "multidigits": ["--set", "data.options={train_size: 64, eval_size: 32, canvas: 12, shift: 1}"]}
-#: Gate monitoring through the CLI is checked on MMoE (tests/test_architecture_training.py
+#: Gate monitoring of a config run is checked on MMoE (tests/test_architecture_training.py
 #: checks the logged values); the others train without TensorBoard, whose second compiled
 #: step variant doubles a run's time.
 MONITORED = ("mmoe",)
@@ -36,20 +37,20 @@ def test_each_architecture_config_validates_and_builds_its_model(name, capsys):
     assert f"{config}: ok" in capsys.readouterr().out
 
 
-#: A CLI training run per config costs ~5-10 s of CPU each: MMoE (with its gate monitoring) trains
+#: A training run per config costs ~5-10 s of CPU each: MMoE (with its gate monitoring) trains
 #: in the default suite, the other configs with -m slow (each one's model is built by the
 #: validate test above, and each architecture trains in tests/model/test_architectures.py).
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in MONITORED else pytest.mark.slow)
                                   for n in NAMES])
-def test_each_architecture_config_trains_through_the_cli(name, tmp_path):
+def test_each_architecture_config_trains(name, tmp_path):
     if name == "mtan":
         pytest.importorskip("sklearn")
     config = os.path.join(CONFIGS, f"{name}.yaml")
     kind = yaml.safe_load(open(config))["data"]["kind"]
     run_dir = tmp_path / "run"
     quiet = [] if name in MONITORED else ["--set", "log.tensorboard=false"]
-    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"] + TINY + SMALL_DATA[kind]
-                + quiet) == 0
+    overrides = [a for a in TINY + SMALL_DATA[kind] + quiet if a != "--set"]
+    assert run_experiment(config, run_dir=str(run_dir), overrides=overrides, quiet=True).exit_code == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["steps"] == 4
     assert all(np.isfinite(m["loss"]) for m in metrics["eval"].values())

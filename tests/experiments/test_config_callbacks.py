@@ -22,6 +22,7 @@ import multihead as mh
 from multihead.experiments.run import runner as tasks
 from multihead.experiments.build.builders import build_callbacks, build_objectives, build_trainer
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, apply_override, from_dict, load_config
 
 BASE = {
@@ -237,7 +238,7 @@ def run(tmp_path_factory):
     config = _write(tmp, raw)
     run_dir = str(tmp / "run")
     with contextlib.redirect_stderr(io.StringIO()) as err:  # the progress and stop lines
-        assert main(["train", config, "--run-dir", run_dir]) == 0
+        assert run_experiment(config, run_dir=run_dir).exit_code == 0
     (tmp / "stderr.txt").write_text(err.getvalue())
     with open(os.path.join(run_dir, "metrics.json")) as fh:
         metrics = json.load(fh)
@@ -331,7 +332,7 @@ def test_a_weight_schedule_in_a_config_trains(run):
 def test_a_run_without_callbacks_records_no_stop(tmp_path):
     config = _write(tmp_path, _raw("train.steps=30", "train.eval_every=null"))
     run_dir = tmp_path / "run"
-    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"]) == 0
+    assert run_experiment(config, run_dir=str(run_dir), quiet=True).exit_code == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["stopped"] is None and metrics["steps"] == 30
     assert "early_stopping" not in metrics and not (run_dir / "best").exists()
@@ -362,15 +363,15 @@ def head_runs(tmp_path_factory):
     full = str(tmp / "full")
     with contextlib.redirect_stderr(io.StringIO()) as err, \
             contextlib.redirect_stdout(io.StringIO()) as out:
-        assert main(["train", config, "--run-dir", full]) == 0
+        assert main(["train", config, "--run-dir", full]) == 0  # its end table: a CLI fact
     (tmp / "full.stdout").write_text(out.getvalue())
     metrics = _run_json(full, "metrics.json")
     first = min(w["stopped_step"] for w in metrics["head_early_stopping"].values()
                 if w["stopped_step"] is not None)
     part = str(tmp / "part")
-    assert main(["train", config, "--run-dir", part, "--quiet",
-                 "--set", f"train.steps={first + 10}"]) == 0
-    assert main(["train", config, "--resume", part, "--quiet"]) == 0
+    assert run_experiment(config, run_dir=part, overrides=[f"train.steps={first + 10}"],
+                          quiet=True).exit_code == 0
+    assert run_experiment(config, resume=part, quiet=True).exit_code == 0
     return config, full, part, err.getvalue()
 
 
@@ -490,8 +491,8 @@ def test_restore_heads_ends_with_each_heads_layers_from_its_best_and_the_final_t
         head_runs, tmp_path):
     config, full, _, _ = head_runs
     restored = str(tmp_path / "restored")
-    assert main(["train", config, "--run-dir", restored, "--quiet",
-                 "--set", "callbacks.best_checkpoint={per_head: true, restore_heads: true}"]) == 0
+    assert run_experiment(config, run_dir=restored, quiet=True, overrides=[
+        "callbacks.best_checkpoint={per_head: true, restore_heads: true}"]).exit_code == 0
     metrics = _run_json(restored, "metrics.json")
     paths = {h: b["path"] for h, b in _run_json(full, "metrics.json")["head_best_checkpoints"].items()}
     assert metrics["restored_heads"] == paths

@@ -12,6 +12,7 @@ import yaml
 
 import multihead as mh
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.experiments.run import supervised
 
@@ -261,11 +262,11 @@ def test_bad_input_exits_2_with_one_line_naming_the_key_and_writes_nothing(tmp_p
         assert not run_dir.exists()
 
 
-def test_a_csv_run_trains_through_the_cli_and_records_its_inputs(tmp_path, monkeypatch):
+def test_a_csv_run_trains_and_records_its_inputs(tmp_path, monkeypatch):
     sources = _sources(tmp_path, monkeypatch)
     config = tmp_path / "csv.yaml"
     config.write_text(yaml.safe_dump(_config(sources["csv"])))
-    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     import json
 
     assert json.loads((tmp_path / "run" / "inputs.json").read_text()) == \
@@ -361,8 +362,8 @@ def test_a_python_data_run_is_loaded_only_with_its_module_allowed(tmp_path, monk
     config.write_text(yaml.safe_dump(_config({"kind": "python", "function": "my_data:arrays"},
                                              steps=2)))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet",
-                 "--allow-import", "my_data"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), allow_import=["my_data"],
+                          quiet=True).exit_code == 0
     x, _ = _arrays()
     np.savez(tmp_path / "new.npz", x=x[:5])
     out = tmp_path / "pred.npz"
@@ -455,7 +456,7 @@ def test_features_all_selects_exactly_the_other_columns(tmp_path, monkeypatch):
     config = tmp_path / "all.yaml"
     config.write_text(yaml.safe_dump(_config({**base, "features": "all"}, steps=4)))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["data"]["features"] == [f"x{i}" for i in range(D)]
     assert json.loads((run / "inputs.json").read_text())["shape"] == [None, D]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_tensorboard_server import _get, _tensorboard, _wait_until
 
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.monitoring.report import read_scalars
 from multihead.experiments.config.schema import from_dict
 from multihead.experiments.run.hparams import final_metrics, run_hparams, write_experiment
@@ -89,7 +89,8 @@ def test_a_run_writes_its_session_and_final_metrics(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet", "--set", f"{LR}=0.05"]) == 0
+    assert run_experiment(str(config),
+                          run_dir=str(run), overrides=[f"{LR}=0.05"], quiet=True).exit_code == 0
     assert not list(run.glob("events.out.tfevents.*"))  # no run named "." in TensorBoard
     session, scalars, others = None, {}, set()
     # The session: a run of its own, with no run below it (its metrics would be theirs too).
@@ -127,8 +128,8 @@ def test_over_several_runs_the_dashboard_lists_every_run_s_results_first(tmp_pat
                 "data": {**TINY["data"], "tasks": ["z"]}}
     for name, config in (("agg", aggregated), ("z", one_head)):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
-        assert main(["train", str(tmp_path / f"{name}.yaml"), "--run-dir",
-                     str(tmp_path / "runs" / name), "--quiet"]) == 0
+        assert run_experiment(str(tmp_path / f"{name}.yaml"),
+                              run_dir=str(tmp_path / "runs" / name), quiet=True).exit_code == 0
     assert any(t.startswith("agg_cosine/") for t in read_scalars(str(tmp_path / "runs/agg/train")))
     finals = {**final_metrics(json.loads((tmp_path / "runs/agg/metrics.json").read_text())),
               **final_metrics(json.loads((tmp_path / "runs/z/metrics.json").read_text()))}
@@ -153,8 +154,8 @@ def test_tensorboard_hparams_plugin_lists_the_trials_with_hparams_and_metrics(tm
     trials = [{LR: 0.01}, {LR: 0.1}]
     sweep = Sweep(str(sweep_dir), new_index(trials, SweepObjective()))
     for trial in sweep.index["trials"]:  # the runs a sweep's trial processes make, in-process
-        assert main(["train", str(config), "--run-dir", sweep.run_dir(trial), "--quiet",
-                     "--set", f"{LR}={trial['overrides'][LR]}"]) == 0
+        assert run_experiment(str(config), run_dir=str(sweep.run_dir(trial)), quiet=True,
+                              overrides=[f"{LR}={trial['overrides'][LR]}"]).exit_code == 0
         metrics = json.loads((sweep_dir / trial["run_dir"] / "metrics.json").read_text())
         trial.update(status="done", metrics=metrics["eval"])
     sweep.finish()

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import multihead as mh
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.experiments.run import supervised
 
@@ -58,13 +58,13 @@ def test_a_nan_marked_npz_column_trains_and_evaluates_over_present_rows(tmp_path
     assert all(np.isfinite(v.numpy()).all() for v in runner.model.weights)
 
 
-def test_a_nan_marked_csv_column_trains_through_the_cli(tmp_path):
+def test_a_nan_marked_csv_column_trains_from_a_config(tmp_path):
     _files(tmp_path)
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(_config({
         "kind": "csv", "train": str(tmp_path / "d.csv"),
         "features": [f"x{i}" for i in range(D)]})))
-    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     text = (tmp_path / "run" / "metrics.json").read_text()
     assert "NaN" not in text and json.loads(text)
 

@@ -12,6 +12,7 @@ pytest.importorskip("sklearn")
 from sklearn.datasets import load_digits  # noqa: E402
 
 from multihead.cli.main import main  # noqa: E402
+from multihead.experiments.run.experiment import run_experiment  # noqa: E402
 from multihead.datasets.multidigits import multidigits, source_split  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,10 +58,9 @@ def _accuracies(run_dir):
 def test_short_run_learns_both_heads_above_chance(tmp_path):
     """The fast version: 200 steps on 3,000 examples; chance is 10%."""
     run_dir = str(tmp_path / "run")
-    args = ["train", CONFIG, "--run-dir", run_dir, "--quiet", "--set", "train.steps=200",
-            "--set", "train.eval_every=null", "--set", "data.options.train_size=3000",
-            "--set", "data.options.eval_size=1000", "--set", "log.tensorboard=false"]
-    assert main(args) == 0
+    overrides = ["train.steps=200", "train.eval_every=null", "data.options.train_size=3000",
+                 "data.options.eval_size=1000", "log.tensorboard=false"]
+    assert run_experiment(CONFIG, run_dir=run_dir, overrides=overrides, quiet=True).exit_code == 0
     for head, accuracy in _accuracies(run_dir).items():
         assert accuracy > 0.5, (head, accuracy)
 
@@ -76,6 +76,6 @@ def test_heads_must_be_multidigits_tasks(tmp_path, capsys):
 def test_multidigits_config_reaches_85_percent_on_both_heads(tmp_path):
     """The shipped config, unchanged (about 4 minutes on 2 CPU cores)."""
     run_dir = str(tmp_path / "run")
-    assert main(["train", CONFIG, "--run-dir", run_dir, "--quiet"]) == 0
+    assert run_experiment(str(CONFIG), run_dir=str(run_dir), quiet=True).exit_code == 0
     for head, accuracy in _accuracies(run_dir).items():
         assert accuracy >= 0.85, (head, accuracy)

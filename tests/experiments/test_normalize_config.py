@@ -16,6 +16,7 @@ from sklearn.preprocessing import StandardScaler
 
 import multihead as mh
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.experiments.run import supervised
 
@@ -48,7 +49,7 @@ def run(tmp_path_factory):
     np.savez(tmp / "train.npz", x=x, **y)
     np.savez(tmp / "eval.npz", x=x_eval, **y_eval)
     (tmp / "c.yaml").write_text(yaml.safe_dump(_config(tmp)))
-    assert main(["train", str(tmp / "c.yaml"), "--run-dir", str(tmp / "run"), "--quiet"]) == 0
+    assert run_experiment(str(tmp / "c.yaml"), run_dir=str(tmp / "run"), quiet=True).exit_code == 0
     return tmp, StandardScaler().fit(x), x_eval
 
 
@@ -93,8 +94,8 @@ def test_predict_load_run_keras_files_and_exports_apply_the_scaling(run, capsys)
 def test_resume_refuses_changed_statistics(run, capsys):
     """(Last of the tests on `run`: it rewrites the run's training file.)"""
     tmp, _, _ = run
-    assert main(["train", str(tmp / "c.yaml"), "--resume", str(tmp / "run"), "--quiet",
-                 "--set", "train.steps=8"]) == 0  # the same data: resumes
+    assert run_experiment(str(tmp / "c.yaml"), resume=str(tmp / "run"), overrides=["train.steps=8"],
+                          quiet=True).exit_code == 0  # the same data: resumes
     x, y = _arrays(40, seed=5)  # other training data under the same file name
     np.savez(tmp / "train.npz", x=x, **y)
     assert main(["train", str(tmp / "c.yaml"), "--resume", str(tmp / "run"), "--quiet",

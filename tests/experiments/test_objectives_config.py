@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, from_dict
 
 N, D = 80, 4
@@ -53,7 +53,7 @@ def test_a_standalone_objective_trains_and_is_evaluated_from_a_config(tmp_path):
     x = _data(tmp_path)
     path = tmp_path / "esmm.yaml"
     path.write_text(yaml.safe_dump(_config(tmp_path)))
-    assert main(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 0
+    assert run_experiment(str(path), run_dir=str(tmp_path / "run")).exit_code == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert set(metrics["eval"]) >= {"ctr", "ctcvr"} and "cvr" not in metrics["eval"]
     from multihead.experiments.run.load import load_run

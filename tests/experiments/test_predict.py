@@ -14,6 +14,7 @@ import yaml
 import multihead as mh
 from conftest import make_batch, make_model
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 
 D = 5
 
@@ -82,7 +83,8 @@ def _csv_run(tmp_path):
         "log": {"every": 10, "histograms_every": 0},
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    assert main(["train", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(tmp_path / "c.yaml"),
+                          run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     return tmp_path / "run", x
 
 
@@ -158,7 +160,8 @@ def per_head_run(tmp_path_factory):
         "log": {"every": 3, "histograms_every": 0},
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    assert main(["train", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(tmp_path / "c.yaml"),
+                          run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     return tmp_path / "run", x
 
 
@@ -216,7 +219,7 @@ def test_every_checkpoint_name_the_tool_prints_is_accepted_back(tmp_path, capsys
               "callbacks": {"best_checkpoint": {"per_head": True}}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     run = tmp_path / "run"
-    assert main(["train", str(tmp_path / "c.yaml"), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(tmp_path / "c.yaml"), run_dir=str(run), quiet=True).exit_code == 0
     metrics = json.loads((run / "metrics.json").read_text())
     printed = [json.loads((run / "status.json").read_text())["checkpoint"], "checkpoints/ckpt-6"]
     printed += [best["path"] for best in metrics["head_best_checkpoints"].values()]

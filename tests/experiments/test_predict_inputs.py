@@ -11,6 +11,7 @@ import yaml
 
 import multihead as mh
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,8 @@ def run_dir(tmp_path_factory):
               "data": {"kind": "mmoe", "train_size": 64, "eval_size": 16, "input_dim": 4},
               "train": {"steps": 2, "batch_size": 8}, "log": {"tensorboard": False}}
     (root / "c.yaml").write_text(yaml.safe_dump(config))
-    assert main(["train", str(root / "c.yaml"), "--run-dir", str(root / "run"), "--quiet"]) == 0
+    assert run_experiment(str(root / "c.yaml"),
+                          run_dir=str(root / "run"), quiet=True).exit_code == 0
     return root / "run"
 
 

@@ -12,6 +12,7 @@ import yaml
 
 import multihead as mh
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.run import supervised
 from multihead.experiments.config.schema import from_dict
 
@@ -56,11 +57,11 @@ def _config(tmp_path, kind, **data):
             "train": {"steps": 4, "batch_size": 8, "eval_every": 4}, "log": {"tensorboard": False}}
 
 
-def test_a_csv_weight_column_trains_via_the_cli_and_weights_the_eval_loss(tmp_path):
+def test_a_csv_weight_column_trains_from_a_config_and_weights_the_eval_loss(tmp_path):
     x, y, w = _files(tmp_path)
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(_config(tmp_path, "csv")))
-    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     pred = mh.load_run(tmp_path / "run").model(x, training=False)
     error = pred["y2"].numpy()[:, 0] - y["y2"][:, 0]

@@ -9,7 +9,7 @@ import os
 import pytest
 from test_sweep import TINY, _results, _sweep, _write
 
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "experiments", "quickstart.yaml")
@@ -39,8 +39,8 @@ def test_optuna_finds_a_learning_rate_no_worse_than_the_grid_middle(tmp_path):
     best = min((t for t in trials if t["status"] == "done"), key=lambda t: t["objective"])
     # the grid over the same range in log space: 1e-4, 10**-2.5, 1e-1; its middle point
     middle = tmp_path / "middle"
-    assert main(["train", QUICKSTART, *SMALL, "--set", f"{LR}={10 ** -2.5!r}", "--run-dir", str(middle),
-                 "--quiet"]) == 0
+    overrides = [a for a in SMALL if a != "--set"] + [f"{LR}={10 ** -2.5!r}"]
+    assert run_experiment(QUICKSTART, run_dir=str(middle), overrides=overrides, quiet=True).exit_code == 0
     assert best["objective"] <= _results(middle)["eval"]["y1"]["loss"]
 
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, from_dict
 from multihead.experiments.run.single_task import only_head
 
@@ -45,11 +46,11 @@ def test_only_head_trains_what_a_hand_written_single_head_config_trains(tmp_path
                "train": {**TINY["train"], "trunk": "per_head"},
                "callbacks": {"reduce_lr_on_plateau": {"y2": {"factor": 0.5}}}}
     (tmp_path / "by_hand.yaml").write_text(yaml.safe_dump(by_hand))
-    assert main(["train", str(config), "--only-head", "y2", "--run-dir", str(tmp_path / "only"),
-                 "--quiet"]) == 0
-    assert main(["train", str(tmp_path / "by_hand.yaml"), "--run-dir", str(tmp_path / "hand"),
-                 "--quiet"]) == 0
-    assert main(["train", str(config), "--run-dir", str(tmp_path / "multi"), "--quiet"]) == 0
+    assert run_experiment(str(config),
+                          run_dir=str(tmp_path / "only"), only_head="y2", quiet=True).exit_code == 0
+    assert run_experiment(str(tmp_path / "by_hand.yaml"),
+                          run_dir=str(tmp_path / "hand"), quiet=True).exit_code == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "multi"), quiet=True).exit_code == 0
     only, hand, multi = (_numbers(tmp_path / d) for d in ("only", "hand", "multi"))
     assert list(only["eval"]) == ["y2"]
     assert only == hand  # bitwise: every loss and metric of the run

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError, load_config
 from multihead.experiments.config.sweep_section import Distribution, sweep_spec
 from multihead.experiments.sweep.sweep import (
@@ -131,7 +132,7 @@ def test_two_parallel_trials_one_failing_fast(tmp_path):
     trials = json.loads((tmp_path / "sw" / "sweep.json").read_text())["trials"]
     assert [t["status"] for t in trials] == ["done", "failed"]
     assert "train.steps: expected an integer, got 'six' (str)" in trials[1]["error"]
-    assert main(["train", config, "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "alone"), quiet=True).exit_code == 0
     assert _results(tmp_path / "sw" / "trials" / "t000") == _results(tmp_path / "alone")
     assert trials[0]["metrics"] == _results(tmp_path / "alone")["eval"]
     assert "2 running" in out.stderr and "1/2 done, 0 running, 1 failed; best eval/mean_loss" in out.stderr
@@ -149,8 +150,8 @@ def test_parallel_grid_equals_the_runs_made_one_by_one(tmp_path):
     assert [t["overrides"] for t in index["trials"]] == expected
     for trial, overrides in zip(index["trials"], expected):
         alone = tmp_path / f"alone-{trial['id']}"
-        assert main(["train", config, "--run-dir", str(alone), "--quiet"]
-                    + [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]) == 0
+        assert run_experiment(config, run_dir=str(alone), quiet=True,
+                              overrides=[f"{k}={v}" for k, v in overrides.items()]).exit_code == 0
         swept = _results(tmp_path / "sw" / trial["run_dir"])
         assert swept == _results(alone)  # bitwise: every number of metrics.json but timings
         assert trial["status"] == "done" and trial["error"] is None
@@ -224,6 +225,28 @@ def test_resume_after_sigkill_runs_what_is_missing_and_ends_as_an_uninterrupted_
     assert final == json.loads((tmp_path / "whole" / "sweep.json").read_text())
 
 
+def test_only_head_sweep_runs_the_config_of_train_only_head(tmp_path, capsys):
+    """The short version of the slow test below: a bad head exits 2 before anything is
+    written, and the base config every trial trains (the sweep's config.yaml) is the config
+    `train --only-head` trains; a trial trains its config as `train` does
+    (`test_two_parallel_trials_one_failing_fast`)."""
+    from multihead.cli.sweep import _only_head
+    from multihead.experiments.config.schema import to_dict
+    from multihead.experiments.run.experiment import load_experiment
+    from multihead.experiments.sweep.sweep import load_base
+
+    config = _write(tmp_path, TINY)
+    assert main(["sweep", config, "--only-head", "y3", "--grid", "seed=0,1",
+                 "--sweep-dir", str(tmp_path / "bad")]) == 2
+    assert "--only-head 'y3': the model has no head 'y3'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    base, _ = load_base(config, ["seed=3"])
+    swept = _only_head(config, base, "y2", ())
+    assert list(swept["model"]["heads"]) == ["y2"]
+    assert swept == to_dict(load_experiment(config, ["seed=3"], only_head="y2"))
+
+
+@pytest.mark.slow
 def test_only_head_sweep_trains_the_head_alone_as_train_only_head(tmp_path, capsys):
     config = _write(tmp_path, TINY)
     assert main(["sweep", config, "--only-head", "y3", "--grid", "seed=0,1",
@@ -234,11 +257,30 @@ def test_only_head_sweep_trains_the_head_alone_as_train_only_head(tmp_path, caps
     assert out.returncode == 0, out.stderr[-3000:]
     (trial,) = json.loads((tmp_path / "sw" / "sweep.json").read_text())["trials"]
     assert list(trial["metrics"]) == ["y2"] and trial["objective"] == trial["metrics"]["y2"]["loss"]
-    assert main(["train", config, "--only-head", "y2", "--set", "seed=3",
-                 "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "alone"), overrides=["seed=3"],
+                          only_head="y2", quiet=True).exit_code == 0
     assert _results(tmp_path / "sw" / "trials" / "t000") == _results(tmp_path / "alone")  # bitwise
 
 
+def test_simplex_makes_one_trial_per_preference_on_the_heads_weights(tmp_path, capsys):
+    """The short version of the slow test below: `--simplex 3` over two heads is a zip axis
+    of the weights (1, 0), (0.5, 0.5), (0, 1) on model.heads.<h>.weight; `--simplex 1` exits 2
+    with nothing written."""
+    from multihead.cli.sweep import _simplex_axes
+    from multihead.experiments.config.sweep_section import sweep_spec
+
+    config = _write(tmp_path, TINY)
+    assert main(["sweep", config, "--simplex", "1", "--sweep-dir", str(tmp_path / "bad")]) == 2
+    assert "--simplex 1: simplex: expected an integer >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    spec = sweep_spec({})
+    _simplex_axes(spec, ["y1", "y2"], 3)
+    trials = trial_overrides(spec)
+    assert [(t["model.heads.y1.weight"], t["model.heads.y2.weight"]) for t in trials] == \
+        [(1.0, 0.0), (0.5, 0.5), (0.0, 1.0)]
+
+
+@pytest.mark.slow
 def test_simplex_sweep_trains_one_trial_per_preference_and_compare_reads_the_front(tmp_path, capsys):
     """`--simplex 3` over two heads: three trials with weights (1, 0), (0.5, 0.5), (0, 1) on
     model.heads.<h>.weight, each equal to `train --set` of those weights; `compare --pareto`
@@ -253,8 +295,8 @@ def test_simplex_sweep_trains_one_trial_per_preference_and_compare_reads_the_fro
     weights = [(t["overrides"]["model.heads.y1.weight"], t["overrides"]["model.heads.y2.weight"])
                for t in trials]
     assert weights == [(1.0, 0.0), (0.5, 0.5), (0.0, 1.0)]
-    assert main(["train", config, "--set", "model.heads.y1.weight=0.5", "--set", "model.heads.y2.weight=0.5",
-                 "--run-dir", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "alone"), quiet=True, overrides=[
+        "model.heads.y1.weight=0.5", "model.heads.y2.weight=0.5"]).exit_code == 0
     assert _results(tmp_path / "sw" / "trials" / "t001") == _results(tmp_path / "alone")  # bitwise
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "sw"), "--pareto", "--json"]) == 0

@@ -4,6 +4,7 @@ file trained through `multihead sweep`, one run per group on the run's own data.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -14,9 +15,11 @@ import pytest
 import yaml
 
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import load_experiment, run_experiment
 from multihead.datasets.multitask import _task_weights
-from multihead.experiments.config.schema import ConfigError, from_dict
+from multihead.experiments.config.schema import ConfigError, apply_override, from_dict
 from multihead.monitoring.report import read_scalars
+from multihead.experiments.sweep.sweep import load_base, trial_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADS = ("a", "b", "c")
@@ -79,10 +82,15 @@ def _sweep(*args, timeout=900):
                           text=True, timeout=timeout, env=env)
 
 
-def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
+@pytest.mark.parametrize("trained", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["written", "swept"])
+def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys, trained):
+    """By default the written sweep's trials are read back as `multihead sweep` reads them;
+    with -m slow they are also trained through `multihead sweep` (a sweep process and a
+    trial process per group)."""
     config = _write(tmp_path, TINY)
     run = tmp_path / "run"
-    assert main(["train", config, "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     # metrics.json: the mean of each logged affinity/<i>/<j> over the run
     logged = read_scalars(str(run / "train"))
     metrics = json.loads((run / "metrics.json").read_text())
@@ -105,6 +113,15 @@ def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
     written = yaml.safe_load(groups.read_text())
     assert written["sweep"] == {"grid": {"train.only_heads": proposed}}
     assert written["log"]["affinity_every"] == 0 and written["train"]["only_heads"] is None
+    base, spec = load_base(str(groups), [])
+    assert trial_overrides(spec) == [{"train.only_heads": g} for g in proposed]
+    for group in proposed:  # each trial's config, as `train` loads it: the group alone
+        raw = copy.deepcopy(base)
+        apply_override(raw, f"train.only_heads={json.dumps(group)}")
+        trial = _write(tmp_path, raw, name="trial.yaml")
+        assert list(load_experiment(trial).model.heads) == group
+    if not trained:
+        return
 
     done = _sweep(str(groups), "--sweep-dir", str(tmp_path / "sweep"), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -121,7 +138,7 @@ def test_report_groups_writes_a_sweep_of_one_run_per_group(tmp_path, capsys):
 def test_only_head_takes_a_set_of_heads(tmp_path):
     config = _write(tmp_path, _with(log={"affinity_every": 0}))
     run = tmp_path / "ab"
-    assert main(["train", config, "--only-head", "a,b", "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), only_head="a,b", quiet=True).exit_code == 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert list(saved["model"]["heads"]) == ["a", "b"] and saved["train"]["only_heads"] == ["a", "b"]
     assert saved["data"]["tasks"] == list(HEADS)  # the task list decides the generated data
@@ -129,7 +146,7 @@ def test_only_head_takes_a_set_of_heads(tmp_path):
 
 def test_report_groups_without_affinities_exits_2(tmp_path, capsys):
     config = _write(tmp_path, _with(log={"affinity_every": 0}))
-    assert main(["train", config, "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     capsys.readouterr()
     assert main(["report", str(tmp_path / "run"), "--groups", "2"]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,4 +1,4 @@
-"""`model.taps` in a config: a tapped head trains through `multihead train`, the blocks it
+"""`model.taps` in a config: a tapped head trains as `multihead train` runs it, the blocks it
 trains are reported, and bad taps fail with the key path."""
 
 import json
@@ -8,21 +8,21 @@ import numpy as np
 import pytest
 
 from conftest import assert_train_refuses
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.build.builders import build_model
 from multihead.experiments.config.schema import ConfigError, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "trunk_taps.yaml")
-TINY = ["--set", "train.steps=4", "--set", "train.eval_every=4", "--set", "train.batch_size=16",
-        "--set", "data.train_size=64", "--set", "data.eval_size=32", "--set", "log.tensorboard=false"]
+TINY = ["train.steps=4", "train.eval_every=4", "train.batch_size=16", "data.train_size=64",
+        "data.eval_size=32", "log.tensorboard=false"]
 
 
 @pytest.mark.parametrize("trunk", ["per_head", "{aggregator: mgda}"])
-def test_a_tapped_head_trains_through_the_cli(trunk, tmp_path, capsys):
+def test_a_tapped_head_trains_from_a_config(trunk, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main(["train", CONFIG, "--run-dir", str(run_dir)] + TINY
-                + ["--set", f"train.trunk={trunk}"]) == 0
+    assert run_experiment(CONFIG, run_dir=str(run_dir),
+                          overrides=TINY + [f"train.trunk={trunk}"]).exit_code == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["steps"] == 4
     assert all(np.isfinite(m["loss"]) for m in metrics["eval"].values())

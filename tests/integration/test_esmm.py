@@ -99,20 +99,19 @@ def test_esmm_step_equals_a_hand_written_loop_with_two_losses_and_two_optimizers
 
 # -- the configs ---------------------------------------------------------------------------
 
-TINY = ["--set", "train.steps=3", "--set", "data.options.train_size=2000", "--set",
-        "data.options.eval_size=400", "--set", "log.tensorboard=false", "--set",
-        "train.steps_per_execution=1"]
+TINY = ["train.steps=3", "data.options.train_size=2000", "data.options.eval_size=400",
+        "log.tensorboard=false", "train.steps_per_execution=1"]
 
 
 @pytest.mark.parametrize("name, evaluated", [("naive_cvr", {"cvr"}),
                                              ("shared_bottom", {"ctr", "cvr"}),
                                              ("esmm", {"ctr", "ctcvr"})])
 def test_each_esmm_config_trains_and_writes_metrics(name, evaluated, tmp_path):
-    from multihead.cli.main import main
+    from multihead.experiments.run.experiment import run_experiment
 
     run_dir = tmp_path / name
     config = os.path.join(CONFIGS, f"{name}.yaml")
-    assert main(["train", config, "--run-dir", str(run_dir), "--quiet"] + TINY) == 0
+    assert run_experiment(config, run_dir=str(run_dir), overrides=TINY, quiet=True).exit_code == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["steps"] == 3
     assert set(metrics["eval"]) == evaluated

@@ -27,6 +27,7 @@ import yaml
 
 import multihead as mh
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import ConfigError
 from multihead.experiments.run.guard import RunLock
 
@@ -136,7 +137,8 @@ def base_run(tmp_path_factory):
         "log": {"every": 5, "histograms_every": 0},
     }
     (root / "c.yaml").write_text(yaml.safe_dump(config))
-    assert main(["train", str(root / "c.yaml"), "--run-dir", str(root / "run"), "--quiet"]) == 0
+    assert run_experiment(str(root / "c.yaml"),
+                          run_dir=str(root / "run"), quiet=True).exit_code == 0
     np.savez(root / "in.npz", x=x[:20])
     return root
 

@@ -14,6 +14,7 @@ import multihead as mh
 from conftest import make_batch, make_model
 from multihead.io.checkpoints import restore_checkpoint
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import load_config
 
 
@@ -105,7 +106,7 @@ LOAD = textwrap.dedent("""\
 def test_cli_export_reloads_in_a_fresh_process_with_the_models_outputs(tmp_path, capsys):
     config, run, out = tmp_path / "exp.yaml", tmp_path / "run", tmp_path / "served"
     config.write_text(CONFIG)
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     assert main(["export", str(run), str(tmp_path / "bad"), "--heads", "a,zz"]) == 2
     assert "--heads 'a,zz': the run's heads are a,b" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

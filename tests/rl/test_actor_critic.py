@@ -14,7 +14,7 @@ import tensorflow as tf
 import multihead as mh
 from multihead.experiments.run import runner as tasks
 from conftest import assert_train_refuses
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import load_config
 from multihead.rl.actor_critic import actor_critic_losses, nstep_returns, policy_gradient_loss
 
@@ -136,15 +136,12 @@ def _events_tags(directory):
     return tags
 
 
-def test_cartpole_smoke_run_through_the_cli(tmp_path):
+def test_cartpole_smoke_run_from_a_config(tmp_path):
     run_dir = tmp_path / "run"
     sets = ["train.steps=400", "train.eval_every=200", "actor_critic.num_envs=4",
             "actor_critic.n_steps=5", "actor_critic.value_target_every=5", "env.eval_episodes=3",
             "log.every=5", "model.trunk.mlp.units=[32]"]
-    argv = ["train", CONFIG, "--run-dir", str(run_dir), "--quiet"]
-    for s in sets:
-        argv += ["--set", s]
-    assert main(argv) == 0
+    assert run_experiment(CONFIG, run_dir=str(run_dir), overrides=sets, quiet=True).exit_code == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["env_steps"] == 400 and metrics["updates"] == 400 // (4 * 5) == 20
     assert metrics["target_syncs"] == 20 // 5

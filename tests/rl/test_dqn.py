@@ -13,7 +13,7 @@ import tensorflow as tf
 import multihead as mh
 from multihead.experiments.run import runner as tasks
 from conftest import assert_train_refuses
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import load_config
 from multihead.rl.dqn import dqn_loss, linear_epsilon, td_target
 
@@ -122,15 +122,12 @@ def _events_tags(directory):
 
 
 @pytest.mark.parametrize("schedule,expect_syncs", [("every", (300 - 100) // 50), ("tau", None)])
-def test_cartpole_smoke_run_through_the_cli(tmp_path, schedule, expect_syncs):
+def test_cartpole_smoke_run_from_a_config(tmp_path, schedule, expect_syncs):
     run_dir = tmp_path / "run"
     sets = ["train.steps=300", "dqn.learning_starts=100", "env.eval_episodes=3", "log.every=20",
             "model.trunk.mlp.units=[32]"]
     sets += ["dqn.target_every=50"] if schedule == "every" else ["dqn.target_every=null", "dqn.target_tau=0.01"]
-    argv = ["train", CONFIG, "--run-dir", str(run_dir), "--quiet"]
-    for s in sets:
-        argv += ["--set", s]
-    assert main(argv) == 0
+    assert run_experiment(CONFIG, run_dir=str(run_dir), overrides=sets, quiet=True).exit_code == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["env_steps"] == 300
     assert metrics["updates"] == 200 == metrics["target_updates"]  # env steps 101..300

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import assert_train_refuses
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.experiments.config.schema import load_config
 from multihead.experiments.run import runner as tasks
 from multihead.rl.driver import Experience
@@ -336,10 +336,7 @@ def _scalars(directory):
 
 
 def _cli(config, sets, run_dir):
-    argv = ["train", config, "--run-dir", str(run_dir), "--quiet"]
-    for s in sets:
-        argv += ["--set", s]
-    assert main(argv) == 0
+    assert run_experiment(config, run_dir=str(run_dir), overrides=sets, quiet=True).exit_code == 0
     return json.loads((run_dir / "metrics.json").read_text())
 
 

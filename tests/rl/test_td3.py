@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import multihead as mh
 from conftest import assert_train_refuses, weights
-from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.rl.continuous import agent_inputs, agent_model
 from multihead.rl.td3 import td3_losses
 
@@ -189,10 +189,7 @@ SMOKE = ["train.steps=300", "td3.start_steps=100", "td3.learning_starts=100", "t
 
 
 def cli_run(config, sets, run_dir):
-    argv = ["train", config, "--run-dir", str(run_dir), "--quiet"]
-    for s in sets:
-        argv += ["--set", s]
-    assert main(argv) == 0
+    assert run_experiment(config, run_dir=str(run_dir), overrides=sets, quiet=True).exit_code == 0
     return json.loads((run_dir / "metrics.json").read_text())
 
 

@@ -485,7 +485,7 @@ def test_every_new_method_trains_through_multihead_train(tmp_path, name, options
     exit 0 and finite metrics in metrics.json."""
     import json
 
-    from multihead.cli.main import main
+    from multihead.experiments.run.experiment import run_experiment
 
     options = dict(options)
     dtype = options.pop("dtype", "float32")
@@ -493,7 +493,7 @@ def test_every_new_method_trains_through_multihead_train(tmp_path, name, options
     config = tmp_path / "exp.yaml"
     config.write_text(TRAIN_CONFIG.replace("TRUNK", json.dumps(trunk)))
     run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run), "--quiet"]) == 0
+    assert run_experiment(str(config), run_dir=str(run), quiet=True).exit_code == 0
     metrics = json.loads((run / "metrics.json").read_text())
     text = json.dumps(metrics)
     assert "NaN" not in text and "Infinity" not in text, text

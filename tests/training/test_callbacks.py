@@ -257,9 +257,11 @@ def _observe(spe, tmp_path):
     return seen
 
 
-def test_steps_per_execution_changes_nothing_callbacks_observe(tmp_path):
+@pytest.mark.parametrize("spe", [pytest.param(7, marks=pytest.mark.slow), "auto"])
+def test_steps_per_execution_changes_nothing_callbacks_observe(tmp_path, spe):
+    """`"auto"` (the default) in the default suite; a fixed count with -m slow."""
     one = _observe(1, tmp_path)
-    for spe in (7, "auto"):
+    for spe in (spe,):
         other = _observe(spe, tmp_path)
         assert one["decisions"][0] is not None  # early stopping did stop: the case covers a stop
         for key in ("steps", "evals", "decisions", "history"):

@@ -8,6 +8,7 @@ from conftest import make_model, weights
 
 import multihead as mh
 from multihead.cli.main import main
+from multihead.experiments.run.experiment import run_experiment
 from multihead.io.manager import CheckpointManager
 
 HEADS = ("a", "b")
@@ -172,7 +173,7 @@ def test_a_per_head_config_trains_and_reports_each_heads_own_eval_loss(tmp_path)
 
     path = tmp_path / "exp.yaml"
     path.write_text(CONFIG.format(sampling="temperature"))
-    assert main(["train", str(path), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    assert run_experiment(str(path), run_dir=str(tmp_path / "run"), quiet=True).exit_code == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     run = mh.load_run(str(tmp_path / "run"))
     data = mh.load_data({"per_head": {

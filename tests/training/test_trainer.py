@@ -142,13 +142,19 @@ def test_per_head_losses_go_to_tensorboard_at_the_cadence(tmp_path):
     assert [s for s, _ in _scalars(os.path.join(tmp_path, "eval"), "loss/a")] == [10]
 
 
-def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
+#: "auto" (the default) in the default suite; a fixed count with -m slow (the calls of both
+#: are cut at the same log, checkpoint and evaluation steps).
+SPE_CASES = [pytest.param(7, marks=pytest.mark.slow), "auto"]
+
+
+@pytest.mark.parametrize("other", SPE_CASES)
+def test_steps_per_execution_changes_nothing_but_speed(tmp_path, other):
     """Same weights, history, evaluations, logged steps and checkpoint steps as one step per call."""
     from multihead.io.checkpoints import CheckpointManager
 
     data = mh.mmoe_synthetic(tasks=["a", "b"], train_size=200, eval_size=50, input_dim=5, seed=3)
     runs = {}
-    for spe in [1, 7, "auto"]:
+    for spe in [1, other]:
         model = make_model(seed=4, dropout=0.2)
         trainer = mh.Trainer(model, _objectives(b=mh.Objective("mse", every=2)),
                              log_dir=str(tmp_path / f"spe{spe}"), log_every=3)
@@ -161,7 +167,7 @@ def test_steps_per_execution_changes_nothing_but_speed(tmp_path):
                      sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / f"ckpt{spe}" / "*.index"))),
                      _scalars(str(tmp_path / f"spe{spe}" / "train"), "loss/b"))
     w1, h1, c1, s1 = runs[1]
-    for spe in [7, "auto"]:
+    for spe in [other]:
         w, h, c, s = runs[spe]
         for a, b in zip(w1, w):
             np.testing.assert_array_equal(a, b)
