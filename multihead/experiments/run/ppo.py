@@ -38,6 +38,7 @@ from multihead.experiments.run.rl import (
     research_objectives,
 )
 from multihead.objectives.objective import HeadLoss, Objective, resolve_optimizer
+from multihead.rl.driver import Inference
 from multihead.rl.ppo import (
     Categorical,
     DiagonalGaussian,
@@ -95,7 +96,7 @@ class PPORunner(RLRunner):
         ppo, task, seed = self.ppo, self.task, self.task.config.seed
         dist, spec, model = self.distribution, task.env_spec, task.model
         low, high = np.array(spec.action_low, np.float32), np.array(spec.action_high, np.float32)
-        outputs = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+        outputs = Inference(lambda x: model(x, training=False))
 
         def policy(obs: np.ndarray) -> np.ndarray:
             return outputs(obs)[ppo.policy_head].numpy()
