@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multihead.rl.driver import Inference
 from multihead.training.keras_model import MultiHeadModel
 
 OBS, ACTION = "obs", "action"
@@ -135,7 +136,7 @@ def actor_outputs(model: MultiHeadModel, head: str,
         features = model.features(agent_inputs(obs, zeros), training=False)
         return model.head_output(head, features, training=False)
 
-    return tf.function(outputs, reduce_retracing=True)
+    return Inference(outputs)
 
 
 def agent_model(obs_dim: int, low: Sequence[float], high: Sequence[float],

@@ -328,3 +328,22 @@ def minibatches(rows: int, batch_size: int, rng: np.random.Generator) -> list[np
     """One epoch's shuffled row indices in minibatches of `batch_size` (the last may be smaller)."""
     order = rng.permutation(rows)
     return [order[i:i + batch_size] for i in range(0, rows, batch_size)]
+
+
+def update_batches(rollout: Rollout, batch_size: int, rng: np.random.Generator,
+                   epochs: int) -> tf.data.Dataset:
+    """`epochs` epochs of `minibatches` of `rollout` as one dataset of `(obs, targets)` batches,
+    for one compiled multi-step call (`Trainer.run_steps`): the same rows in the same order
+    and the same generator draws as `epochs` calls of `minibatches`. The batches are gathered
+    on the host; with a rollout a multiple of `batch_size` each has that static shape, else
+    the batch dimension is unknown (an epoch ends with a smaller batch)."""
+    obs, targets = rollout.obs, rollout.targets
+    rows = len(obs)
+    order = np.concatenate([np.concatenate(minibatches(rows, batch_size, rng)) for _ in range(epochs)])
+    arrays = (obs[order], {k: v[order] for k, v in targets.items()})
+    if rows % batch_size == 0:
+        return tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(
+            lambda a: a.reshape((-1, batch_size) + a.shape[1:]), arrays))
+    per_epoch = tf.nest.map_structure(lambda a: a.reshape((epochs, rows) + a.shape[1:]), arrays)
+    return tf.data.Dataset.from_tensor_slices(per_epoch).flat_map(
+        lambda x, t: tf.data.Dataset.from_tensor_slices((x, t)).batch(batch_size))

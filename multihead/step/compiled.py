@@ -124,11 +124,19 @@ def fold_batches(iterator: Any, body: Callable[[Any, Any], Any], carry: Any,
         for batch in iterator:  # autograph: a graph loop on `get_next_as_optional`
             carry = body(batch, carry)
         return carry
-    for _ in tf.range(max_steps):
+
+    # With `max_steps`, the loop is written out (no autograph: transpiling it and importing
+    # autograph took most of the first multi-step call's trace): the next batch is an
+    # optional, and the loop ends at `max_steps` or at the first empty one.
+    def step(index: tf.Tensor, ended: tf.Tensor, carry: Any) -> tuple[tf.Tensor, tf.Tensor, Any]:
         batch = iterator.get_next_as_optional()
-        if not batch.has_value():
-            break
-        carry = body(batch.get_value(), carry)
+        ended, carry = tf.cond(batch.has_value(),
+                               lambda: (tf.constant(False), body(batch.get_value(), carry)),
+                               lambda: (tf.constant(True), carry))
+        return index + 1, ended, carry
+
+    _, _, carry = tf.while_loop(lambda index, ended, _: tf.logical_and(index < max_steps, ~ended),
+                                step, (tf.constant(0), tf.constant(False), carry))
     return carry
 
 
@@ -174,14 +182,14 @@ class StepLoops:
         if key not in self._functions:
             body = self._body_for(key)
             jit = self._jit_compile
-            # The step's own code is traced as plain Python (`multihead._autograph`); only the
-            # loop over the iterator is autograph's.
+            # The step's own code and the loop over the iterator are traced as plain Python
+            # (`multihead._autograph`, `fold_batches`).
             one = tf.function(lambda inputs, targets: self._single(body, inputs, targets),
                               jit_compile=jit, reduce_retracing=True, autograph=False)
             step_body = (tf.function(body, jit_compile=True, autograph=False) if jit
                          else plain(body))
             many = tf.function(lambda iterator, max_steps: self._multi(step_body, iterator, max_steps),
-                               reduce_retracing=True)
+                               reduce_retracing=True, autograph=False)
             self._functions[key] = (one, many)
         return self._functions[key]
 

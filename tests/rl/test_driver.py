@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from multihead.monitoring.progress import Progress
-from multihead.rl.driver import Driver, EpisodeLog, Evaluations, evaluate
+from multihead.rl.driver import Driver, EpisodeLog, Evaluations, Inference, evaluate
 
 
 class CountingEnv:
@@ -152,3 +152,29 @@ def test_driver_and_evaluation_take_continuous_actions():
     result = evaluate(BoxEnv, lambda obs: np.full((len(obs), 2), 0.5), episodes=3, seed=0)
     np.testing.assert_allclose(result.returns, [-1.0] * 3)  # 2 steps of -(0.25 + 0.25)
     np.testing.assert_array_equal(result.lengths, [2, 2, 2])
+
+
+def test_inference_equals_the_eager_function_for_any_batch_size_and_traces_once_per_dtype():
+    import keras
+    import tensorflow as tf
+
+    layer = keras.layers.Dense(3, activation="tanh")
+    layer.build((None, 4))
+    traces = []
+
+    def fn(x):
+        traces.append(x.dtype)  # Python side effect: once per trace
+        return layer(tf.cast(x, tf.float32))
+
+    act = Inference(fn)
+    rng = np.random.default_rng(0)
+    for rows in (1, 8, 5, 8):
+        x = rng.standard_normal((rows, 4)).astype("float32")
+        np.testing.assert_allclose(act(x).numpy(), np.tanh(x @ layer.kernel.numpy() + layer.bias.numpy()),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(act(tf.constant(x)).numpy(), act(x).numpy())
+    assert traces == [tf.float32]  # one trace for every batch size, arrays and tensors alike
+    act(rng.standard_normal((2, 4)))  # float64 observations: their own trace, as tf.function's
+    assert traces == [tf.float32, tf.float64]
+    pair = Inference(lambda d: d["a"] + d["b"])  # not one array: through the tf.function
+    np.testing.assert_array_equal(pair({"a": np.ones(2), "b": np.ones(2)}).numpy(), [2.0, 2.0])

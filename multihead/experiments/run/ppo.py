@@ -9,7 +9,8 @@ bonus; squared error of V, optionally clipped) and its own optimizer on its own 
 trains trunk + both heads on the policy head's optimizer (`policy + <value>.weight * value`).
 This module turns the config into those objects and runs the loop: roll out `n_steps` in
 `num_envs` environments, compute GAE advantages and returns on the host, then `n_epochs`
-passes over shuffled minibatches of `train.batch_size` rows, each one train step; after
+passes over shuffled minibatches of `train.batch_size` rows, each one train step (an
+update's steps run as one compiled call, one per epoch with `ppo.target_kl`); after
 each update, `ppo/approx_kl`, `ppo/clip_fraction`, `ppo/explained_variance`,
 `ppo/entropy`, `ppo/clip_range`, `ppo/learning_rate_factor` and `ppo/epochs` go to TensorBoard
 at the environment step. With `ppo.target_kl`, an update stops after the first epoch whose
@@ -37,16 +38,19 @@ from multihead.experiments.run.rl import (
     research_objectives,
 )
 from multihead.objectives.objective import HeadLoss, Objective, resolve_optimizer
+from multihead.rl.driver import Inference
 from multihead.rl.ppo import (
     Categorical,
     DiagonalGaussian,
     Distribution,
     GaussianPolicyHead,
+    Rollout,
     combined_prediction,
     minibatches,
     ppo_losses,
     prepare_rollout,
     rollout_statistics,
+    update_batches,
 )
 from multihead.training.keras_model import MultiHeadModel
 
@@ -62,11 +66,28 @@ class PPORunner(RLRunner):
         ppo: the `ppo:` section.
         distribution: the policy head's distribution.
         clip_range: `eps` as the losses read it; assigned before each update.
+        compiled_updates: run an update's minibatch steps as one compiled call (all its
+            epochs, or one epoch per call with `ppo.target_kl`); False: one `Trainer.step`
+            per minibatch, the reference the tests hold it to (bitwise the same).
     """
 
     ppo: PPOConfig
     distribution: Distribution
     clip_range: tf.Variable
+    compiled_updates: bool = True
+
+    def _update(self, run: RLRun, rollout: Rollout, batch_size: int, rng: np.random.Generator,
+                epochs: int) -> None:
+        """`epochs` epochs of minibatch steps on `rollout`: one compiled multi-step call
+        (`update_batches`), or with `compiled_updates` False one `Trainer.step` per minibatch;
+        the same steps on the same batches either way."""
+        if not self.compiled_updates:
+            for _ in range(epochs):
+                for rows in minibatches(len(rollout.obs), batch_size, rng):
+                    run.train(rollout.obs[rows], {k: v[rows] for k, v in rollout.targets.items()})
+            return
+        steps = epochs * -(-len(rollout.obs) // batch_size)
+        run.train_steps(iter(update_batches(rollout, batch_size, rng, epochs)), steps)
 
     def run(self, run_dir: str | None, verbose: bool = True, resume: bool = False,
             extra_callbacks: Sequence[Any] = ()) -> dict[str, Any]:
@@ -75,7 +96,7 @@ class PPORunner(RLRunner):
         ppo, task, seed = self.ppo, self.task, self.task.config.seed
         dist, spec, model = self.distribution, task.env_spec, task.model
         low, high = np.array(spec.action_low, np.float32), np.array(spec.action_high, np.float32)
-        outputs = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+        outputs = Inference(lambda x: model(x, training=False))
 
         def policy(obs: np.ndarray) -> np.ndarray:
             return outputs(obs)[ppo.policy_head].numpy()
@@ -94,6 +115,8 @@ class PPORunner(RLRunner):
         stats: dict[str, float] = {}
         run.start({"sample": rng}, records=stats)
         batch_size = task.config.train.batch_size
+        # Epochs per update call: all of them, unless the KL is checked after each epoch.
+        per_call = ppo.n_epochs if self.compiled_updates and ppo.target_kl is None else 1
         while run.running:
             steps, actions = [], []
             for _ in range(ppo.n_steps):
@@ -108,9 +131,8 @@ class PPORunner(RLRunner):
                 opt.learning_rate = rate * lr_factor
             rollout = prepare_rollout(steps, actions, outputs, dist, ppo.policy_head, ppo.value_head,
                                       ppo.gamma, ppo.gae_lambda)
-            for epoch in range(1, ppo.n_epochs + 1):
-                for rows in minibatches(len(rollout.obs), batch_size, rng):
-                    run.train(rollout.obs[rows], {k: v[rows] for k, v in rollout.targets.items()})
+            for epoch in range(per_call, ppo.n_epochs + 1, per_call):
+                self._update(run, rollout, batch_size, rng, per_call)
                 if ppo.target_kl is None and epoch < ppo.n_epochs:
                     continue  # without target_kl only the final policy's statistics are needed
                 params = outputs(rollout.obs)[ppo.policy_head]

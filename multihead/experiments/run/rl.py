@@ -385,12 +385,28 @@ class RLRun:
             FloatingPointError: a head's loss is not finite.
         """
         result = self.trainer.step((inputs, targets))
+        self._record(result)
+        return result
+
+    def train_steps(self, iterator: Any, max_steps: int) -> list[StepResult]:
+        """Up to `max_steps` train steps on `iterator`'s batches in one compiled call
+        (`Trainer.run_steps`; logging steps are calls of their own), each as `train` records it.
+
+        Raises:
+            FloatingPointError: a head's loss is not finite (after the call's steps ran).
+        """
+        results = self.trainer.run_steps(iterator, max_steps)
+        for result in results:
+            self._record(result)
+        return results
+
+    def _record(self, result: StepResult) -> None:
+        """Appends a step's losses to `losses`, after checking they are finite."""
         for head, loss in result.losses.items():
             if not np.isfinite(loss):
                 raise FloatingPointError(
                     f"the loss of head {head!r} became {loss} at env step {self.driver.env_steps}")
             self.losses[head].append(loss)
-        return result
 
     def after_steps(self) -> bool:
         """Ends a pass of the loop: shows progress, evaluates when due, checkpoints on the
