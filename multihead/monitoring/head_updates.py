@@ -164,6 +164,7 @@ class HeadUpdateStats:
                 self._cosines(stats, head, trunk, trunk_norm)
 
         stats.gated(stats.scalars_due, scalars)
+        stats.forget([("before", id(v)) for v in variables] + [("lr", head)])
         if self._cadence.histograms_every:
             def histograms() -> None:
                 for g, v in pairs:

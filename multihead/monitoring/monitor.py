@@ -83,7 +83,10 @@ if TYPE_CHECKING:  # annotation only
 
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _HISTOGRAM_METADATA = histogram_metadata.create_summary_metadata(display_name=None, description=None)
+_SCALAR_BYTES = _SCALAR_METADATA.SerializeToString()
+_HISTOGRAM_BYTES = _HISTOGRAM_METADATA.SerializeToString()
 _MAX_STATS_WRITERS = 32  # sets of tags written whose writer is kept (a few in a run: every, heads' every)
+_EAGER_WRITES = 2  # times a set of tags is written eagerly before it is compiled
 
 
 def write_scalar(tag: str, value: tf.Tensor | float) -> None:
@@ -188,7 +191,8 @@ class Monitor:
         self._eval_writer: tf.summary.SummaryWriter | None = None
         #: The per-head update statistics, created by `bind`.
         self._updates: HeadUpdateStats | None = None
-        self._stats_writers: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
+        self._stats_writers: dict[Any, Any] = {}  # a set of tags -> its compiled writer
+        self._stats_seen: dict[Any, int] = {}  # a set of tags -> how often written eagerly
 
     # -- set-up (eager) ------------------------------------------------------------------
 
@@ -332,31 +336,36 @@ class Monitor:
 
     def write_stats(self, step: int, stats: StatsOutput) -> None:
         """Writes what a monitored step measured (`StepStats.outputs()`, eager values) at
-        `step`, its number of updates done: each present entry, in one compiled call per set
-        of tags (an eager write costs ~50 us a tag)."""
+        `step`, its number of updates done: each present entry. A set of tags seen a few
+        times is then written by one compiled call (its trace costs about as much as a
+        hundred eager writes of it: not worth it for the first steps of a run)."""
         scalars, histograms = present_entries(stats)
         key = (tuple(scalars.items()), tuple(histograms.items()))
         write = self._stats_writers.get(key)
         if write is None:
-            write = self._stats_writer(scalars, histograms)
-            if len(self._stats_writers) < _MAX_STATS_WRITERS:
-                self._stats_writers[key] = write
+            seen = self._stats_seen[key] = self._stats_seen.get(key, 0) + 1
+            if seen <= _EAGER_WRITES or len(self._stats_writers) >= _MAX_STATS_WRITERS:
+                self._write_stats(tf.constant(step, tf.int64), stats.scalars.numpy(),
+                                  stats.histograms.numpy(), scalars, histograms)
+                return
+            write = self._stats_writers[key] = tf.function(
+                lambda s, v, h: self._write_stats(s, v, h, scalars, histograms), autograph=False)
         write(tf.constant(step, tf.int64), stats.scalars, stats.histograms)
 
-    def _stats_writer(self, scalars: Mapping[int, str], histograms: Mapping[int, str],
-                      ) -> Callable[[tf.Tensor, tf.Tensor, tf.Tensor], None]:
-        """A compiled function that writes the scalars and histograms at these positions
-        (position -> tag) at a step."""
-        writer = self._step_writer
-
-        def write(step: tf.Tensor, scalar_values: tf.Tensor, histogram_values: tf.Tensor) -> None:
-            with writer.as_default(step=step):
-                for i, tag in scalars.items():
-                    tf.summary.write(tag, scalar_values[i], metadata=_SCALAR_METADATA)
-                for i, tag in histograms.items():
-                    tf.summary.write(tag, histogram_values[i], metadata=_HISTOGRAM_METADATA)
-
-        return tf.function(write, autograph=False)
+    def _write_stats(self, step: tf.Tensor, scalar_values: Any, histogram_values: Any,
+                     scalars: Mapping[int, str], histograms: Mapping[int, str]) -> None:
+        """Writes the scalars and histograms at these positions (position -> tag) at `step`."""
+        resource = internals.summary_writer_resource(self._train_writer)
+        for values, tags_at, metadata, serialized in (
+                (scalar_values, scalars, _SCALAR_METADATA, _SCALAR_BYTES),
+                (histogram_values, histograms, _HISTOGRAM_METADATA, _HISTOGRAM_BYTES)):
+            for i, tag in tags_at.items():
+                if resource is None:  # a writer without the handle: the public path
+                    with self._train_writer.as_default(step=step):
+                        tf.summary.write(tag, values[i], metadata=metadata)
+                else:  # straight to the writer: no `record_if` conditional per tag
+                    tf.raw_ops.WriteSummary(writer=resource, step=step, tensor=values[i], tag=tag,
+                                            summary_metadata=serialized)
 
     # -- eager ---------------------------------------------------------------------------
 

@@ -76,6 +76,12 @@ class StepStats:
         """Holds `value` for later measurements of the step (`get`), not written."""
         self._entries[key] = (tf.convert_to_tensor(value), tf.convert_to_tensor(present, tf.bool))
 
+    def forget(self, keys: Sequence[Hashable]) -> None:
+        """Drops kept values no later measurement reads: they do not leave the conditionals
+        around (each output of a conditional costs trace time)."""
+        for key in keys:
+            self._entries.pop(key, None)
+
     def get(self, key: Hashable) -> _Entry | None:
         """`(value, present)` recorded or kept under `key` so far in the step, or None."""
         return self._entries.get(key)
@@ -106,31 +112,45 @@ class StepStats:
         """`call(branches)` with each branch returning, beside its own output, the entries
         the first branch traced recorded (TensorFlow traces a conditional's branches in
         order); an entry a branch did not record is its value before the conditional, or
-        absent (zeros, not present)."""
+        absent (zeros, not present). The float32 scalars and the flags leave packed, one
+        vector each: a conditional's trace costs per output."""
         before = dict(self._entries)
         recorded: list[Hashable] = []
         first: dict[Hashable, _Entry] = {}
+        packed: list[bool] = []  # per recorded entry: a float32 scalar, in the packed vector
 
-        def wrapped(fn: Callable[[], T], index: int) -> Callable[[], tuple[T, list[_Entry]]]:
-            def branch() -> tuple[T, list[_Entry]]:
+        def wrapped(fn: Callable[[], T], index: int) -> Callable[[], tuple[T, Any]]:
+            def branch() -> tuple[T, Any]:
                 self._entries = dict(before)
                 out = fn()
                 changed = [k for k, e in self._entries.items() if before.get(k) is not e]
                 if index == 0:
                     recorded.extend(changed)
                     first.update((k, self._entries[k]) for k in changed)
+                    packed.extend(first[k][0].shape.rank == 0 and first[k][0].dtype == tf.float32
+                                  for k in recorded)
                 elif set(changed) - set(recorded):
                     raise RuntimeError(f"a branch recorded {sorted(map(str, set(changed) - set(recorded)))} "
                                        "that the first branch did not: record the same entries in "
                                        "every branch")
                 entries = [self._entries.get(k) or _absent(first[k]) for k in recorded]
-                return out, entries
+                if not entries:
+                    return out, None
+                scalars = [v for (v, _), p in zip(entries, packed) if p]
+                return out, (tf.stack(scalars) if scalars else None,
+                             [v for (v, _), p in zip(entries, packed) if not p],
+                             tf.stack([present for _, present in entries]))
 
             return branch
 
-        out, entries = call([wrapped(fn, i) for i, fn in enumerate(branches)])
+        out, outputs = call([wrapped(fn, i) for i, fn in enumerate(branches)])
         self._entries = before
-        self._entries.update(zip(recorded, (tuple(e) for e in entries)))
+        if outputs is not None:
+            scalars, others, flags = outputs
+            scalars = iter(tf.unstack(scalars, num=sum(packed)) if scalars is not None else ())
+            others = iter(others)
+            values = [next(scalars) if p else next(others) for p in packed]
+            self._entries.update(zip(recorded, zip(values, tf.unstack(flags, num=len(recorded)))))
         return out
 
     # -- the step's output ----------------------------------------------------------------
