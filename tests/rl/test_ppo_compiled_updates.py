@@ -8,7 +8,6 @@ variance) and every TensorBoard scalar (per-head losses, gradient norms, learnin
 `ppo/` statistics) must be equal, not close.
 """
 
-import glob
 import os
 
 import numpy as np
@@ -19,6 +18,7 @@ from multihead.experiments.config.schema import load_config
 from multihead.experiments.run import runner as tasks
 from multihead.experiments.run.rl import RLRun
 from multihead.rl.ppo import Rollout, minibatches, update_batches
+from test_ppo import _scalars as scalar_events
 
 gymnasium = pytest.importorskip("gymnasium")
 
@@ -35,15 +35,8 @@ SMOKE = ["train.steps=384", "train.eval_every=384", "ppo.num_envs=4", "ppo.n_ste
 
 def _scalars(directory):
     """(tag, step) -> value of the scalar summaries in `directory`'s event files, timings left out."""
-    found = {}
-    for path in glob.glob(os.path.join(directory, "events.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for v in event.summary.value:
-                value = tf.make_ndarray(v.tensor) if v.HasField("tensor") else np.array(v.simple_value)
-                if value.ndim == 0 and value.dtype.kind == "f" and "per_sec" not in v.tag \
-                        and "time" not in v.tag:
-                    found[(v.tag, event.step)] = float(value)
-    return found
+    return {(tag, step): value for tag, pairs in scalar_events(directory).items()
+            if "per_sec" not in tag and "time" not in tag for step, value in pairs}
 
 
 def _checkpoint(directory):
