@@ -65,8 +65,8 @@ class StepStats:
     # -- recording ------------------------------------------------------------------------
 
     def record(self, tag: str, value: Any, present: Any = True, histogram: bool = False) -> None:
-        """Returns `value` under `tag` (a scalar, or TensorBoard histogram rows), written when
-        `present`."""
+        """Records `value` under `tag` (a scalar, or TensorBoard histogram rows), for the step
+        to return; the monitor writes it when `present`."""
         self._kinds[tag] = "histogram" if histogram else "scalar"
         value = tf.convert_to_tensor(value)
         self._entries[tag] = (value if histogram else tf.cast(value, tf.float32),
