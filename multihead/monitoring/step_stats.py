@@ -99,13 +99,7 @@ class StepStats:
 
     def gated(self, due: Any, measure: Callable[[], None]) -> None:
         """`measure()` (it records) only when `due`, as a conditional kept functional."""
-        graph = tf.compat.v1.get_default_graph()
-        start = len(graph.get_operations())
-        self.cond(due, measure, lambda: None)
-        if self._functional:
-            for op in graph.get_operations()[start:]:
-                if op.type in ("If", "StatelessIf"):
-                    internals.keep_cond_functional(op)
+        cond(self, due, measure, lambda: None, functional=self._functional)
 
     def _branched(self, call: Callable[[Sequence[Callable[[], Any]]], Any],
                   branches: Sequence[Callable[[], T]]) -> T:
@@ -169,12 +163,19 @@ class StepStats:
 
 
 def cond(stats: StepStats | None, pred: Any, true_fn: Callable[[], T],
-         false_fn: Callable[[], T]) -> T:
+         false_fn: Callable[[], T], functional: bool = False) -> T:
     """`tf.cond(pred, true_fn, false_fn)`, through `stats` (`StepStats.cond`) in a step that
-    measures."""
-    if stats is None:
-        return tf.cond(pred, true_fn, false_fn)
-    return stats.cond(pred, true_fn, false_fn)
+    measures. `functional`: the `If` kept a function call, not lowered to Switch/Merge (a
+    lowered cond visits every node of the branch not taken, and puts a Switch on every
+    tensor the branches read)."""
+    graph = tf.compat.v1.get_default_graph()
+    start = len(graph.get_operations())
+    out = tf.cond(pred, true_fn, false_fn) if stats is None else stats.cond(pred, true_fn, false_fn)
+    if functional:
+        for op in graph.get_operations()[start:]:
+            if op.type in ("If", "StatelessIf"):
+                internals.keep_cond_functional(op)
+    return out
 
 
 def _absent(entry: _Entry) -> _Entry:

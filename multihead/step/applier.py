@@ -34,7 +34,6 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 import keras
 import tensorflow as tf
 
-from multihead import _keras_internals as internals
 from multihead._autograph import plain
 from multihead.aggregation.loss_weighting import StateWrites
 from multihead.step import adam_sgd_ops
@@ -215,15 +214,9 @@ class Applier:
             write()
             return tf.constant(True)
 
-        graph = tf.compat.v1.get_default_graph()
-        start = len(graph.get_operations())
-        updated = step_stats.cond(stats, finite, applied, lambda: tf.constant(False))
-        if not self._distributed:
-            # A lowered cond puts a Switch on every tensor the update reads; kept as a
-            # function call, the branch runs as one op.
-            for op in graph.get_operations()[start:]:
-                if op.type in ("If", "StatelessIf"):
-                    internals.keep_cond_functional(op)
+        # Kept a function call (not under a strategy: see `StepStats`), the branch runs as one op.
+        updated = step_stats.cond(stats, finite, applied, lambda: tf.constant(False),
+                                  functional=not self._distributed)
         return updated, tf.logical_not(finite)
 
 
