@@ -3,17 +3,22 @@
 A trunk rule (`multihead.step.trunk_rule.TrunkRule`) turns the heads' gradients
 into `PlannedUpdate`s, the heads' and the trunk's; `Applier.apply_all` applies
 them in order. Everything that decides whether an update happens and what it
-reports sits here, once:
+reports sits here, once. One word says an update happens this step: it is *due*, when
 
-* when a head is due (`every=n`: steps where `step % n == 0`, decided in the graph);
-* the non-finite guard: a guarded update whose loss or gradient is not finite is
-  dropped, and reported as skipped;
+* its head's cadence says so (`every=n`: steps where `step % n == 0`, decided in the graph),
+* and the pass and the rule say so (`PlannedUpdate.due`: the head is not frozen and has a
+  present label in its batch, `HeadsPass.due`; or a condition of the rule's own, e.g. the
+  trunk update of an aggregate that lost two heads to non-finite gradients).
+
+A due update is then carried out unless:
+
+* the non-finite guard drops it: a guarded update whose loss or gradient is not finite is
+  *skipped* (reported per head);
 * a head's dynamic loss scale (float16): its gradient is unscaled before the guard
   reads it, an overflowing head is dropped as a non-finite one, and its scale is
-  updated (`multihead.step.loss_scales`);
-* a condition of the rule's own (`PlannedUpdate.when`, e.g. the trunk update of an
-  aggregate that lost two heads to non-finite gradients);
-* in a step that measures, what each head's update did (loss, gradient norms,
+  updated (`multihead.step.loss_scales`).
+
+In a step that measures, what each head's update did (loss, gradient norms,
   histograms: `multihead.monitoring.head_updates`), measured around the update and
   taken out of these conditionals (`multihead.monitoring.step_stats`).
 
@@ -80,7 +85,21 @@ def all_finite(loss: tf.Tensor, grads: Gradients) -> tf.Tensor:
     return tf.math.is_finite(tf.add_n([loss] + sums) if sums else loss)
 
 
-class PlannedUpdate(NamedTuple):
+class _PlannedFields(NamedTuple):
+    """The fields of `PlannedUpdate`, whose docstring says what each is."""
+
+    optimizer: keras.optimizers.Optimizer
+    gradients: Gradients | Callable[[], Gradients | WithState]
+    variables: Sequence[keras.Variable]
+    head: str | None = None
+    guarded: bool = False
+    loss: tf.Tensor | None = None
+    finite: tf.Tensor | None = None
+    every: int = 1
+    due: tf.Tensor | None = None
+
+
+class PlannedUpdate(_PlannedFields):
     """One optimizer update a trunk rule plans; only `Applier` carries it out.
 
     Attributes:
@@ -96,19 +115,22 @@ class PlannedUpdate(NamedTuple):
         finite: the guard's verdict when the rule computed it already (e.g. over the
             head's whole gradient, trunk part included, of which `gradients` is the
             head's own part); None: the applier checks `loss` and `gradients`.
-        every: the head is due on steps where `step % every == 0`.
-        when: a condition of the rule's own (a bool scalar); None: always.
+        every: the head's cadence: due only on steps where `step % every == 0`.
+        due: whether the update is due this step besides its cadence (a bool scalar:
+            e.g. `HeadsPass.is_due(head)`, or a condition of the rule's own); None: it is.
     """
 
-    optimizer: keras.optimizers.Optimizer
-    gradients: Gradients | Callable[[], Gradients | WithState]
-    variables: Sequence[keras.Variable]
-    head: str | None = None
-    guarded: bool = False
-    loss: tf.Tensor | None = None
-    finite: tf.Tensor | None = None
-    every: int = 1
-    when: tf.Tensor | None = None
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, when: tf.Tensor | None = None, **kwargs: Any) -> PlannedUpdate:
+        if when is not None:  # the former name of `due`
+            kwargs["due"] = when
+        return super().__new__(cls, *args, **kwargs)
+
+    @property
+    def when(self) -> tf.Tensor | None:
+        """Former name of `due`."""
+        return self.due
 
 
 def take_gradients(plan: PlannedUpdate) -> Gradients:
@@ -134,7 +156,7 @@ def _not_done() -> tuple[tf.Tensor, tf.Tensor]:
 
 
 class Applier:
-    """Applies planned updates: due heads, the non-finite guard, what each update measures.
+    """Applies planned updates: the due ones, through the non-finite guard, measured.
 
     Args:
         monitor: the TensorBoard monitor (its `updates` measure each head's update in a
@@ -154,23 +176,24 @@ class Applier:
         self._loss_scales = loss_scales
 
     def apply_all(self, plans: Sequence[PlannedUpdate], step: tf.Tensor,
-                  due_decided: bool = False, stats: StepStats | None = None) -> HeadsDone:
+                  cadence_decided: bool = False, stats: StepStats | None = None) -> HeadsDone:
         """Applies `plans` in order; per head, whether it updated and whether it was skipped.
 
         Args:
             step: the step counter before the step.
-            due_decided: the caller runs this only on steps where the heads are due
-                (the sequential schedule's per-head branch): `every` is not checked again.
+            cadence_decided: the caller runs this only on steps where the heads' cadence
+                says so (the sequential schedule's per-head branch): `every` is not checked
+                again.
             stats: the step's measurements, in a step that measures; None: none.
         """
         updated, skipped = {}, {}
         for plan in plans:
-            done = self.apply(plan, step, due_decided, stats)
+            done = self.apply(plan, step, cadence_decided, stats)
             if plan.head is not None:
                 updated[plan.head], skipped[plan.head] = done
         return HeadsDone(updated, skipped)
 
-    def apply(self, plan: PlannedUpdate, step: tf.Tensor, due_decided: bool = False,
+    def apply(self, plan: PlannedUpdate, step: tf.Tensor, cadence_decided: bool = False,
               stats: StepStats | None = None) -> tuple[tf.Tensor, tf.Tensor]:
         """Applies one plan -> (updated, skipped), bool scalars."""
         scales = self._loss_scales
@@ -189,8 +212,8 @@ class Applier:
                 write_state(scales.updated(plan.head, finite))
             return done
 
-        conditions = [] if plan.when is None else [plan.when]
-        if plan.every != 1 and not due_decided:
+        conditions = [] if plan.due is None else [plan.due]
+        if plan.every != 1 and not cadence_decided:
             conditions.append(tf.equal(step % plan.every, 0))
         if not conditions:
             return run()

@@ -1,7 +1,7 @@
 """`FrozenHeads`: which heads sit out the train step, as one variable the step reads.
 
-A frozen head takes no part in a step: its optimizer does not update (its
-iterations and slots stay as they are) and none of its gradient reaches the
+A frozen head is never due: its optimizer does not update (its iterations and slots
+stay as they are) and none of its gradient reaches the
 trunk (under `trunk="per_head"` its update, trunk part included, is not applied;
 under trunk aggregation it is dropped from the aggregate as the non-finite guard
 drops a head, see `multihead.step.trunk_update`). `StepResult` and the history
@@ -53,7 +53,7 @@ class FrozenHeads(tf.Module):
         flags[self._heads.index(head)] = frozen
         write_state([(self.flags, flags)])
 
-    def active(self) -> dict[str, tf.Tensor]:
+    def unfrozen(self) -> dict[str, tf.Tensor]:
         """In the graph: head -> bool scalar, whether the head is not frozen."""
         flags = self.flags.read_value()
         return {h: tf.logical_not(flags[i]) for i, h in enumerate(self._heads)}

@@ -16,9 +16,9 @@ The trunk rule (`multihead.step.trunk_update.AggregatedRule.plan`) takes this pa
 need no per-head trunk gradient: not a logging step (the aggregation's per-head norms and
 cosines are written from the per-head gradients), not under a strategy, every aggregated
 objective its own head's alone; and not with `rep_grad`, whose combination at the trunk output
-(K head-sized passes, one trunk pass) is as cheap. When a head is guarded, or may not take part, the step
-checks the one-pass result: every aggregated loss and gradient finite and every head taking
-part. Otherwise it redoes the step per head within the same compiled step (`tf.cond`), so
+(K head-sized passes, one trunk pass) is as cheap. When a head is guarded, or may not be
+due, the step checks the one-pass result: every aggregated loss and gradient finite and every
+head due. Otherwise it redoes the step per head within the same compiled step (`tf.cond`), so
 a non-finite head is isolated and dropped exactly as without this path. A weight of 0 keeps
 the per-head path: it could hide a head's non-finite gradient from that check.
 """
@@ -148,27 +148,27 @@ def one_pass_plans(p: HeadsPass, agg: Sequence[StepObjective], weights: Sequence
             write_state(converted(weighting.update)(p.loss_factors.losses, None))
         return _Values(trunk, tf.constant(True), own_dense, [tf.constant(True) for _ in agg])
 
-    conditions = [c for c in (p.takes_part(h.name) for h in agg) if c is not None]
+    conditions = [c for c in (p.is_due(h.name) for h in agg) if c is not None]
     if any(h.guarded for h in agg):
         losses = tf.add_n([p.losses[h.name] for h in agg])
         conditions.append(all_finite(losses, trunk + [g for gs in own_dense for g in gs]))
     if not conditions:
         values = fast()
     else:
-        ok = conditions[0] if len(conditions) == 1 else tf.reduce_all(tf.stack(conditions))
+        due = conditions[0] if len(conditions) == 1 else tf.reduce_all(tf.stack(conditions))
         # Lowered (Switch/Merge), as the per-head path's own conds: kept a function call, the
         # per-head branch would be optimised apart from the step and round otherwise than a
         # per-head trainer's step (measured: 2e-10 on a trunk bias under `mean`). Lowered, its
         # nodes are visited untaken on every step: ~0.2 ms at K = 4 (docs/performance.md).
-        values = tf.cond(ok, fast, lambda: _per_head_values(per_head(), agg, trunk_var_list))
+        values = tf.cond(due, fast, lambda: _per_head_values(per_head(), agg, trunk_var_list))
 
     plans = [PlannedUpdate(trunk_optimizer, values.trunk, trunk_var_list,
-                           when=values.trunk_applies if conditions else None)]
+                           due=values.trunk_applies if conditions else None)]
     for head, gs, none, finite in zip(agg, values.own, absent, values.finite):
         plans.append(PlannedUpdate(
             head.optimizer, [None if a else g for g, a in zip(gs, none)], head.var_list,
             head.name, head.guarded, p.losses[head.name], finite if head.guarded else None,
-            when=p.takes_part(head.name)))
+            due=p.is_due(head.name)))
     return plans
 
 
@@ -183,10 +183,10 @@ def _per_head_values(plans: list[PlannedUpdate], agg: Sequence[StepObjective],
     def gradients() -> list[tf.Tensor]:
         return _dense(take_gradients(trunk_plan), trunk_var_list)
 
-    if trunk_plan.when is None:
+    if trunk_plan.due is None:
         applies, trunk = tf.constant(True), gradients()
     else:
-        applies = trunk_plan.when
+        applies = trunk_plan.due
         trunk = tf.cond(applies, gradients, lambda: [tf.zeros_like(v) for v in trunk_var_list])
     own = [_dense(q.gradients, h.var_list) for q, h in zip(head_plans, agg)]
     finite = [tf.constant(True) if q.finite is None else q.finite for q in head_plans]

@@ -83,7 +83,7 @@ class StepOptions:
             without a loss weighting that reads no gradient), take the trunk gradient
             as one backward pass of the weighted loss on steps that do not log, equal
             to the per-head passes to float32 rounding; a step whose one-pass result
-            is not finite, or with a head not taking part, redoes it per head within
+            is not finite, or with a head that is not due, redoes it per head within
             the step (see `multihead.step.one_pass`). `False`: one pass per head on
             every step (bitwise the per-head path).
     """

@@ -9,8 +9,9 @@ Two schedules:
 * `sequential`: heads update one after another, each with its own forward pass
   at the parameters the previous head left.
 
-A head with `every=n` is due on steps where `step % n == 0`; the test is made in
-the graph on the step variable, so mixed cadences never retrace the step.
+A head with `every=n` is due only on steps where `step % n == 0` (and, as every head,
+only while it is not frozen and has a label in the batch: `due_heads`); the tests are
+made in the graph on the step variable, so mixed cadences never retrace the step.
 
 The step's math is here: the schedules and the distributed pass; the forward pass
 is `multihead.step.forward`'s. What the heads' gradients become is the trunk rule's plan
@@ -87,8 +88,8 @@ class TrainStep:
             buffers must exist before the first trace: `StepAssembly.build`), or None.
         strategy: a `tf.distribute` strategy, or None.
         target_networks: objects whose `update()` runs after each step's updates.
-        frozen: the heads' freeze flags, read in the step (a frozen head takes no part in
-            it: see `multihead.step.freezing`) and, when the trunk rule needs it, on the
+        frozen: the heads' freeze flags, read in the step (a frozen head is never due:
+            see `multihead.step.freezing`) and, when the trunk rule needs it, on the
             host to pick the variant without the frozen heads (`TrunkRule.step_heads`);
             None: no head is ever frozen.
         loss_scales: each head's dynamic loss scale (float16): a head's objective is
@@ -334,18 +335,18 @@ class TrainStep:
             loss_factors=fwd.loss_factors if fwd is not None else LossFactors({}),
             # None in the variant that does not log: its rule needs no per-head statistics
             stats=stats,
-            active=self._taking_part(heads, counts or {}, step))
+            due=self._due(heads, counts or {}, step))
 
-    def _taking_part(self, heads: tuple[StepObjective, ...], counts: Mapping[str, tf.Tensor],
+    def _due(self, heads: tuple[StepObjective, ...], counts: Mapping[str, tf.Tensor],
                      step: tf.Tensor) -> dict[str, tf.Tensor] | None:
-        """`taking_part`; counts the due, unfrozen heads without a label in
-        `missing_label_skips`."""
-        frozen = None if self._frozen is None else self._frozen.active()
-        active, unlabelled = taking_part(heads, counts, step, frozen)
+        """`due_heads`; counts the heads whose cadence says so, unfrozen and without a
+        label, in `missing_label_skips`."""
+        unfrozen = None if self._frozen is None else self._frozen.unfrozen()
+        due, unlabelled = due_heads(heads, counts, step, unfrozen)
         if unlabelled:
             write_state([(self.missing_label_skips, self.missing_label_skips + tf.cast(
                 stack_done(self.head_names, unlabelled, tf.bool, False), tf.int64))])
-        return active or None
+        return due or None
 
     # -- schedules --------------------------------------------------------------------
 
@@ -366,7 +367,7 @@ class TrainStep:
             with tf.GradientTape() as tape:
                 fwd = self.forward(inputs, targets, (head,), step, own_batches)
             plans = self._rule.plan(self._pass((head,), fwd.losses, step, fwd, tape, stats=stats))
-            return fwd.losses, self._applier.apply_all(plans, step, due_decided=True, stats=stats)
+            return fwd.losses, self._applier.apply_all(plans, step, cadence_decided=True, stats=stats)
 
         return _one_after_another(heads, step, one_head, stats)
 
@@ -386,7 +387,7 @@ class TrainStep:
             stats)
 
     def _replicated_pass(self, inputs: Any, targets: Any, step: tf.Tensor,
-                         heads: tuple[StepObjective, ...], due_decided: bool = False,
+                         heads: tuple[StepObjective, ...], cadence_decided: bool = False,
                          stats: StepStats | None = None,
                          ) -> tuple[dict[str, tf.Tensor], HeadsDone]:
         """One forward pass of `heads` on every replica, every head's gradient all-reduced
@@ -413,28 +414,28 @@ class TrainStep:
             strategy, strategy.run(gradients, (inputs, targets)))
         plans = self._rule.plan(self._pass(heads, losses, step, given=grads, counts=counts,
                                            stats=stats))
-        return losses, self._applier.apply_all(plans, step, due_decided, stats)
+        return losses, self._applier.apply_all(plans, step, cadence_decided, stats)
 
 
-def taking_part(heads: Sequence[StepObjective], counts: Mapping[str, tf.Tensor], step: tf.Tensor,
-                frozen: Mapping[str, tf.Tensor] | None,
-                ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-    """Head -> whether it takes part in the step (not `frozen`, and with a present label when
-    it has a missing-label marker: `counts`), for the heads that may not; and head -> whether
-    it is due, unfrozen and without a label."""
-    active, unlabelled = {}, {}
+def due_heads(heads: Sequence[StepObjective], counts: Mapping[str, tf.Tensor], step: tf.Tensor,
+              unfrozen: Mapping[str, tf.Tensor] | None,
+              ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+    """Head -> whether its update is due this step besides its cadence (`unfrozen`, and with
+    a present label when it has a missing-label marker: `counts`), for the heads that may not
+    be; and head -> whether its cadence says so while it is unfrozen and without a label."""
+    due, unlabelled = {}, {}
     for head in heads:
-        takes = None if frozen is None else frozen[head.name]
+        is_due = None if unfrozen is None else unfrozen[head.name]
         if head.name in counts:
             labelled = counts[head.name] > 0
             missed = tf.logical_not(labelled)
             if head.every != 1:
                 missed = tf.logical_and(missed, tf.equal(step % head.every, 0))
-            unlabelled[head.name] = missed if takes is None else tf.logical_and(missed, takes)
-            takes = labelled if takes is None else tf.logical_and(takes, labelled)
-        if takes is not None:
-            active[head.name] = takes
-    return active, unlabelled
+            unlabelled[head.name] = missed if is_due is None else tf.logical_and(missed, is_due)
+            is_due = labelled if is_due is None else tf.logical_and(is_due, labelled)
+        if is_due is not None:
+            due[head.name] = is_due
+    return due, unlabelled
 
 
 def _one_after_another(heads: Sequence[StepObjective], step: tf.Tensor,

@@ -189,9 +189,10 @@ class HeadsPass(NamedTuple):
         stats: the measurements of a monitored step, which the rule records into and
             takes out of its conditionals (`multihead.monitoring.step_stats`); None
             without a monitor and in the step variant that does not log.
-        active: head -> bool scalar, whether the head takes part in this step (False:
-            frozen, or no present label in its batch): a head that does not is dropped
-            exactly as the non-finite guard drops one. None: every head takes part.
+        due: head -> bool scalar, whether the head's update is due this step as far as
+            the pass knows (False: frozen, or no present label in its batch; its cadence,
+            `every`, is the applier's): a head that is not due is dropped exactly as the
+            non-finite guard drops one. None, or a head not in it: due.
     """
 
     heads: tuple[StepObjective, ...]
@@ -204,11 +205,21 @@ class HeadsPass(NamedTuple):
     trunk_reg: tf.Tensor | float = 0.0
     loss_factors: LossFactors = NO_FACTORS
     stats: StepStats | None = None
-    active: Mapping[str, tf.Tensor] | None = None
+    due: Mapping[str, tf.Tensor] | None = None
+
+    def is_due(self, head: str) -> tf.Tensor | None:
+        """Whether `head`'s update is due this step (a bool scalar), or None: it is."""
+        return None if self.due is None else self.due.get(head)
+
+    # The names before "due" was the one word for "this update happens this step".
+    @property
+    def active(self) -> Mapping[str, tf.Tensor] | None:
+        """Former name of `due`."""
+        return self.due
 
     def takes_part(self, head: str) -> tf.Tensor | None:
-        """Whether `head` takes part in this step (a bool scalar), or None: it does."""
-        return None if self.active is None else self.active.get(head)
+        """Former name of `is_due`."""
+        return self.is_due(head)
 
 
 @runtime_checkable
@@ -236,7 +247,7 @@ class TrunkRule(Protocol):
 
     def step_heads(self, heads: tuple[str, ...], frozen: Sequence[str]) -> tuple[str, ...]:
         """The heads a step of `heads` is compiled for while the heads `frozen` are frozen:
-        `heads` when `plan` drops the frozen ones in the graph (`HeadsPass.active`, no
+        `heads` when `plan` drops the frozen ones in the graph (`HeadsPass.due`, no
         retrace), else the heads of `heads` that are not frozen."""
 
     def summary_tags(self) -> list[str]:
@@ -247,7 +258,7 @@ class TrunkRule(Protocol):
 def head_plans(heads: Sequence[StepObjective], heads_pass: HeadsPass,
                batched: bool = False) -> list[PlannedUpdate]:
     """Each head's optimizer applies the head's whole gradient to its whole var_list,
-    when due and taking part (`HeadsPass.active`); a guarded head's only when its loss
+    when due (`every`, `HeadsPass.due`); a guarded head's only when its loss
     and gradient are finite. The gradient is taken only where the update happens, or,
     with `batched`, in one vectorised trunk backward pass for the heads it can batch
     (`multihead.step.batched_backward`)."""
@@ -259,7 +270,7 @@ def head_plans(heads: Sequence[StepObjective], heads_pass: HeadsPass,
                  else together.get(head.name) or _deferred(heads_pass.backward, head))
         plans.append(PlannedUpdate(head.optimizer, grads, head.var_list, head.name, head.guarded,
                                    heads_pass.losses[head.name], every=head.every,
-                                   when=heads_pass.takes_part(head.name)))
+                                   due=heads_pass.is_due(head.name)))
     return plans
 
 

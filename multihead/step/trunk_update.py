@@ -26,11 +26,11 @@ Where the combination is linear in the `g_k` (constant weights, under a loss wei
 that reads no gradient), a step that needs no per-head trunk gradient takes none: one
 backward pass of the weighted loss gives `d` (`multihead.step.one_pass`, on by default:
 `StepOptions.one_pass_backward`; not with `rep_grad`, which keeps its own way); a step whose
-result fails its check (a non-finite gradient, a head not taking part) redoes it per head,
+result fails its check (a non-finite gradient, a head that is not due) redoes it per head,
 as below.
 
 Dropped heads: a guarded head whose loss or gradient is not finite drops out of
-the step, and so does a head that does not take part in it (`HeadsPass.active`:
+the step, and so does a head that is not due in it (`HeadsPass.due`:
 frozen, or without a present label in its batch). Its own update is skipped;
 under aggregation the trunk aggregate of that step is taken over the other heads
 (exactly as a partial step without it), and with two or more such heads, or
@@ -208,19 +208,19 @@ class _Aggregated:
                 None if losses is None else tf.stack([losses[i] for i in members]), without,
                 everyone=tuple(h.name for h in agg))
 
-        ok = {h.name: _both(finite[h.name], p.takes_part(h.name)) for h in agg}
-        plans = [self._trunk_plan(agg, ok, trunk_gradients, p.stats)] if agg else []
+        due = {h.name: _both(finite[h.name], p.is_due(h.name)) for h in agg}
+        plans = [self._trunk_plan(agg, due, trunk_gradients, p.stats)] if agg else []
         for head in agg:  # head variables only: their var_list excludes the trunk
             plans.append(PlannedUpdate(head.optimizer, own[head.name], head.var_list, head.name,
                                        head.guarded, p.losses[head.name], finite[head.name],
-                                       when=p.takes_part(head.name)))
+                                       due=p.is_due(head.name)))
         return plans
 
-    def _trunk_plan(self, agg: Sequence[StepObjective], kept: Mapping[str, tf.Tensor | None],
+    def _trunk_plan(self, agg: Sequence[StepObjective], due: Mapping[str, tf.Tensor | None],
                     trunk_gradients: Callable[..., _TrunkStep],
                     stats: StepStats | None = None) -> PlannedUpdate:
-        """The trunk update over the heads that take part with a finite loss and gradient
-        (`kept`, None: always): all of them; all but one (the aggregate of the others, as a
+        """The trunk update over the heads that are due with a finite loss and gradient
+        (`due`, None: always): all of them; all but one (the aggregate of the others, as a
         step without it); else none.
 
         The graph holds two aggregations, not one per head: that of every head, and that of
@@ -230,16 +230,16 @@ class _Aggregated:
         everyone = list(range(k))
         plan = PlannedUpdate(self.optimizer, lambda: self._commit(trunk_gradients(everyone)),
                              self.var_list)
-        if all(kept[h.name] is None for h in agg):
+        if all(due[h.name] is None for h in agg):
             return plan
-        ok = tf.stack([tf.constant(True) if kept[h.name] is None else kept[h.name] for h in agg])
-        bad = k - tf.reduce_sum(tf.cast(ok, tf.int32))
+        due_flags = tf.stack([tf.constant(True) if due[h.name] is None else due[h.name] for h in agg])
+        bad = k - tf.reduce_sum(tf.cast(due_flags, tf.int32))
         if k == 1 or self.weighting is not None:  # a loss weighting weighs all heads or none
-            return plan._replace(when=tf.equal(bad, 0))
+            return plan._replace(due=tf.equal(bad, 0))
         names = tuple(h.name for h in agg)
 
         def chosen() -> list[tf.Tensor]:
-            first_bad = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
+            first_bad = tf.argmin(tf.cast(due_flags, tf.int32), output_type=tf.int32)
             if self._without_one(names) is not None:
                 # Lowered, as the Case below: kept functional, its branches would be optimised
                 # apart from the step, and the update of a finite step rounded otherwise.
@@ -255,7 +255,7 @@ class _Aggregated:
                 return self._commit(tf.switch_case(index, branches))
             return self._commit(stats.switch_case(index, branches))
 
-        return plan._replace(gradients=chosen, when=tf.less_equal(bad, 1))
+        return plan._replace(gradients=chosen, due=tf.less_equal(bad, 1))
 
     def _commit(self, step: _TrunkStep) -> WithState:
         """The trunk optimizer's gradients of `step`, with the aggregator's and the loss

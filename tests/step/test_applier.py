@@ -114,11 +114,30 @@ def test_the_rules_condition_decides_and_a_plan_of_no_head_is_not_reported():
     opt = keras.optimizers.SGD(0.5)
     opt.build(variables)
     before = [v.numpy().copy() for v in variables]
-    plans = [PlannedUpdate(opt, _gradients(), variables, when=tf.constant(False))]
+    plans = [PlannedUpdate(opt, _gradients(), variables, due=tf.constant(False))]
     done = Applier().apply_all(plans, tf.constant(0, tf.int64))
     assert done.updated == {} and done.skipped == {}
     for v, b in zip(variables, before):
         np.testing.assert_array_equal(v.numpy(), b)
+
+
+@pytest.mark.parametrize("due", [False, True])
+def test_the_former_name_of_due_still_decides(due):
+    # `PlannedUpdate.when` and `HeadsPass.active`/`takes_part` were renamed to `due`/`is_due`;
+    # a user's rule written against the old names plans the same updates.
+    variables = _variables()
+    opt = keras.optimizers.SGD(0.5)
+    opt.build(variables)
+    before = [v.numpy().copy() for v in variables]
+    plan = PlannedUpdate(opt, _gradients(), variables, head="a", when=tf.constant(due))
+    assert plan.when is plan.due and plan._replace(head="b").due is plan.due
+    done = Applier().apply_all([plan], tf.constant(0, tf.int64))
+    assert bool(done.updated["a"]) == due
+    changed = [not np.array_equal(v.numpy(), b) for v, b in zip(variables, before)]
+    assert changed == [due, due]
+    heads_pass = multihead.HeadsPass((), {}, tf.constant(0), (), due={"a": tf.constant(due)})
+    assert heads_pass.active is heads_pass.due and heads_pass.takes_part("a") is heads_pass.is_due("a")
+    assert heads_pass.is_due("b") is None
 
 
 # What a compiled step runs: the model, objectives, step, aggregation methods, monitoring, the
