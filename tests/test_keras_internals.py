@@ -139,6 +139,35 @@ def test_tensorflow_accessors_on_the_installed_tensorflow(tmp_path):
     writer.close()
 
 
+def test_flat_call_equals_the_structured_call_of_the_concrete_function():
+    # Nested dicts whose keys are not in sorted order, lists and tuples: the flat inputs are
+    # `tf.nest.flatten`'s order, the outputs come back structured, and variables the function
+    # captured are read (and written) as by the structured call.
+    counter = tf.Variable(0.0)
+
+    @tf.function(autograph=False)
+    def f(inputs, rest):
+        counter.assign_add(1.0)
+        return {"sum": inputs["z"] - 2.0 * inputs["b"] + 3.0 * inputs["m"]["y"] - inputs["m"]["a"]
+                + 5.0 * rest[0] - 7.0 * rest[1][0] + counter}, rest[1]
+
+    def args(seed):
+        rng = np.random.default_rng(seed)
+        values = [tf.constant(rng.normal(size=3).astype("float32")) for _ in range(6)]
+        return ({"z": values[0], "b": values[1], "m": {"y": values[2], "a": values[3]}},
+                [values[4], (values[5],)])
+
+    call = internals.flat_call(f.get_concrete_function(*args(0)))
+    for seed in (1, 2):
+        flat_out = call(tf.nest.flatten(args(seed)))
+        expected = f(*args(seed))
+        tf.nest.assert_same_structure(flat_out, expected)
+        np.testing.assert_array_equal(flat_out[0]["sum"].numpy(),
+                                      expected[0]["sum"].numpy() - 1.0)  # one assign earlier
+        np.testing.assert_array_equal(flat_out[1][0].numpy(), args(seed)[1][1][0].numpy())
+    assert float(counter.numpy()) == 4.0
+
+
 def test_fit_passes_evaluate_only_the_private_arguments_listed():
     # A plain Keras model whose evaluate records what Keras' fit gives it for validation_data.
     seen = {}

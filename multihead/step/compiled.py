@@ -22,6 +22,7 @@ from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
+from multihead import _keras_internals as internals
 from multihead._autograph import plain
 from multihead.step.options import StepOptions
 
@@ -104,6 +105,7 @@ class ConcreteCache:
 
     def __init__(self) -> None:
         self._concrete: dict[Hashable, Callable[..., Any]] = {}
+        self._flat: dict[Hashable, Callable[[list[tf.Tensor]], Any]] = {}
 
     def call(self, fn: Any, key: Hashable | None, *args: Any) -> Any:
         """`fn(*args)`, through the concrete function traced for `key` when there is a key
@@ -114,6 +116,16 @@ class ConcreteCache:
         if concrete is None:
             concrete = self._concrete[key] = fn.get_concrete_function(*args)
         return concrete(*args)
+
+    def call_tensors(self, fn: Any, key: Hashable, *args: Any) -> Any:
+        """`fn(*args)` for arguments that hold tensors only (in dicts, lists and tuples), of
+        the shapes and dtypes `key` stands for (`spec_of`), through the concrete function's
+        flat inputs (`_keras_internals.flat_call`: no per-call binding to its signature)."""
+        call = self._flat.get(key)
+        if call is None:
+            concrete = self._concrete[key] = fn.get_concrete_function(*args)
+            call = self._flat[key] = internals.flat_call(concrete)
+        return call(tf.nest.flatten(args))
 
 
 def fold_batches(iterator: Any, body: Callable[[Any, Any], Any], carry: Any,
@@ -198,8 +210,9 @@ class StepLoops:
         `tf.function` would make of them, so that they find their concrete function too)."""
         inputs, targets = _as_tensors(inputs), _as_tensors(targets)
         spec = spec_of((inputs, targets))
-        concrete_key = None if spec is None else ("one", key, spec)
-        return self._cache.call(self.functions(key)[0], concrete_key, inputs, targets)
+        if spec is None:
+            return self._cache.call(self.functions(key)[0], None, inputs, targets)
+        return self._cache.call_tensors(self.functions(key)[0], ("one", key, spec), inputs, targets)
 
     def many(self, key: Hashable, iterator: Any, max_steps: int, cacheable: bool = True,
              ) -> StepsOutput:
