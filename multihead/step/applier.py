@@ -14,13 +14,13 @@ A due update is then carried out unless:
 
 * the non-finite guard drops it: a guarded update whose loss or gradient is not finite is
   *skipped* (reported per head);
-* a head's dynamic loss scale (float16): its gradient is unscaled before the guard
-  reads it, an overflowing head is dropped as a non-finite one, and its scale is
+* its head's dynamic loss scale (float16) overflowed: its gradient is unscaled before the
+  guard reads it, an overflowing head is dropped as a non-finite one, and its scale is
   updated (`multihead.step.loss_scales`).
 
-In a step that measures, what each head's update did (loss, gradient norms,
-  histograms: `multihead.monitoring.head_updates`), measured around the update and
-  taken out of these conditionals (`multihead.monitoring.step_stats`).
+In a step that measures, what each head's update did (loss, gradient norms, histograms:
+`multihead.monitoring.head_updates`) is measured around the update and taken out of these
+conditionals (`multihead.monitoring.step_stats`).
 
 Like optax's `apply_updates`, the applier computes nothing about *what* the
 update is: the rule decides that.

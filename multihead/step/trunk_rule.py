@@ -211,7 +211,7 @@ class HeadsPass(NamedTuple):
         """Whether `head`'s update is due this step (a bool scalar), or None: it is."""
         return None if self.due is None else self.due.get(head)
 
-    # The names before "due" was the one word for "this update happens this step".
+    # The former names of `due` and `is_due`, kept as aliases.
     @property
     def active(self) -> Mapping[str, tf.Tensor] | None:
         """Former name of `due`."""
