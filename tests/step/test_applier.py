@@ -30,6 +30,14 @@ def _gradients(seed=1, bad=False):
     return [tf.constant(g) for g in grads]
 
 
+def _sgd(learning_rate):
+    """Fresh variables and an SGD optimizer built on them."""
+    variables = _variables()
+    opt = keras.optimizers.SGD(learning_rate)
+    opt.build(variables)
+    return variables, opt
+
+
 def _state(variables, optimizer):
     return [v.numpy().copy() for v in variables] + [v.numpy().copy() for v in optimizer.variables]
 
@@ -110,9 +118,7 @@ def test_a_head_is_updated_only_on_its_due_steps_and_its_gradient_taken_only_the
 
 
 def test_the_rules_condition_decides_and_a_plan_of_no_head_is_not_reported():
-    variables = _variables()
-    opt = keras.optimizers.SGD(0.5)
-    opt.build(variables)
+    variables, opt = _sgd(0.5)
     before = [v.numpy().copy() for v in variables]
     plans = [PlannedUpdate(opt, _gradients(), variables, due=tf.constant(False))]
     done = Applier().apply_all(plans, tf.constant(0, tf.int64))
@@ -125,9 +131,7 @@ def test_the_rules_condition_decides_and_a_plan_of_no_head_is_not_reported():
 def test_the_former_name_of_due_still_decides(due):
     # `PlannedUpdate.when` and `HeadsPass.active`/`takes_part` were renamed to `due`/`is_due`;
     # a user's rule written against the old names plans the same updates.
-    variables = _variables()
-    opt = keras.optimizers.SGD(0.5)
-    opt.build(variables)
+    variables, opt = _sgd(0.5)
     before = [v.numpy().copy() for v in variables]
     plan = PlannedUpdate(opt, _gradients(), variables, head="a", when=tf.constant(due))
     assert plan.when is plan.due and plan._replace(head="b").due is plan.due
