@@ -185,9 +185,10 @@ class Monitor:
         self.log_dir = os.fspath(log_dir)
         self._eval_metrics = {h: list(names) for h, names in (eval_metrics or {}).items()}
         self._train_writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
+        #: The train writer's resource handle (None: a writer without one), read once.
+        self._train_resource = internals.summary_writer_resource(self._train_writer)
         self._step_writer = (_InStepWriter(self._train_writer)
-                             if internals.summary_writer_resource(self._train_writer) is not None
-                             else self._train_writer)
+                             if self._train_resource is not None else self._train_writer)
         self._eval_writer: tf.summary.SummaryWriter | None = None
         #: The per-head update statistics, created by `bind`.
         self._updates: HeadUpdateStats | None = None
@@ -355,7 +356,7 @@ class Monitor:
     def _write_stats(self, step: tf.Tensor, scalar_values: Any, histogram_values: Any,
                      scalars: Mapping[int, str], histograms: Mapping[int, str]) -> None:
         """Writes the scalars and histograms at these positions (position -> tag) at `step`."""
-        resource = internals.summary_writer_resource(self._train_writer)
+        resource = self._train_resource
         for values, tags_at, metadata, serialized in (
                 (scalar_values, scalars, _SCALAR_METADATA, _SCALAR_BYTES),
                 (histogram_values, histograms, _HISTOGRAM_METADATA, _HISTOGRAM_BYTES)):

@@ -168,13 +168,15 @@ def cond(stats: StepStats | None, pred: Any, true_fn: Callable[[], T],
     measures. `functional`: the `If` kept a function call, not lowered to Switch/Merge (a
     lowered cond visits every node of the branch not taken, and puts a Switch on every
     tensor the branches read)."""
-    graph = tf.compat.v1.get_default_graph()
+    branch = tf.cond if stats is None else stats.cond
+    if not functional:
+        return branch(pred, true_fn, false_fn)
+    graph = tf.compat.v1.get_default_graph()  # the ops the cond adds, scanned only here
     start = len(graph.get_operations())
-    out = tf.cond(pred, true_fn, false_fn) if stats is None else stats.cond(pred, true_fn, false_fn)
-    if functional:
-        for op in graph.get_operations()[start:]:
-            if op.type in ("If", "StatelessIf"):
-                internals.keep_cond_functional(op)
+    out = branch(pred, true_fn, false_fn)
+    for op in graph.get_operations()[start:]:
+        if op.type in ("If", "StatelessIf"):
+            internals.keep_cond_functional(op)
     return out
 
 
